@@ -1,0 +1,733 @@
+/*
+ * ln_kernels.c -- LayerNorm forward and backward over rows, with SIMD dispatch and
+ * a small thread pool.  No Python in here: see ln_kernels.h for the contract.
+ *
+ * Determinism: a row's statistics are computed chunk by chunk (LN_CHUNK elements,
+ * boundaries fixed from the row start) and the chunks are merged left to right,
+ * whether one thread does all of them or several threads share a huge row.  Rows
+ * never depend on each other, and parameter gradients are summed over a partition
+ * that depends only on the shape.  So results do not depend on the thread count.
+ */
+#define _GNU_SOURCE
+#include "ln_kernels.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#define LN_X86 1
+#include <immintrin.h>
+#else
+#define LN_X86 0
+#endif
+
+#define LN_ALWAYS_INLINE inline __attribute__((always_inline))
+
+/* Elements per statistics chunk: 16 KiB of float64, so a chunk stays in L1
+   between its two passes. */
+#define LN_CHUNK 2048
+/* Below this many elements a call runs on the calling thread alone. */
+#define LN_PARALLEL_MIN_ELEMENTS 65536
+/* Columns per parameter-gradient tile. */
+#define LN_GRAD_TILE 1024
+
+/* ------------------------------------------------------------------------ */
+/* Vector types and helpers shared by every SIMD level                       */
+/* ------------------------------------------------------------------------ */
+
+typedef float f32x16 __attribute__((vector_size(64)));
+typedef float f32x8 __attribute__((vector_size(32)));
+typedef double f64x8 __attribute__((vector_size(64)));
+
+typedef struct {
+    double n;     /* elements */
+    double mean;  /* their mean */
+    double m2;    /* sum of squared deviations from the mean */
+} ln_moments;
+
+typedef struct {
+    ln_moments (*chunk_moments[3])(const void *x, ptrdiff_t n);
+    void (*normalize_row[3])(const void *x, void *y, ptrdiff_t n, double mean, double rstd,
+                             const void *weight, const void *bias);
+    void (*backward_row[3])(const void *dy, const void *x, void *dx, ptrdiff_t n, double mean,
+                            double rstd, const void *weight);
+    void (*param_grads[3])(const ln_backward_args *a, ptrdiff_t row_begin, ptrdiff_t row_end,
+                           ptrdiff_t col_begin, ptrdiff_t col_end, double *dweight, double *dbias);
+} ln_kernel_table;
+
+static inline size_t ln_dtype_size(ln_dtype dtype)
+{
+    return dtype == LN_F16 ? 2 : dtype == LN_F32 ? 4 : 8;
+}
+
+/* IEEE binary16 <-> binary32, round to nearest even (the hardware's rounding). */
+static inline float ln_half_to_float(uint16_t h)
+{
+    _Float16 value;
+    memcpy(&value, &h, sizeof value);
+    return (float)value;
+}
+
+static inline uint16_t ln_float_to_half(float f)
+{
+    _Float16 value = (_Float16)f;
+    uint16_t h;
+    memcpy(&h, &value, sizeof h);
+    return h;
+}
+
+static inline f32x16 ln_load_f32x16(const float *p)
+{
+    f32x16 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline void ln_store_f32x16(float *p, f32x16 v)
+{
+    memcpy(p, &v, sizeof v);
+}
+
+static inline f64x8 ln_load_f64x8(const double *p)
+{
+    f64x8 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline void ln_store_f64x8(double *p, f64x8 v)
+{
+    memcpy(p, &v, sizeof v);
+}
+
+static inline f32x16 ln_splat_f32(float value)
+{
+    return (f32x16){value, value, value, value, value, value, value, value,
+                    value, value, value, value, value, value, value, value};
+}
+
+static inline f64x8 ln_splat_f64(double value)
+{
+    return (f64x8){value, value, value, value, value, value, value, value};
+}
+
+static inline void ln_widen(f32x16 v, f64x8 *lo, f64x8 *hi)
+{
+    f32x8 low = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
+    f32x8 high = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+    *lo = __builtin_convertvector(low, f64x8);
+    *hi = __builtin_convertvector(high, f64x8);
+}
+
+static inline f32x16 ln_narrow(f64x8 lo, f64x8 hi)
+{
+    f32x8 low = __builtin_convertvector(lo, f32x8);
+    f32x8 high = __builtin_convertvector(hi, f32x8);
+    return __builtin_shufflevector(low, high, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+}
+
+static inline void ln_store_lanes(double lanes[16], f64x8 lo, f64x8 hi)
+{
+    ln_store_f64x8(lanes, lo);
+    ln_store_f64x8(lanes + 8, hi);
+}
+
+/* The fixed reduction tree over the 16 accumulation lanes. */
+static inline double ln_sum_lanes(const double lanes[16])
+{
+    double pairs[8];
+    for (int k = 0; k < 8; k++) {
+        pairs[k] = lanes[k] + lanes[k + 8];
+    }
+    for (int k = 0; k < 4; k++) {
+        pairs[k] += pairs[k + 4];
+    }
+    return ((pairs[0] + pairs[2]) + (pairs[1] + pairs[3]));
+}
+
+static inline double ln_load1_as_f64(ln_dtype dtype, const void *p, ptrdiff_t i)
+{
+    switch (dtype) {
+    case LN_F16:
+        return ln_half_to_float(((const uint16_t *)p)[i]);
+    case LN_F32:
+        return ((const float *)p)[i];
+    default:
+        return ((const double *)p)[i];
+    }
+}
+
+static inline double ln_load1_param_as_f64(ln_dtype dtype, const void *p, ptrdiff_t i)
+{
+    return dtype == LN_F64 ? ((const double *)p)[i] : ((const float *)p)[i];
+}
+
+static inline void ln_store1_from_f64(ln_dtype dtype, void *p, ptrdiff_t i, double value)
+{
+    switch (dtype) {
+    case LN_F16:
+        ((uint16_t *)p)[i] = ln_float_to_half((float)value);
+        break;
+    case LN_F32:
+        ((float *)p)[i] = (float)value;
+        break;
+    default:
+        ((double *)p)[i] = value;
+    }
+}
+
+static inline void ln_store1_param(ln_dtype dtype, void *p, ptrdiff_t i, double value)
+{
+    if (dtype == LN_F64) {
+        ((double *)p)[i] = value;
+    }
+    else {
+        ((float *)p)[i] = (float)value;
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* The kernels, once per SIMD level                                          */
+/* ------------------------------------------------------------------------ */
+
+#define LN_ISA scalar
+#define LN_ISA_LEVEL 0
+#include "ln_kernel_impl.h"
+#undef LN_ISA
+#undef LN_ISA_LEVEL
+
+#if LN_X86
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#define LN_ISA avx2
+#define LN_ISA_LEVEL 1
+#include "ln_kernel_impl.h"
+#undef LN_ISA
+#undef LN_ISA_LEVEL
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx2,fma,f16c")
+#define LN_ISA avx512
+#define LN_ISA_LEVEL 2
+#include "ln_kernel_impl.h"
+#undef LN_ISA
+#undef LN_ISA_LEVEL
+#pragma GCC pop_options
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* SIMD dispatch                                                             */
+/* ------------------------------------------------------------------------ */
+
+static _Atomic int ln_simd_current = -1;
+
+ln_simd_level ln_simd_best(void)
+{
+#if LN_X86
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") &&
+        __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
+        return LN_SIMD_AVX512;
+    }
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c")) {
+        return LN_SIMD_AVX2;
+    }
+#endif
+    return LN_SIMD_SCALAR;
+}
+
+ln_simd_level ln_simd_get(void)
+{
+    int level = atomic_load(&ln_simd_current);
+    if (level < 0) {
+        level = ln_simd_best();
+        atomic_store(&ln_simd_current, level);
+    }
+    return (ln_simd_level)level;
+}
+
+int ln_simd_set(ln_simd_level level)
+{
+    if (level < LN_SIMD_SCALAR || level > ln_simd_best()) {
+        return -1;
+    }
+    atomic_store(&ln_simd_current, (int)level);
+    return 0;
+}
+
+const char *ln_simd_name(ln_simd_level level)
+{
+    static const char *const names[] = {"scalar", "avx2", "avx512"};
+    return (level >= LN_SIMD_SCALAR && level <= LN_SIMD_AVX512) ? names[level] : "unknown";
+}
+
+static const ln_kernel_table *ln_kernels_in_use(void)
+{
+    switch (ln_simd_get()) {
+#if LN_X86
+    case LN_SIMD_AVX512:
+        return &kernels_avx512;
+    case LN_SIMD_AVX2:
+        return &kernels_avx2;
+#endif
+    default:
+        return &kernels_scalar;
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Thread pool                                                               */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * One pool per process.  A parallel job splits [0, n) into `parts` contiguous
+ * ranges; the caller runs range 0 and worker k runs range k.  Workers spin briefly
+ * for the next job (back-to-back calls are common) before sleeping on a condition
+ * variable.  A second concurrent caller, finding the pool busy, runs its job alone,
+ * so calls from several Python threads never wait on each other.  After fork() the
+ * child starts with no workers and makes new ones on first use.
+ */
+
+typedef void (*ln_range_fn)(void *ctx, ptrdiff_t begin, ptrdiff_t end);
+
+#define LN_MAX_THREADS 256
+#define LN_SPIN_ITERATIONS 20000
+
+static struct {
+    pthread_mutex_t busy;        /* held by the caller running a parallel job */
+    pthread_mutex_t lock;        /* guards the fields below for sleeping/waking */
+    pthread_cond_t wake;         /* workers wait here for a new job */
+    pthread_cond_t done;         /* the caller waits here for the last worker */
+    int workers;                 /* worker threads started */
+    _Atomic int threads;         /* threads a job may use, caller included */
+    _Atomic unsigned generation; /* bumped for every job */
+    _Atomic int pending;         /* workers that have not yet finished the current job */
+    unsigned grow_generation;    /* the generation when the newest workers were started */
+    ln_range_fn fn;
+    void *ctx;
+    ptrdiff_t n;
+    int parts;
+} ln_pool = {
+    .busy = PTHREAD_MUTEX_INITIALIZER,
+    .lock = PTHREAD_MUTEX_INITIALIZER,
+    .wake = PTHREAD_COND_INITIALIZER,
+    .done = PTHREAD_COND_INITIALIZER,
+    .threads = 0,
+};
+
+static void ln_range_of_part(ptrdiff_t n, int parts, int part, ptrdiff_t *begin, ptrdiff_t *end)
+{
+    *begin = (ptrdiff_t)((long double)n * part / parts);
+    *end = (ptrdiff_t)((long double)n * (part + 1) / parts);
+}
+
+static void ln_finish_part(void)
+{
+    if (atomic_fetch_sub(&ln_pool.pending, 1) == 1) {
+        pthread_mutex_lock(&ln_pool.lock);
+        pthread_cond_signal(&ln_pool.done);
+        pthread_mutex_unlock(&ln_pool.lock);
+    }
+}
+
+/* Every worker takes part in every job (doing nothing if its index is past the
+   job's parts) and reports back, so no worker can mistake one job's fields for the
+   next one's. */
+static void *ln_worker_main(void *arg)
+{
+    const int index = (int)(intptr_t)arg;
+    unsigned seen = ln_pool.grow_generation;
+    for (;;) {
+        unsigned now = atomic_load(&ln_pool.generation);
+        for (int spin = 0; now == seen && spin < LN_SPIN_ITERATIONS; spin++) {
+#if LN_X86
+            _mm_pause();
+#endif
+            now = atomic_load(&ln_pool.generation);
+        }
+        if (now == seen) {
+            pthread_mutex_lock(&ln_pool.lock);
+            while ((now = atomic_load(&ln_pool.generation)) == seen) {
+                pthread_cond_wait(&ln_pool.wake, &ln_pool.lock);
+            }
+            pthread_mutex_unlock(&ln_pool.lock);
+        }
+        seen = now;
+        if (index < ln_pool.parts) {
+            ptrdiff_t begin, end;
+            ln_range_of_part(ln_pool.n, ln_pool.parts, index, &begin, &end);
+            ln_pool.fn(ln_pool.ctx, begin, end);
+        }
+        ln_finish_part();
+    }
+    return NULL;
+}
+
+static void ln_pool_after_fork_child(void)
+{
+    pthread_mutex_init(&ln_pool.busy, NULL);
+    pthread_mutex_init(&ln_pool.lock, NULL);
+    pthread_cond_init(&ln_pool.wake, NULL);
+    pthread_cond_init(&ln_pool.done, NULL);
+    ln_pool.workers = 0;
+}
+
+static pthread_once_t ln_pool_once = PTHREAD_ONCE_INIT;
+
+static void ln_pool_register_fork_handler(void)
+{
+    pthread_atfork(NULL, NULL, ln_pool_after_fork_child);
+}
+
+/* Starts workers until `wanted` exist (the busy lock is held); returns how many exist. */
+static int ln_pool_grow(int wanted)
+{
+    pthread_once(&ln_pool_once, ln_pool_register_fork_handler);
+    ln_pool.grow_generation = atomic_load(&ln_pool.generation);
+    while (ln_pool.workers < wanted) {
+        pthread_t thread;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        int failed = pthread_create(&thread, &attr, ln_worker_main,
+                                    (void *)(intptr_t)(ln_pool.workers + 1));
+        pthread_attr_destroy(&attr);
+        if (failed) {
+            break;
+        }
+        ln_pool.workers++;
+    }
+    return ln_pool.workers;
+}
+
+/* Runs fn over [0, n) in up to ln_threads_get() contiguous parts of at least
+   min_per_part each. */
+static void ln_parallel_for(ptrdiff_t n, ptrdiff_t min_per_part, ln_range_fn fn, void *ctx)
+{
+    ptrdiff_t max_parts = min_per_part > 0 ? n / min_per_part : n;
+    int parts = ln_threads_get();
+    if (max_parts < parts) {
+        parts = max_parts < 1 ? 1 : (int)max_parts;
+    }
+    if (parts <= 1 || pthread_mutex_trylock(&ln_pool.busy) != 0) {
+        fn(ctx, 0, n);
+        return;
+    }
+    int workers = ln_pool_grow(parts - 1);
+    if (workers < parts - 1) {
+        parts = workers + 1;
+    }
+    ln_pool.fn = fn;
+    ln_pool.ctx = ctx;
+    ln_pool.n = n;
+    ln_pool.parts = parts;
+    atomic_store(&ln_pool.pending, workers);
+    pthread_mutex_lock(&ln_pool.lock);
+    atomic_fetch_add(&ln_pool.generation, 1);
+    pthread_cond_broadcast(&ln_pool.wake);
+    pthread_mutex_unlock(&ln_pool.lock);
+
+    ptrdiff_t begin, end;
+    ln_range_of_part(n, parts, 0, &begin, &end);
+    fn(ctx, begin, end);
+
+    for (int spin = 0; atomic_load(&ln_pool.pending) > 0 && spin < LN_SPIN_ITERATIONS; spin++) {
+#if LN_X86
+        _mm_pause();
+#endif
+    }
+    if (atomic_load(&ln_pool.pending) > 0) {
+        pthread_mutex_lock(&ln_pool.lock);
+        while (atomic_load(&ln_pool.pending) > 0) {
+            pthread_cond_wait(&ln_pool.done, &ln_pool.lock);
+        }
+        pthread_mutex_unlock(&ln_pool.lock);
+    }
+    pthread_mutex_unlock(&ln_pool.busy);
+}
+
+int ln_threads_default(void)
+{
+#ifdef CPU_COUNT
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) {
+        int count = CPU_COUNT(&set);
+        if (count > 0) {
+            return count;
+        }
+    }
+#endif
+    return 1;
+}
+
+int ln_threads_get(void)
+{
+    int n = atomic_load(&ln_pool.threads);
+    if (n <= 0) {
+        n = ln_threads_default();
+        atomic_store(&ln_pool.threads, n);
+    }
+    return n;
+}
+
+void ln_threads_set(int n)
+{
+    atomic_store(&ln_pool.threads, n < 1 ? 1 : n > LN_MAX_THREADS ? LN_MAX_THREADS : n);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Forward driver                                                            */
+/* ------------------------------------------------------------------------ */
+
+static ln_moments ln_merge(ln_moments a, ln_moments b)
+{
+    const double n = a.n + b.n;
+    const double delta = b.mean - a.mean;
+    ln_moments m = {n, a.mean + delta * (b.n / n), a.m2 + b.m2 + delta * delta * (a.n * (b.n / n))};
+    return m;
+}
+
+static double ln_rstd_of(ln_moments m, double eps)
+{
+    if (!isfinite(m.mean)) {
+        return NAN;  /* NaN or Inf in the row: the whole row becomes NaN, as in torch */
+    }
+    const double var = m.m2 > 0.0 ? m.m2 / m.n : 0.0;
+    return 1.0 / sqrt(var + eps);
+}
+
+static ln_moments ln_row_moments(const ln_kernel_table *k, ln_dtype dtype, const char *x,
+                                 ptrdiff_t n)
+{
+    const size_t elsize = ln_dtype_size(dtype);
+    ln_moments m = k->chunk_moments[dtype](x, n < LN_CHUNK ? n : LN_CHUNK);
+    for (ptrdiff_t start = LN_CHUNK; start < n; start += LN_CHUNK) {
+        ptrdiff_t len = n - start < LN_CHUNK ? n - start : LN_CHUNK;
+        m = ln_merge(m, k->chunk_moments[dtype](x + start * (ptrdiff_t)elsize, len));
+    }
+    return m;
+}
+
+typedef struct {
+    const ln_forward_args *args;
+    const ln_kernel_table *kernels;
+    /* for one huge row split across threads: */
+    const char *row_in;
+    char *row_out;
+    ln_moments *chunk_moments;
+    double mean, rstd;
+} ln_forward_job;
+
+static void ln_store_stats(const ln_forward_args *a, ptrdiff_t row, double mean, double rstd)
+{
+    if (a->mean) {
+        ln_store1_param(a->dtype, a->mean, row, mean);
+    }
+    if (a->rstd) {
+        ln_store1_param(a->dtype, a->rstd, row, rstd);
+    }
+}
+
+static void ln_forward_rows(void *ctx, ptrdiff_t begin, ptrdiff_t end)
+{
+    const ln_forward_job *job = ctx;
+    const ln_forward_args *a = job->args;
+    const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(a->dtype);
+    for (ptrdiff_t r = begin; r < end; r++) {
+        const char *x = (const char *)a->input + r * a->input_row_step * elsize;
+        char *y = (char *)a->output + r * a->row_len * elsize;
+        const ln_moments m = ln_row_moments(job->kernels, a->dtype, x, a->row_len);
+        const double rstd = ln_rstd_of(m, a->eps);
+        ln_store_stats(a, r, m.mean, rstd);
+        job->kernels->normalize_row[a->dtype](x, y, a->row_len, m.mean, rstd, a->weight, a->bias);
+    }
+}
+
+static void ln_forward_huge_row_moments(void *ctx, ptrdiff_t begin, ptrdiff_t end)
+{
+    ln_forward_job *job = ctx;
+    const ln_forward_args *a = job->args;
+    const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(a->dtype);
+    for (ptrdiff_t c = begin; c < end; c++) {
+        const ptrdiff_t start = c * LN_CHUNK;
+        const ptrdiff_t len = a->row_len - start < LN_CHUNK ? a->row_len - start : LN_CHUNK;
+        job->chunk_moments[c] = job->kernels->chunk_moments[a->dtype](job->row_in + start * elsize, len);
+    }
+}
+
+static void ln_forward_huge_row_normalize(void *ctx, ptrdiff_t begin, ptrdiff_t end)
+{
+    const ln_forward_job *job = ctx;
+    const ln_forward_args *a = job->args;
+    const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(a->dtype);
+    const ptrdiff_t pelsize = a->dtype == LN_F64 ? 8 : 4;
+    const ptrdiff_t start = begin * LN_CHUNK;
+    const ptrdiff_t stop = end * LN_CHUNK < a->row_len ? end * LN_CHUNK : a->row_len;
+    job->kernels->normalize_row[a->dtype](
+        job->row_in + start * elsize, job->row_out + start * elsize, stop - start, job->mean, job->rstd,
+        a->weight ? (const char *)a->weight + start * pelsize : NULL,
+        a->bias ? (const char *)a->bias + start * pelsize : NULL);
+}
+
+int ln_forward(const ln_forward_args *a)
+{
+    ln_forward_job job = {.args = a, .kernels = ln_kernels_in_use()};
+    const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(a->dtype);
+    if (a->rows <= 0) {
+        return 0;
+    }
+    if (a->row_len == 0) {
+        for (ptrdiff_t r = 0; r < a->rows; r++) {
+            ln_store_stats(a, r, 0.0, NAN);  /* torch: mean 0, rstd NaN */
+        }
+        return 0;
+    }
+    const int threads = ln_threads_get();
+    const double elements = (double)a->rows * (double)a->row_len;
+    if (threads <= 1 || elements < LN_PARALLEL_MIN_ELEMENTS) {
+        ln_forward_rows(&job, 0, a->rows);
+        return 0;
+    }
+    if (a->row_len < 8 * LN_CHUNK || a->rows >= 4 * (ptrdiff_t)threads) {
+        const ptrdiff_t min_rows = LN_PARALLEL_MIN_ELEMENTS / 4 / a->row_len;
+        ln_parallel_for(a->rows, min_rows > 1 ? min_rows : 1, ln_forward_rows, &job);
+        return 0;
+    }
+    /* A few huge rows: split each row into its chunks across the threads. */
+    const ptrdiff_t chunks = (a->row_len + LN_CHUNK - 1) / LN_CHUNK;
+    job.chunk_moments = malloc((size_t)chunks * sizeof(ln_moments));
+    if (!job.chunk_moments) {
+        return -1;
+    }
+    for (ptrdiff_t r = 0; r < a->rows; r++) {
+        job.row_in = (const char *)a->input + r * a->input_row_step * elsize;
+        job.row_out = (char *)a->output + r * a->row_len * elsize;
+        ln_parallel_for(chunks, 4, ln_forward_huge_row_moments, &job);
+        ln_moments m = job.chunk_moments[0];
+        for (ptrdiff_t c = 1; c < chunks; c++) {
+            m = ln_merge(m, job.chunk_moments[c]);
+        }
+        job.mean = m.mean;
+        job.rstd = ln_rstd_of(m, a->eps);
+        ln_store_stats(a, r, job.mean, job.rstd);
+        ln_parallel_for(chunks, 4, ln_forward_huge_row_normalize, &job);
+    }
+    free(job.chunk_moments);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Backward driver                                                           */
+/* ------------------------------------------------------------------------ */
+
+typedef struct {
+    const ln_backward_args *args;
+    const ln_kernel_table *kernels;
+    ptrdiff_t row_blocks;  /* parameter-gradient partition of the rows */
+    ptrdiff_t col_tiles;   /* ... and of the columns */
+    double *partials;      /* row_blocks x 2 x row_len float64 sums */
+} ln_backward_job;
+
+static void ln_backward_rows(void *ctx, ptrdiff_t begin, ptrdiff_t end)
+{
+    const ln_backward_job *job = ctx;
+    const ln_backward_args *a = job->args;
+    const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(a->dtype);
+    for (ptrdiff_t r = begin; r < end; r++) {
+        job->kernels->backward_row[a->dtype](
+            (const char *)a->grad_output + r * a->grad_output_row_step * elsize,
+            (const char *)a->input + r * a->input_row_step * elsize,
+            (char *)a->grad_input + r * a->row_len * elsize, a->row_len,
+            ln_load1_param_as_f64(a->dtype, a->mean, r), ln_load1_param_as_f64(a->dtype, a->rstd, r),
+            a->weight);
+    }
+}
+
+/* Task t covers row block t / col_tiles and column tile t % col_tiles. */
+static void ln_backward_param_tasks(void *ctx, ptrdiff_t begin, ptrdiff_t end)
+{
+    const ln_backward_job *job = ctx;
+    const ln_backward_args *a = job->args;
+    for (ptrdiff_t t = begin; t < end; t++) {
+        const ptrdiff_t block = t / job->col_tiles, tile = t % job->col_tiles;
+        ptrdiff_t row_begin, row_end;
+        ln_range_of_part(a->rows, (int)job->row_blocks, (int)block, &row_begin, &row_end);
+        const ptrdiff_t col_begin = tile * LN_GRAD_TILE;
+        const ptrdiff_t col_end = col_begin + LN_GRAD_TILE < a->row_len ? col_begin + LN_GRAD_TILE : a->row_len;
+        double *dweight = job->partials + (2 * block) * a->row_len;
+        double *dbias = dweight + a->row_len;
+        job->kernels->param_grads[a->dtype](a, row_begin, row_end, col_begin, col_end,
+                                            a->grad_weight ? dweight + col_begin : NULL,
+                                            a->grad_bias ? dbias + col_begin : NULL);
+    }
+}
+
+int ln_backward(const ln_backward_args *a)
+{
+    ln_backward_job job = {.args = a, .kernels = ln_kernels_in_use()};
+    const double elements = (double)a->rows * (double)a->row_len;
+    const int serial = ln_threads_get() <= 1 || elements < LN_PARALLEL_MIN_ELEMENTS;
+
+    if (a->grad_input && a->rows > 0 && a->row_len > 0) {
+        if (serial) {
+            ln_backward_rows(&job, 0, a->rows);
+        }
+        else {
+            const ptrdiff_t min_rows = LN_PARALLEL_MIN_ELEMENTS / 4 / a->row_len;
+            ln_parallel_for(a->rows, min_rows > 1 ? min_rows : 1, ln_backward_rows, &job);
+        }
+    }
+    if (!a->grad_weight && !a->grad_bias) {
+        return 0;
+    }
+    /* Row blocks depend on the shape only (never on the thread count), so the
+       float64 sums, and the result, are the same however the tasks are run. */
+    job.col_tiles = (a->row_len + LN_GRAD_TILE - 1) / LN_GRAD_TILE;
+    job.row_blocks = a->rows / 4096;
+    const ptrdiff_t max_blocks = ((ptrdiff_t)1 << 22) / (a->row_len > 0 ? a->row_len : 1);
+    if (job.row_blocks > 16) {
+        job.row_blocks = 16;
+    }
+    if (job.row_blocks > max_blocks) {
+        job.row_blocks = max_blocks;
+    }
+    if (job.row_blocks < 1) {
+        job.row_blocks = 1;
+    }
+    job.partials = calloc((size_t)(2 * job.row_blocks * (a->row_len > 0 ? a->row_len : 1)), sizeof(double));
+    if (!job.partials) {
+        return -1;
+    }
+    if (a->rows > 0 && a->row_len > 0) {
+        const ptrdiff_t tasks = job.row_blocks * job.col_tiles;
+        if (serial) {
+            ln_backward_param_tasks(&job, 0, tasks);
+        }
+        else {
+            ln_parallel_for(tasks, 1, ln_backward_param_tasks, &job);
+        }
+    }
+    for (ptrdiff_t j = 0; j < a->row_len; j++) {
+        double dweight = 0.0, dbias = 0.0;
+        for (ptrdiff_t block = 0; block < job.row_blocks; block++) {
+            dweight += job.partials[(2 * block) * a->row_len + j];
+            dbias += job.partials[(2 * block + 1) * a->row_len + j];
+        }
+        if (a->grad_weight) {
+            ln_store1_param(a->dtype, a->grad_weight, j, dweight);
+        }
+        if (a->grad_bias) {
+            ln_store1_param(a->dtype, a->grad_bias, j, dbias);
+        }
+    }
+    free(job.partials);
+    return 0;
+}
