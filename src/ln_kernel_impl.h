@@ -8,10 +8,9 @@
  *     LN_ISA_LEVEL 1  avx2     AVX2 + FMA + F16C
  *     LN_ISA_LEVEL 2  avx512   AVX-512F
  *
- * The arithmetic uses GCC vector extensions (f32x16, f64x8), which the compiler
- * lowers to the widest registers of the target.  Only the few operations that
- * vector extensions cannot express (fused multiply-add, float16 conversion) have
- * per-level code below.  Every level performs the same IEEE operations in the same
+ * The kernels work on groups of 16 elements (GD: 16 float64, GF: 16 float32) held
+ * in the level's native registers (16 scalars, 4 or 2 __m256d, 2 __m512d); the
+ * group primitives below are the only per-level code.  Every level performs the same IEEE operations in the same
  * order -- 16 accumulation lanes, lane k taking elements i with i % 16 == k, then a
  * fixed reduction tree -- so every level returns bit-identical results.
  *
@@ -39,101 +38,260 @@
 #define LN_FN(name) LN_CAT(name, LN_ISA)
 
 /* ------------------------------------------------------------------------ */
-/* Per-level primitives                                                      */
+/* Per-level primitives on groups of 16 elements                             */
 /* ------------------------------------------------------------------------ */
+
+/* A group holds 16 consecutive elements in native registers: gd as float64,
+   gf as float32.  Storing a group writes its elements in order, which is what
+   makes "lane k takes elements i % 16 == k" hold at every level. */
+#if LN_ISA_LEVEL == 0
+typedef double LN_FN(vd);                 /* one float64 */
+typedef float LN_FN(vf);                  /* one float32 */
+#define LN_VD_PER_GROUP 16
+#define LN_VF_PER_GROUP 16
+#elif LN_ISA_LEVEL == 1
+typedef double LN_FN(vd) __attribute__((vector_size(32)));   /* __m256d */
+typedef float LN_FN(vf) __attribute__((vector_size(32)));    /* __m256 */
+#define LN_VD_PER_GROUP 4
+#define LN_VF_PER_GROUP 2
+#else
+typedef double LN_FN(vd) __attribute__((vector_size(64)));   /* __m512d */
+typedef float LN_FN(vf) __attribute__((vector_size(64)));    /* __m512 */
+#define LN_VD_PER_GROUP 2
+#define LN_VF_PER_GROUP 1
+#endif
+
+typedef struct { LN_FN(vd) v[LN_VD_PER_GROUP]; } LN_FN(gd);
+typedef struct { LN_FN(vf) v[LN_VF_PER_GROUP]; } LN_FN(gf);
+#define GD LN_FN(gd)
+#define GF LN_FN(gf)
+#define FOR_VD(k) for (int k = 0; k < LN_VD_PER_GROUP; k++)
+#define FOR_VF(k) for (int k = 0; k < LN_VF_PER_GROUP; k++)
+
+static LN_ALWAYS_INLINE GD LN_FN(gd_splat)(double value)
+{
+    GD r;
+    FOR_VD(k) { r.v[k] = (LN_FN(vd)){0} + value; }
+    return r;
+}
+
+static LN_ALWAYS_INLINE GD LN_FN(gd_add)(GD a, GD b) { FOR_VD(k) { a.v[k] += b.v[k]; } return a; }
+static LN_ALWAYS_INLINE GD LN_FN(gd_sub)(GD a, GD b) { FOR_VD(k) { a.v[k] -= b.v[k]; } return a; }
+static LN_ALWAYS_INLINE GD LN_FN(gd_mul)(GD a, GD b) { FOR_VD(k) { a.v[k] *= b.v[k]; } return a; }
+static LN_ALWAYS_INLINE GD LN_FN(gd_div)(GD a, GD b) { FOR_VD(k) { a.v[k] /= b.v[k]; } return a; }
+
+/* Unaligned, aliasing-safe views of memory as native vectors. */
+typedef LN_FN(vd) LN_FN(vd_mem) __attribute__((aligned(1), may_alias));
+typedef LN_FN(vf) LN_FN(vf_mem) __attribute__((aligned(1), may_alias));
+#define LN_VD_LANES (16 / LN_VD_PER_GROUP)
+#define LN_VF_LANES (16 / LN_VF_PER_GROUP)
+
+static LN_ALWAYS_INLINE GD LN_FN(gd_load)(const double *p)
+{
+    GD r;
+    FOR_VD(k) { r.v[k] = *(const LN_FN(vd_mem) *)(p + LN_VD_LANES * k); }
+    return r;
+}
+
+static LN_ALWAYS_INLINE void LN_FN(gd_store)(double *p, GD a)
+{
+    FOR_VD(k) { *(LN_FN(vd_mem) *)(p + LN_VD_LANES * k) = a.v[k]; }
+}
+
+static LN_ALWAYS_INLINE GF LN_FN(gf_splat)(float value)
+{
+    GF r;
+    FOR_VF(k) { r.v[k] = (LN_FN(vf)){0} + value; }
+    return r;
+}
+
+static LN_ALWAYS_INLINE GF LN_FN(gf_sub)(GF a, GF b) { FOR_VF(k) { a.v[k] -= b.v[k]; } return a; }
+static LN_ALWAYS_INLINE GF LN_FN(gf_add)(GF a, GF b) { FOR_VF(k) { a.v[k] += b.v[k]; } return a; }
+static LN_ALWAYS_INLINE GF LN_FN(gf_mul)(GF a, GF b) { FOR_VF(k) { a.v[k] *= b.v[k]; } return a; }
+
+static LN_ALWAYS_INLINE GF LN_FN(gf_load)(const float *p)
+{
+    GF r;
+    FOR_VF(k) { r.v[k] = *(const LN_FN(vf_mem) *)(p + LN_VF_LANES * k); }
+    return r;
+}
+
+static LN_ALWAYS_INLINE void LN_FN(gf_store)(float *p, GF a)
+{
+    FOR_VF(k) { *(LN_FN(vf_mem) *)(p + LN_VF_LANES * k) = a.v[k]; }
+}
 
 #if LN_ISA_LEVEL == 0
 
-static inline f32x16 LN_FN(load16_f16)(const uint16_t *p)
+static LN_ALWAYS_INLINE GD LN_FN(gd_load_f32)(const float *p)
 {
-    f32x16 v;
-    for (int k = 0; k < 16; k++) {
-        v[k] = ln_half_to_float(p[k]);
-    }
-    return v;
-}
-
-static inline void LN_FN(store16_f16)(uint16_t *p, f32x16 v)
-{
-    for (int k = 0; k < 16; k++) {
-        p[k] = ln_float_to_half(v[k]);
-    }
-}
-
-static inline f32x16 LN_FN(fma_f32)(f32x16 a, f32x16 b, f32x16 c)
-{
-    f32x16 r;
-    for (int k = 0; k < 16; k++) {
-        r[k] = fmaf(a[k], b[k], c[k]);
-    }
+    GD r;
+    FOR_VD(k) { r.v[k] = (double)p[k]; }
     return r;
 }
 
-static inline f64x8 LN_FN(fma_f64)(f64x8 a, f64x8 b, f64x8 c)
+static LN_ALWAYS_INLINE GD LN_FN(gd_sqrt)(GD a)
 {
-    f64x8 r;
-    for (int k = 0; k < 8; k++) {
-        r[k] = fma(a[k], b[k], c[k]);
-    }
+    FOR_VD(k) { a.v[k] = sqrt(a.v[k]); }
+    return a;
+}
+
+static LN_ALWAYS_INLINE GD LN_FN(gd_fma)(GD a, GD b, GD c)
+{
+    FOR_VD(k) { a.v[k] = fma(a.v[k], b.v[k], c.v[k]); }
+    return a;
+}
+
+static LN_ALWAYS_INLINE GF LN_FN(gf_fma)(GF a, GF b, GF c)
+{
+    FOR_VF(k) { a.v[k] = fmaf(a.v[k], b.v[k], c.v[k]); }
+    return a;
+}
+
+static LN_ALWAYS_INLINE GD LN_FN(gf_widen)(GF a)
+{
+    GD r;
+    FOR_VD(k) { r.v[k] = (double)a.v[k]; }
     return r;
+}
+
+static LN_ALWAYS_INLINE GF LN_FN(gd_narrow)(GD a)
+{
+    GF r;
+    FOR_VF(k) { r.v[k] = (float)a.v[k]; }
+    return r;
+}
+
+static LN_ALWAYS_INLINE GF LN_FN(gf_load_f16)(const uint16_t *p)
+{
+    GF r;
+    FOR_VF(k) { r.v[k] = ln_half_to_float(p[k]); }
+    return r;
+}
+
+static LN_ALWAYS_INLINE void LN_FN(gf_store_f16)(uint16_t *p, GF a)
+{
+    FOR_VF(k) { p[k] = ln_float_to_half(a.v[k]); }
 }
 
 #elif LN_ISA_LEVEL == 1
 
-typedef union { f32x16 v; __m256 h[2]; } LN_FN(f32x16_halves);
-typedef union { f64x8 v; __m256d h[2]; } LN_FN(f64x8_halves);
-
-static inline f32x16 LN_FN(load16_f16)(const uint16_t *p)
+static LN_ALWAYS_INLINE GD LN_FN(gd_load_f32)(const float *p)
 {
-    LN_FN(f32x16_halves) u;
-    u.h[0] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-    u.h[1] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8)));
-    return u.v;
+    GD r;
+    FOR_VD(k) { r.v[k] = (LN_FN(vd))_mm256_cvtps_pd(_mm_loadu_ps(p + 4 * k)); }
+    return r;
 }
 
-static inline void LN_FN(store16_f16)(uint16_t *p, f32x16 v)
+static LN_ALWAYS_INLINE GD LN_FN(gd_sqrt)(GD a)
 {
-    LN_FN(f32x16_halves) u = {.v = v};
-    _mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph(u.h[0], _MM_FROUND_TO_NEAREST_INT));
-    _mm_storeu_si128((__m128i *)(p + 8), _mm256_cvtps_ph(u.h[1], _MM_FROUND_TO_NEAREST_INT));
+    FOR_VD(k) { a.v[k] = (LN_FN(vd))_mm256_sqrt_pd((__m256d)a.v[k]); }
+    return a;
 }
 
-static inline f32x16 LN_FN(fma_f32)(f32x16 a, f32x16 b, f32x16 c)
+static LN_ALWAYS_INLINE GD LN_FN(gd_fma)(GD a, GD b, GD c)
 {
-    LN_FN(f32x16_halves) ua = {.v = a}, ub = {.v = b}, uc = {.v = c}, r;
-    r.h[0] = _mm256_fmadd_ps(ua.h[0], ub.h[0], uc.h[0]);
-    r.h[1] = _mm256_fmadd_ps(ua.h[1], ub.h[1], uc.h[1]);
-    return r.v;
+    FOR_VD(k) { a.v[k] = (LN_FN(vd))_mm256_fmadd_pd((__m256d)a.v[k], (__m256d)b.v[k], (__m256d)c.v[k]); }
+    return a;
 }
 
-static inline f64x8 LN_FN(fma_f64)(f64x8 a, f64x8 b, f64x8 c)
+static LN_ALWAYS_INLINE GF LN_FN(gf_fma)(GF a, GF b, GF c)
 {
-    LN_FN(f64x8_halves) ua = {.v = a}, ub = {.v = b}, uc = {.v = c}, r;
-    r.h[0] = _mm256_fmadd_pd(ua.h[0], ub.h[0], uc.h[0]);
-    r.h[1] = _mm256_fmadd_pd(ua.h[1], ub.h[1], uc.h[1]);
-    return r.v;
+    FOR_VF(k) { a.v[k] = (LN_FN(vf))_mm256_fmadd_ps((__m256)a.v[k], (__m256)b.v[k], (__m256)c.v[k]); }
+    return a;
+}
+
+static LN_ALWAYS_INLINE GD LN_FN(gf_widen)(GF a)
+{
+    GD r;
+    FOR_VF(k) {
+        r.v[2 * k] = (LN_FN(vd))_mm256_cvtps_pd(_mm256_castps256_ps128((__m256)a.v[k]));
+        r.v[2 * k + 1] = (LN_FN(vd))_mm256_cvtps_pd(_mm256_extractf128_ps((__m256)a.v[k], 1));
+    }
+    return r;
+}
+
+static LN_ALWAYS_INLINE GF LN_FN(gd_narrow)(GD a)
+{
+    GF r;
+    FOR_VF(k) {
+        __m128 lo = _mm256_cvtpd_ps((__m256d)a.v[2 * k]);
+        __m128 hi = _mm256_cvtpd_ps((__m256d)a.v[2 * k + 1]);
+        r.v[k] = (LN_FN(vf))_mm256_insertf128_ps(_mm256_castps128_ps256(lo), hi, 1);
+    }
+    return r;
+}
+
+static LN_ALWAYS_INLINE GF LN_FN(gf_load_f16)(const uint16_t *p)
+{
+    GF r;
+    FOR_VF(k) { r.v[k] = (LN_FN(vf))_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8 * k))); }
+    return r;
+}
+
+static LN_ALWAYS_INLINE void LN_FN(gf_store_f16)(uint16_t *p, GF a)
+{
+    FOR_VF(k) {
+        _mm_storeu_si128((__m128i *)(p + 8 * k), _mm256_cvtps_ph((__m256)a.v[k], _MM_FROUND_TO_NEAREST_INT));
+    }
 }
 
 #else
 
-static inline f32x16 LN_FN(load16_f16)(const uint16_t *p)
+static LN_ALWAYS_INLINE GD LN_FN(gd_load_f32)(const float *p)
 {
-    return (f32x16)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+    GD r;
+    FOR_VD(k) { r.v[k] = (LN_FN(vd))_mm512_cvtps_pd(_mm256_loadu_ps(p + 8 * k)); }
+    return r;
 }
 
-static inline void LN_FN(store16_f16)(uint16_t *p, f32x16 v)
+static LN_ALWAYS_INLINE GD LN_FN(gd_sqrt)(GD a)
 {
-    _mm256_storeu_si256((__m256i *)p, _mm512_cvtps_ph((__m512)v, _MM_FROUND_TO_NEAREST_INT));
+    FOR_VD(k) { a.v[k] = (LN_FN(vd))_mm512_sqrt_pd((__m512d)a.v[k]); }
+    return a;
 }
 
-static inline f32x16 LN_FN(fma_f32)(f32x16 a, f32x16 b, f32x16 c)
+static LN_ALWAYS_INLINE GD LN_FN(gd_fma)(GD a, GD b, GD c)
 {
-    return (f32x16)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+    FOR_VD(k) { a.v[k] = (LN_FN(vd))_mm512_fmadd_pd((__m512d)a.v[k], (__m512d)b.v[k], (__m512d)c.v[k]); }
+    return a;
 }
 
-static inline f64x8 LN_FN(fma_f64)(f64x8 a, f64x8 b, f64x8 c)
+static LN_ALWAYS_INLINE GF LN_FN(gf_fma)(GF a, GF b, GF c)
 {
-    return (f64x8)_mm512_fmadd_pd((__m512d)a, (__m512d)b, (__m512d)c);
+    FOR_VF(k) { a.v[k] = (LN_FN(vf))_mm512_fmadd_ps((__m512)a.v[k], (__m512)b.v[k], (__m512)c.v[k]); }
+    return a;
+}
+
+static LN_ALWAYS_INLINE GD LN_FN(gf_widen)(GF a)
+{
+    GD r;
+    const __m512 v = (__m512)a.v[0];
+    r.v[0] = (LN_FN(vd))_mm512_cvtps_pd(_mm512_castps512_ps256(v));
+    r.v[1] = (LN_FN(vd))_mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    return r;
+}
+
+static LN_ALWAYS_INLINE GF LN_FN(gd_narrow)(GD a)
+{
+    GF r;
+    const __m256 lo = _mm512_cvtpd_ps((__m512d)a.v[0]);
+    const __m256 hi = _mm512_cvtpd_ps((__m512d)a.v[1]);
+    r.v[0] = (LN_FN(vf))_mm512_castpd_ps(
+        _mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
+    return r;
+}
+
+static LN_ALWAYS_INLINE GF LN_FN(gf_load_f16)(const uint16_t *p)
+{
+    GF r;
+    r.v[0] = (LN_FN(vf))_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+    return r;
+}
+
+static LN_ALWAYS_INLINE void LN_FN(gf_store_f16)(uint16_t *p, GF a)
+{
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtps_ph((__m512)a.v[0], _MM_FROUND_TO_NEAREST_INT));
 }
 
 #endif
@@ -143,105 +301,158 @@ static inline f64x8 LN_FN(fma_f64)(f64x8 a, f64x8 b, f64x8 c)
 /* ------------------------------------------------------------------------ */
 
 /* 16 elements from p[i] as float32 (float16 and float32 only). */
-static LN_ALWAYS_INLINE f32x16 LN_FN(load16_as_f32)(ln_dtype dtype, const void *p, ptrdiff_t i)
+static LN_ALWAYS_INLINE GF LN_FN(load_as_f32)(ln_dtype dtype, const void *p, ptrdiff_t i)
 {
     if (dtype == LN_F16) {
-        return LN_FN(load16_f16)((const uint16_t *)p + i);
+        return LN_FN(gf_load_f16)((const uint16_t *)p + i);
     }
-    return ln_load_f32x16((const float *)p + i);
+    return LN_FN(gf_load)((const float *)p + i);
 }
 
-static LN_ALWAYS_INLINE void LN_FN(store16_from_f32)(ln_dtype dtype, void *p, ptrdiff_t i, f32x16 v)
+static LN_ALWAYS_INLINE void LN_FN(store_from_f32)(ln_dtype dtype, void *p, ptrdiff_t i, GF v)
 {
     if (dtype == LN_F16) {
-        LN_FN(store16_f16)((uint16_t *)p + i, v);
+        LN_FN(gf_store_f16)((uint16_t *)p + i, v);
     }
     else {
-        ln_store_f32x16((float *)p + i, v);
+        LN_FN(gf_store)((float *)p + i, v);
     }
 }
 
-/* 16 elements from p[i] as two float64 vectors (low 8, high 8). */
-static LN_ALWAYS_INLINE void LN_FN(load16_as_f64)(ln_dtype dtype, const void *p, ptrdiff_t i,
-                                                  f64x8 *lo, f64x8 *hi)
+/* 16 elements from p[i] as float64. */
+static LN_ALWAYS_INLINE GD LN_FN(load_as_f64)(ln_dtype dtype, const void *p, ptrdiff_t i)
 {
     if (dtype == LN_F64) {
-        *lo = ln_load_f64x8((const double *)p + i);
-        *hi = ln_load_f64x8((const double *)p + i + 8);
+        return LN_FN(gd_load)((const double *)p + i);
     }
-    else {
-        ln_widen(LN_FN(load16_as_f32)(dtype, p, i), lo, hi);
+    if (dtype == LN_F32) {
+        return LN_FN(gd_load_f32)((const float *)p + i);
     }
+    return LN_FN(gf_widen)(LN_FN(gf_load_f16)((const uint16_t *)p + i));
 }
 
-static LN_ALWAYS_INLINE void LN_FN(store16_from_f64)(ln_dtype dtype, void *p, ptrdiff_t i,
-                                                     f64x8 lo, f64x8 hi)
+static LN_ALWAYS_INLINE void LN_FN(store_from_f64)(ln_dtype dtype, void *p, ptrdiff_t i, GD v)
 {
     if (dtype == LN_F64) {
-        ln_store_f64x8((double *)p + i, lo);
-        ln_store_f64x8((double *)p + i + 8, hi);
+        LN_FN(gd_store)((double *)p + i, v);
     }
     else {
-        LN_FN(store16_from_f32)(dtype, p, i, ln_narrow(lo, hi));
+        LN_FN(store_from_f32)(dtype, p, i, LN_FN(gd_narrow)(v));
     }
 }
 
 /* Params (weight, bias, mean, rstd) are float32 unless the input is float64. */
-static LN_ALWAYS_INLINE void LN_FN(load16_param_as_f64)(ln_dtype dtype, const void *p, ptrdiff_t i,
-                                                        f64x8 *lo, f64x8 *hi)
+static LN_ALWAYS_INLINE GD LN_FN(load_param_as_f64)(ln_dtype dtype, const void *p, ptrdiff_t i)
 {
-    LN_FN(load16_as_f64)(dtype == LN_F64 ? LN_F64 : LN_F32, p, i, lo, hi);
+    return LN_FN(load_as_f64)(dtype == LN_F64 ? LN_F64 : LN_F32, p, i);
 }
 
 /* ------------------------------------------------------------------------ */
 /* Forward                                                                   */
 /* ------------------------------------------------------------------------ */
 
-/* Mean and M2 of one chunk of n <= LN_CHUNK elements, by two passes over it
-   while it sits in L1. */
+/* Mean and M2 of one chunk of 1 <= n <= LN_CHUNK elements in one pass, with the
+   sums taken about the chunk's first element K.  Because K is one of the data,
+   M2 >= (K - mean)^2, so S2 = M2 + n (mean - K)^2 is at most (n + 1) M2 and the
+   subtraction below loses at most log2(n + 1) bits of float64's 53. */
 static LN_ALWAYS_INLINE ln_moments LN_FN(chunk_moments)(ln_dtype dtype, const void *x, ptrdiff_t n)
 {
-    double lanes[16];
-    f64x8 sum_lo = {0}, sum_hi = {0};
+    double s1_lanes[16], s2_lanes[16];
+    const double shift = ln_load1_as_f64(dtype, x, 0);
+    const GD shift_v = LN_FN(gd_splat)(shift);
+    GD s1 = LN_FN(gd_splat)(0.0), s2 = LN_FN(gd_splat)(0.0);
     ptrdiff_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        f64x8 lo, hi;
-        LN_FN(load16_as_f64)(dtype, x, i, &lo, &hi);
-        sum_lo += lo;
-        sum_hi += hi;
+        const GD d = LN_FN(gd_sub)(LN_FN(load_as_f64)(dtype, x, i), shift_v);
+        s1 = LN_FN(gd_add)(s1, d);
+        s2 = LN_FN(gd_add)(s2, LN_FN(gd_mul)(d, d));
     }
-    ln_store_lanes(lanes, sum_lo, sum_hi);
+    LN_FN(gd_store)(s1_lanes, s1);
+    LN_FN(gd_store)(s2_lanes, s2);
     for (; i < n; i++) {
-        lanes[i & 15] += ln_load1_as_f64(dtype, x, i);
+        const double d = ln_load1_as_f64(dtype, x, i) - shift;
+        s1_lanes[i & 15] += d;
+        s2_lanes[i & 15] += d * d;
     }
-    const double chunk_mean = ln_sum_lanes(lanes) / (double)n;
-
-    f64x8 dev_lo = {0}, dev_hi = {0}, sq_lo = {0}, sq_hi = {0};
-    const f64x8 mean_v = ln_splat_f64(chunk_mean);
-    double sq_lanes[16];
-    for (i = 0; i + 16 <= n; i += 16) {
-        f64x8 lo, hi;
-        LN_FN(load16_as_f64)(dtype, x, i, &lo, &hi);
-        lo -= mean_v;
-        hi -= mean_v;
-        dev_lo += lo;
-        dev_hi += hi;
-        sq_lo += lo * lo;
-        sq_hi += hi * hi;
-    }
-    ln_store_lanes(lanes, dev_lo, dev_hi);
-    ln_store_lanes(sq_lanes, sq_lo, sq_hi);
-    for (; i < n; i++) {
-        const double d = ln_load1_as_f64(dtype, x, i) - chunk_mean;
-        lanes[i & 15] += d;
-        sq_lanes[i & 15] += d * d;
-    }
-    const double s1 = ln_sum_lanes(lanes), s2 = ln_sum_lanes(sq_lanes);
-    ln_moments m = {(double)n, chunk_mean + s1 / (double)n, s2 - s1 * (s1 / (double)n)};
+    const double sum1 = ln_sum_lanes(s1_lanes), sum2 = ln_sum_lanes(s2_lanes);
+    const double mean_offset = sum1 / (double)n;
+    ln_moments m = {(double)n, shift + mean_offset, sum2 - sum1 * mean_offset};
     return m;
 }
 
-/* y = fma((x - mean_hi) - mean_lo, float(rstd * w), b) for float16/float32 rows. */
+/* The same for float16/float32 chunks, cheaper.  The first pass sums x in float64:
+   the mean is exact to float64 rounding.  The second pass sums d = x - K and d^2
+   for K = float32(mean) in float32 over blocks of LN_BLOCK groups, widening only
+   the block sums to float64: d is small (and exact for data with an offset), so
+   M2 = S2 - S1^2/n cancels almost nothing, and M2 keeps a relative error near
+   float32's epsilon, which moves rstd by less than a float32 ulp. */
+#define LN_BLOCK 8
+static LN_ALWAYS_INLINE ln_moments LN_FN(chunk_moments_f32)(ln_dtype dtype, const void *x, ptrdiff_t n)
+{
+    double s1_lanes[16], s2_lanes[16];
+    GD total = LN_FN(gd_splat)(0.0);
+    ptrdiff_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        total = LN_FN(gd_add)(total, LN_FN(load_as_f64)(dtype, x, i));
+    }
+    LN_FN(gd_store)(s1_lanes, total);
+    for (; i < n; i++) {
+        s1_lanes[i & 15] += ln_load1_as_f64(dtype, x, i);
+    }
+    const double mean = ln_sum_lanes(s1_lanes) / (double)n;
+    const float shift = (float)mean;
+
+    const GF shift_v = LN_FN(gf_splat)(shift);
+    GD s1 = LN_FN(gd_splat)(0.0), s2 = LN_FN(gd_splat)(0.0);
+    i = 0;
+    while (i + 16 <= n) {
+        GF d = LN_FN(gf_sub)(LN_FN(load_as_f32)(dtype, x, i), shift_v);
+        GF block1 = d, block2 = LN_FN(gf_mul)(d, d);
+        for (i += 16; i + 16 <= n && (i / 16) % LN_BLOCK != 0; i += 16) {
+            d = LN_FN(gf_sub)(LN_FN(load_as_f32)(dtype, x, i), shift_v);
+            block1 = LN_FN(gf_add)(block1, d);
+            block2 = LN_FN(gf_add)(block2, LN_FN(gf_mul)(d, d));
+        }
+        s1 = LN_FN(gd_add)(s1, LN_FN(gf_widen)(block1));
+        s2 = LN_FN(gd_add)(s2, LN_FN(gf_widen)(block2));
+    }
+    LN_FN(gd_store)(s1_lanes, s1);
+    LN_FN(gd_store)(s2_lanes, s2);
+    for (; i < n; i++) {
+        const double d = ln_load1_as_f64(dtype, x, i) - (double)shift;
+        s1_lanes[i & 15] += d;
+        s2_lanes[i & 15] += d * d;
+    }
+    const double sum1 = ln_sum_lanes(s1_lanes), sum2 = ln_sum_lanes(s2_lanes);
+    if (!isfinite(shift) || !isfinite(sum2) || sum2 < 1e-20) {
+        /* float32 overflowed (|x| near 1e19 and beyond), may have underflowed (a
+           spread near 1e-10 or less, constant rows), or the data hold NaN/Inf:
+           redo the chunk all in float64. */
+        return LN_FN(chunk_moments)(dtype, x, n);
+    }
+    ln_moments m = {(double)n, mean, sum2 - sum1 * (sum1 / (double)n)};
+    return m;
+}
+#undef LN_BLOCK
+
+static LN_ALWAYS_INLINE ln_moments LN_FN(any_chunk_moments)(ln_dtype dtype, const void *x, ptrdiff_t n)
+{
+    return dtype == LN_F64 ? LN_FN(chunk_moments)(dtype, x, n) : LN_FN(chunk_moments_f32)(dtype, x, n);
+}
+
+/* Moments of a whole row: its chunks, merged left to right. */
+static LN_ALWAYS_INLINE ln_moments LN_FN(row_moments)(ln_dtype dtype, const char *x, ptrdiff_t n)
+{
+    const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(dtype);
+    ln_moments m = LN_FN(any_chunk_moments)(dtype, x, n < LN_CHUNK ? n : LN_CHUNK);
+    for (ptrdiff_t start = LN_CHUNK; start < n; start += LN_CHUNK) {
+        const ptrdiff_t len = n - start < LN_CHUNK ? n - start : LN_CHUNK;
+        m = ln_merge(m, LN_FN(any_chunk_moments)(dtype, x + start * elsize, len));
+    }
+    return m;
+}
+
+/* y = fma((x - mean_hi) - mean_lo, float(rstd) * w, b) for float16/float32 rows. */
 static LN_ALWAYS_INLINE void LN_FN(normalize_f32)(ln_dtype dtype, const void *x, void *y, ptrdiff_t n,
                                                   double mean, double rstd,
                                                   const float *weight, const float *bias)
@@ -249,24 +460,18 @@ static LN_ALWAYS_INLINE void LN_FN(normalize_f32)(ln_dtype dtype, const void *x,
     const float mean_hi = (float)mean;
     const float mean_lo = (float)(mean - (double)mean_hi);
     const float scale = (float)rstd;
-    const f32x16 mean_hi_v = ln_splat_f32(mean_hi), mean_lo_v = ln_splat_f32(mean_lo);
-    const f32x16 scale_v = ln_splat_f32(scale), zero_v = ln_splat_f32(0.0f);
-    const f64x8 rstd_v = ln_splat_f64(rstd);
+    const GF mean_hi_v = LN_FN(gf_splat)(mean_hi), mean_lo_v = LN_FN(gf_splat)(mean_lo);
+    const GF scale_v = LN_FN(gf_splat)(scale), zero_v = LN_FN(gf_splat)(0.0f);
     ptrdiff_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        const f32x16 centred = (LN_FN(load16_as_f32)(dtype, x, i) - mean_hi_v) - mean_lo_v;
-        f32x16 a = scale_v;
-        if (weight) {
-            f64x8 w_lo, w_hi;
-            ln_widen(ln_load_f32x16(weight + i), &w_lo, &w_hi);
-            a = ln_narrow(w_lo * rstd_v, w_hi * rstd_v);
-        }
-        const f32x16 b = bias ? ln_load_f32x16(bias + i) : zero_v;
-        LN_FN(store16_from_f32)(dtype, y, i, LN_FN(fma_f32)(centred, a, b));
+        const GF centred = LN_FN(gf_sub)(LN_FN(gf_sub)(LN_FN(load_as_f32)(dtype, x, i), mean_hi_v), mean_lo_v);
+        const GF a = weight ? LN_FN(gf_mul)(LN_FN(gf_load)(weight + i), scale_v) : scale_v;
+        const GF b = bias ? LN_FN(gf_load)(bias + i) : zero_v;
+        LN_FN(store_from_f32)(dtype, y, i, LN_FN(gf_fma)(centred, a, b));
     }
     for (; i < n; i++) {
         const float centred = ((float)ln_load1_as_f64(dtype, x, i) - mean_hi) - mean_lo;
-        const float a = weight ? (float)((double)weight[i] * rstd) : scale;
+        const float a = weight ? weight[i] * scale : scale;
         const float out = fmaf(centred, a, bias ? bias[i] : 0.0f);
         if (dtype == LN_F16) {
             ((uint16_t *)y)[i] = ln_float_to_half(out);
@@ -281,14 +486,14 @@ static LN_ALWAYS_INLINE void LN_FN(normalize_f32)(ln_dtype dtype, const void *x,
 static inline void LN_FN(normalize_f64)(const double *x, double *y, ptrdiff_t n, double mean,
                                         double rstd, const double *weight, const double *bias)
 {
-    const f64x8 mean_v = ln_splat_f64(mean), rstd_v = ln_splat_f64(rstd);
-    const f64x8 zero_v = ln_splat_f64(0.0);
+    const GD mean_v = LN_FN(gd_splat)(mean), rstd_v = LN_FN(gd_splat)(rstd);
+    const GD zero_v = LN_FN(gd_splat)(0.0);
     ptrdiff_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        const f64x8 centred = ln_load_f64x8(x + i) - mean_v;
-        const f64x8 a = weight ? ln_load_f64x8(weight + i) * rstd_v : rstd_v;
-        const f64x8 b = bias ? ln_load_f64x8(bias + i) : zero_v;
-        ln_store_f64x8(y + i, LN_FN(fma_f64)(centred, a, b));
+    for (; i + 16 <= n; i += 16) {
+        const GD centred = LN_FN(gd_sub)(LN_FN(gd_load)(x + i), mean_v);
+        const GD a = weight ? LN_FN(gd_mul)(LN_FN(gd_load)(weight + i), rstd_v) : rstd_v;
+        const GD b = bias ? LN_FN(gd_load)(bias + i) : zero_v;
+        LN_FN(gd_store)(y + i, LN_FN(gd_fma)(centred, a, b));
     }
     for (; i < n; i++) {
         const double a = weight ? weight[i] * rstd : rstd;
@@ -296,37 +501,161 @@ static inline void LN_FN(normalize_f64)(const double *x, double *y, ptrdiff_t n,
     }
 }
 
-static ln_moments LN_FN(chunk_moments_f16)(const void *x, ptrdiff_t n)
+/* The weight/bias branches are hoisted out of the loops by compiling one copy per
+   case (the compiler drops the dead branch of each). */
+#define LN_NORMALIZE_CASES(call, weight, bias)                                  \
+    do {                                                                        \
+        if (weight && bias) { call(weight, bias); }                             \
+        else if (weight) { call(weight, NULL); }                                \
+        else if (bias) { call(NULL, bias); }                                    \
+        else { call(NULL, NULL); }                                              \
+    } while (0)
+
+static ln_moments LN_FN(chunk_moments_of_f16)(const void *x, ptrdiff_t n)
 {
-    return LN_FN(chunk_moments)(LN_F16, x, n);
+    return LN_FN(any_chunk_moments)(LN_F16, x, n);
 }
 
-static ln_moments LN_FN(chunk_moments_f32)(const void *x, ptrdiff_t n)
+static ln_moments LN_FN(chunk_moments_of_f32)(const void *x, ptrdiff_t n)
 {
-    return LN_FN(chunk_moments)(LN_F32, x, n);
+    return LN_FN(any_chunk_moments)(LN_F32, x, n);
 }
 
-static ln_moments LN_FN(chunk_moments_f64)(const void *x, ptrdiff_t n)
+static ln_moments LN_FN(chunk_moments_of_f64)(const void *x, ptrdiff_t n)
 {
-    return LN_FN(chunk_moments)(LN_F64, x, n);
+    return LN_FN(any_chunk_moments)(LN_F64, x, n);
 }
 
 static void LN_FN(normalize_row_f16)(const void *x, void *y, ptrdiff_t n, double mean, double rstd,
                                      const void *weight, const void *bias)
 {
-    LN_FN(normalize_f32)(LN_F16, x, y, n, mean, rstd, weight, bias);
+#define LN_CALL(w, b) LN_FN(normalize_f32)(LN_F16, x, y, n, mean, rstd, (const float *)(w), (const float *)(b))
+    LN_NORMALIZE_CASES(LN_CALL, weight, bias);
+#undef LN_CALL
 }
 
 static void LN_FN(normalize_row_f32)(const void *x, void *y, ptrdiff_t n, double mean, double rstd,
                                      const void *weight, const void *bias)
 {
-    LN_FN(normalize_f32)(LN_F32, x, y, n, mean, rstd, weight, bias);
+#define LN_CALL(w, b) LN_FN(normalize_f32)(LN_F32, x, y, n, mean, rstd, (const float *)(w), (const float *)(b))
+    LN_NORMALIZE_CASES(LN_CALL, weight, bias);
+#undef LN_CALL
 }
 
 static void LN_FN(normalize_row_f64)(const void *x, void *y, ptrdiff_t n, double mean, double rstd,
                                      const void *weight, const void *bias)
 {
-    LN_FN(normalize_f64)(x, y, n, mean, rstd, weight, bias);
+#define LN_CALL(w, b) LN_FN(normalize_f64)(x, y, n, mean, rstd, (const double *)(w), (const double *)(b))
+    LN_NORMALIZE_CASES(LN_CALL, weight, bias);
+#undef LN_CALL
+}
+
+static const ln_normalize_fn LN_FN(normalize_rows_by_dtype)[3] = {
+    LN_FN(normalize_row_f16), LN_FN(normalize_row_f32), LN_FN(normalize_row_f64)};
+
+/* Rows shorter than one group (n < 16), where per-row overhead dominates.  Rows go
+   in blocks of 16: per row, the textbook two passes in float64; per block, the
+   divisions and square roots as one group operation (IEEE division and sqrt are
+   correctly rounded, so lane and scalar results agree bit for bit). */
+static LN_ALWAYS_INLINE void LN_FN(forward_short_rows)(ln_dtype dtype, const ln_forward_args *a,
+                                                       ptrdiff_t begin, ptrdiff_t end)
+{
+    const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(dtype), n = a->row_len;
+    const GD n_v = LN_FN(gd_splat)((double)n), eps_v = LN_FN(gd_splat)(a->eps);
+    const GD one_v = LN_FN(gd_splat)(1.0);
+    for (ptrdiff_t block = begin; block < end; block += 16) {
+        const ptrdiff_t rows = end - block < 16 ? end - block : 16;
+        double values[16][16], firsts[16], means[16], m2s[16], rstds[16];
+        for (ptrdiff_t k = 0; k < 16; k++) {
+            /* sums about the first element, so that a constant row has mean == x exactly */
+            double sum = 0.0;
+            firsts[k] = 0.0;
+            if (k < rows) {
+                const char *x = (const char *)a->input + (block + k) * a->input_row_step * elsize;
+                firsts[k] = ln_load1_as_f64(dtype, x, 0);
+                for (ptrdiff_t i = 0; i < n; i++) {
+                    values[k][i] = ln_load1_as_f64(dtype, x, i);
+                    sum += values[k][i] - firsts[k];
+                }
+            }
+            means[k] = sum;
+        }
+        LN_FN(gd_store)(means, LN_FN(gd_add)(LN_FN(gd_load)(firsts),
+                                             LN_FN(gd_div)(LN_FN(gd_load)(means), n_v)));
+        for (ptrdiff_t k = 0; k < 16; k++) {
+            double m2 = 0.0;
+            for (ptrdiff_t i = 0; k < rows && i < n; i++) {
+                const double d = values[k][i] - means[k];
+                m2 += d * d;
+            }
+            m2s[k] = m2;
+        }
+        const GD var = LN_FN(gd_div)(LN_FN(gd_load)(m2s), n_v);
+        LN_FN(gd_store)(rstds, LN_FN(gd_div)(one_v, LN_FN(gd_sqrt)(LN_FN(gd_add)(var, eps_v))));
+        for (ptrdiff_t k = 0; k < rows; k++) {
+            const double mean = means[k];
+            const double rstd = isfinite(mean) ? rstds[k] : NAN;
+            char *y = (char *)a->output + (block + k) * n * elsize;
+            ln_store_stats(a, block + k, mean, rstd);
+            if (dtype == LN_F64) {
+                const double *weight = a->weight, *bias = a->bias;
+                for (ptrdiff_t i = 0; i < n; i++) {
+                    const double scale = weight ? weight[i] * rstd : rstd;
+                    ((double *)y)[i] = fma(values[k][i] - mean, scale, bias ? bias[i] : 0.0);
+                }
+            }
+            else {
+                const float *weight = a->weight, *bias = a->bias;
+                const float mean_hi = (float)mean, mean_lo = (float)(mean - (double)mean_hi);
+                const float scale = (float)rstd;
+                for (ptrdiff_t i = 0; i < n; i++) {
+                    const float centred = ((float)values[k][i] - mean_hi) - mean_lo;
+                    const float out = fmaf(centred, weight ? weight[i] * scale : scale, bias ? bias[i] : 0.0f);
+                    if (dtype == LN_F16) {
+                        ((uint16_t *)y)[i] = ln_float_to_half(out);
+                    }
+                    else {
+                        ((float *)y)[i] = out;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* Rows [begin, end): statistics, then the normalized row, while the row is in cache. */
+static LN_ALWAYS_INLINE void LN_FN(forward_rows)(ln_dtype dtype, const ln_forward_args *a,
+                                                 ptrdiff_t begin, ptrdiff_t end)
+{
+    const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(dtype);
+    const ln_normalize_fn normalize = LN_FN(normalize_rows_by_dtype)[dtype];
+    if (a->row_len < 16) {
+        LN_FN(forward_short_rows)(dtype, a, begin, end);
+        return;
+    }
+    for (ptrdiff_t r = begin; r < end; r++) {
+        const char *x = (const char *)a->input + r * a->input_row_step * elsize;
+        char *y = (char *)a->output + r * a->row_len * elsize;
+        const ln_moments m = LN_FN(row_moments)(dtype, x, a->row_len);
+        const double rstd = ln_rstd_of(m, a->eps);
+        ln_store_stats(a, r, m.mean, rstd);
+        normalize(x, y, a->row_len, m.mean, rstd, a->weight, a->bias);
+    }
+}
+
+static void LN_FN(forward_rows_f16)(const ln_forward_args *a, ptrdiff_t begin, ptrdiff_t end)
+{
+    LN_FN(forward_rows)(LN_F16, a, begin, end);
+}
+
+static void LN_FN(forward_rows_f32)(const ln_forward_args *a, ptrdiff_t begin, ptrdiff_t end)
+{
+    LN_FN(forward_rows)(LN_F32, a, begin, end);
+}
+
+static void LN_FN(forward_rows_f64)(const ln_forward_args *a, ptrdiff_t begin, ptrdiff_t end)
+{
+    LN_FN(forward_rows)(LN_F64, a, begin, end);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -338,28 +667,21 @@ static LN_ALWAYS_INLINE void LN_FN(backward_row)(ln_dtype dtype, const void *dy,
                                                  ptrdiff_t n, double mean, double rstd,
                                                  const void *weight)
 {
-    const f64x8 mean_v = ln_splat_f64(mean), rstd_v = ln_splat_f64(rstd);
-    f64x8 g_lo_sum = {0}, g_hi_sum = {0}, gx_lo_sum = {0}, gx_hi_sum = {0};
+    const GD mean_v = LN_FN(gd_splat)(mean), rstd_v = LN_FN(gd_splat)(rstd);
+    GD g_sum = LN_FN(gd_splat)(0.0), gx_sum = LN_FN(gd_splat)(0.0);
     double g_lanes[16], gx_lanes[16];
     ptrdiff_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        f64x8 g_lo, g_hi, x_lo, x_hi;
-        LN_FN(load16_as_f64)(dtype, dy, i, &g_lo, &g_hi);
-        LN_FN(load16_as_f64)(dtype, x, i, &x_lo, &x_hi);
+        GD g = LN_FN(load_as_f64)(dtype, dy, i);
         if (weight) {
-            f64x8 w_lo, w_hi;
-            LN_FN(load16_param_as_f64)(dtype, weight, i, &w_lo, &w_hi);
-            g_lo *= w_lo;
-            g_hi *= w_hi;
+            g = LN_FN(gd_mul)(g, LN_FN(load_param_as_f64)(dtype, weight, i));
         }
-        const f64x8 xhat_lo = (x_lo - mean_v) * rstd_v, xhat_hi = (x_hi - mean_v) * rstd_v;
-        g_lo_sum += g_lo;
-        g_hi_sum += g_hi;
-        gx_lo_sum += g_lo * xhat_lo;
-        gx_hi_sum += g_hi * xhat_hi;
+        const GD xhat = LN_FN(gd_mul)(LN_FN(gd_sub)(LN_FN(load_as_f64)(dtype, x, i), mean_v), rstd_v);
+        g_sum = LN_FN(gd_add)(g_sum, g);
+        gx_sum = LN_FN(gd_add)(gx_sum, LN_FN(gd_mul)(g, xhat));
     }
-    ln_store_lanes(g_lanes, g_lo_sum, g_hi_sum);
-    ln_store_lanes(gx_lanes, gx_lo_sum, gx_hi_sum);
+    LN_FN(gd_store)(g_lanes, g_sum);
+    LN_FN(gd_store)(gx_lanes, gx_sum);
     for (; i < n; i++) {
         double g = ln_load1_as_f64(dtype, dy, i);
         if (weight) {
@@ -371,22 +693,16 @@ static LN_ALWAYS_INLINE void LN_FN(backward_row)(ln_dtype dtype, const void *dy,
     }
     const double g_mean = ln_sum_lanes(g_lanes) / (double)n;
     const double gx_mean = ln_sum_lanes(gx_lanes) / (double)n;
-    const f64x8 g_mean_v = ln_splat_f64(g_mean), gx_mean_v = ln_splat_f64(gx_mean);
+    const GD g_mean_v = LN_FN(gd_splat)(g_mean), gx_mean_v = LN_FN(gd_splat)(gx_mean);
 
     for (i = 0; i + 16 <= n; i += 16) {
-        f64x8 g_lo, g_hi, x_lo, x_hi;
-        LN_FN(load16_as_f64)(dtype, dy, i, &g_lo, &g_hi);
-        LN_FN(load16_as_f64)(dtype, x, i, &x_lo, &x_hi);
+        GD g = LN_FN(load_as_f64)(dtype, dy, i);
         if (weight) {
-            f64x8 w_lo, w_hi;
-            LN_FN(load16_param_as_f64)(dtype, weight, i, &w_lo, &w_hi);
-            g_lo *= w_lo;
-            g_hi *= w_hi;
+            g = LN_FN(gd_mul)(g, LN_FN(load_param_as_f64)(dtype, weight, i));
         }
-        const f64x8 xhat_lo = (x_lo - mean_v) * rstd_v, xhat_hi = (x_hi - mean_v) * rstd_v;
-        const f64x8 dx_lo = rstd_v * ((g_lo - g_mean_v) - xhat_lo * gx_mean_v);
-        const f64x8 dx_hi = rstd_v * ((g_hi - g_mean_v) - xhat_hi * gx_mean_v);
-        LN_FN(store16_from_f64)(dtype, dx, i, dx_lo, dx_hi);
+        const GD xhat = LN_FN(gd_mul)(LN_FN(gd_sub)(LN_FN(load_as_f64)(dtype, x, i), mean_v), rstd_v);
+        const GD inner = LN_FN(gd_sub)(LN_FN(gd_sub)(g, g_mean_v), LN_FN(gd_mul)(xhat, gx_mean_v));
+        LN_FN(store_from_f64)(dtype, dx, i, LN_FN(gd_mul)(rstd_v, inner));
     }
     for (; i < n; i++) {
         double g = ln_load1_as_f64(dtype, dy, i);
@@ -405,29 +721,23 @@ static LN_ALWAYS_INLINE void LN_FN(param_grads)(ln_dtype dtype, const ln_backwar
                                                 ptrdiff_t col_begin, ptrdiff_t col_end,
                                                 double *dweight, double *dbias)
 {
-    const size_t elsize = ln_dtype_size(dtype);
+    const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(dtype);
     const ptrdiff_t cols = col_end - col_begin;
     for (ptrdiff_t r = row_begin; r < row_end; r++) {
-        const char *dy = (const char *)a->grad_output + (r * a->grad_output_row_step + col_begin) * (ptrdiff_t)elsize;
-        const char *x = (const char *)a->input + (r * a->input_row_step + col_begin) * (ptrdiff_t)elsize;
+        const char *dy = (const char *)a->grad_output + (r * a->grad_output_row_step + col_begin) * elsize;
+        const char *x = (const char *)a->input + (r * a->input_row_step + col_begin) * elsize;
         const double mean = ln_load1_param_as_f64(dtype, a->mean, r);
         const double rstd = ln_load1_param_as_f64(dtype, a->rstd, r);
-        const f64x8 mean_v = ln_splat_f64(mean), rstd_v = ln_splat_f64(rstd);
+        const GD mean_v = LN_FN(gd_splat)(mean), rstd_v = LN_FN(gd_splat)(rstd);
         ptrdiff_t j = 0;
         for (; j + 16 <= cols; j += 16) {
-            f64x8 g_lo, g_hi, x_lo, x_hi;
-            LN_FN(load16_as_f64)(dtype, dy, j, &g_lo, &g_hi);
-            LN_FN(load16_as_f64)(dtype, x, j, &x_lo, &x_hi);
+            const GD g = LN_FN(load_as_f64)(dtype, dy, j);
             if (dweight) {
-                f64x8 acc_lo = ln_load_f64x8(dweight + j), acc_hi = ln_load_f64x8(dweight + j + 8);
-                acc_lo += g_lo * ((x_lo - mean_v) * rstd_v);
-                acc_hi += g_hi * ((x_hi - mean_v) * rstd_v);
-                ln_store_f64x8(dweight + j, acc_lo);
-                ln_store_f64x8(dweight + j + 8, acc_hi);
+                const GD xhat = LN_FN(gd_mul)(LN_FN(gd_sub)(LN_FN(load_as_f64)(dtype, x, j), mean_v), rstd_v);
+                LN_FN(gd_store)(dweight + j, LN_FN(gd_add)(LN_FN(gd_load)(dweight + j), LN_FN(gd_mul)(g, xhat)));
             }
             if (dbias) {
-                ln_store_f64x8(dbias + j, ln_load_f64x8(dbias + j) + g_lo);
-                ln_store_f64x8(dbias + j + 8, ln_load_f64x8(dbias + j + 8) + g_hi);
+                LN_FN(gd_store)(dbias + j, LN_FN(gd_add)(LN_FN(gd_load)(dbias + j), g));
             }
         }
         for (; j < cols; j++) {
@@ -443,10 +753,17 @@ static LN_ALWAYS_INLINE void LN_FN(param_grads)(ln_dtype dtype, const ln_backwar
 }
 
 #define LN_BACKWARD_FOR(suffix, DTYPE)                                                           \
-    static void LN_FN(backward_row_##suffix)(const void *dy, const void *x, void *dx, ptrdiff_t n, \
-                                             double mean, double rstd, const void *weight)       \
+    static void LN_FN(backward_rows_##suffix)(const ln_backward_args *a, ptrdiff_t begin,         \
+                                              ptrdiff_t end)                                     \
     {                                                                                            \
-        LN_FN(backward_row)(DTYPE, dy, x, dx, n, mean, rstd, weight);                            \
+        const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(DTYPE);                                \
+        for (ptrdiff_t r = begin; r < end; r++) {                                                \
+            LN_FN(backward_row)(DTYPE, (const char *)a->grad_output + r * a->grad_output_row_step * elsize, \
+                                (const char *)a->input + r * a->input_row_step * elsize,         \
+                                (char *)a->grad_input + r * a->row_len * elsize, a->row_len,     \
+                                ln_load1_param_as_f64(DTYPE, a->mean, r),                        \
+                                ln_load1_param_as_f64(DTYPE, a->rstd, r), a->weight);            \
+        }                                                                                        \
     }                                                                                            \
     static void LN_FN(param_grads_##suffix)(const ln_backward_args *a, ptrdiff_t row_begin,      \
                                             ptrdiff_t row_end, ptrdiff_t col_begin,              \
@@ -461,12 +778,22 @@ LN_BACKWARD_FOR(f64, LN_F64)
 #undef LN_BACKWARD_FOR
 
 static const ln_kernel_table LN_FN(kernels) = {
-    .chunk_moments = {LN_FN(chunk_moments_f16), LN_FN(chunk_moments_f32), LN_FN(chunk_moments_f64)},
+    .forward_rows = {LN_FN(forward_rows_f16), LN_FN(forward_rows_f32), LN_FN(forward_rows_f64)},
+    .chunk_moments = {LN_FN(chunk_moments_of_f16), LN_FN(chunk_moments_of_f32), LN_FN(chunk_moments_of_f64)},
     .normalize_row = {LN_FN(normalize_row_f16), LN_FN(normalize_row_f32), LN_FN(normalize_row_f64)},
-    .backward_row = {LN_FN(backward_row_f16), LN_FN(backward_row_f32), LN_FN(backward_row_f64)},
+    .backward_rows = {LN_FN(backward_rows_f16), LN_FN(backward_rows_f32), LN_FN(backward_rows_f64)},
     .param_grads = {LN_FN(param_grads_f16), LN_FN(param_grads_f32), LN_FN(param_grads_f64)},
 };
 
+#undef LN_NORMALIZE_CASES
+#undef FOR_VD
+#undef FOR_VF
+#undef GD
+#undef GF
+#undef LN_VD_PER_GROUP
+#undef LN_VD_LANES
+#undef LN_VF_LANES
+#undef LN_VF_PER_GROUP
 #undef LN_FN
 #undef LN_CAT
 #undef LN_CAT_

@@ -38,12 +38,8 @@
 #define LN_GRAD_TILE 1024
 
 /* ------------------------------------------------------------------------ */
-/* Vector types and helpers shared by every SIMD level                       */
+/* Helpers shared by every SIMD level                       */
 /* ------------------------------------------------------------------------ */
-
-typedef float f32x16 __attribute__((vector_size(64)));
-typedef float f32x8 __attribute__((vector_size(32)));
-typedef double f64x8 __attribute__((vector_size(64)));
 
 typedef struct {
     double n;     /* elements */
@@ -51,12 +47,15 @@ typedef struct {
     double m2;    /* sum of squared deviations from the mean */
 } ln_moments;
 
+typedef void (*ln_normalize_fn)(const void *x, void *y, ptrdiff_t n, double mean, double rstd,
+                                const void *weight, const void *bias);
+
+/* One SIMD level's kernels, indexed by ln_dtype. */
 typedef struct {
+    void (*forward_rows[3])(const ln_forward_args *a, ptrdiff_t begin, ptrdiff_t end);
     ln_moments (*chunk_moments[3])(const void *x, ptrdiff_t n);
-    void (*normalize_row[3])(const void *x, void *y, ptrdiff_t n, double mean, double rstd,
-                             const void *weight, const void *bias);
-    void (*backward_row[3])(const void *dy, const void *x, void *dx, ptrdiff_t n, double mean,
-                            double rstd, const void *weight);
+    ln_normalize_fn normalize_row[3];
+    void (*backward_rows[3])(const ln_backward_args *a, ptrdiff_t begin, ptrdiff_t end);
     void (*param_grads[3])(const ln_backward_args *a, ptrdiff_t row_begin, ptrdiff_t row_end,
                            ptrdiff_t col_begin, ptrdiff_t col_end, double *dweight, double *dbias);
 } ln_kernel_table;
@@ -80,62 +79,6 @@ static inline uint16_t ln_float_to_half(float f)
     uint16_t h;
     memcpy(&h, &value, sizeof h);
     return h;
-}
-
-static inline f32x16 ln_load_f32x16(const float *p)
-{
-    f32x16 v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-static inline void ln_store_f32x16(float *p, f32x16 v)
-{
-    memcpy(p, &v, sizeof v);
-}
-
-static inline f64x8 ln_load_f64x8(const double *p)
-{
-    f64x8 v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-static inline void ln_store_f64x8(double *p, f64x8 v)
-{
-    memcpy(p, &v, sizeof v);
-}
-
-static inline f32x16 ln_splat_f32(float value)
-{
-    return (f32x16){value, value, value, value, value, value, value, value,
-                    value, value, value, value, value, value, value, value};
-}
-
-static inline f64x8 ln_splat_f64(double value)
-{
-    return (f64x8){value, value, value, value, value, value, value, value};
-}
-
-static inline void ln_widen(f32x16 v, f64x8 *lo, f64x8 *hi)
-{
-    f32x8 low = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
-    f32x8 high = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-    *lo = __builtin_convertvector(low, f64x8);
-    *hi = __builtin_convertvector(high, f64x8);
-}
-
-static inline f32x16 ln_narrow(f64x8 lo, f64x8 hi)
-{
-    f32x8 low = __builtin_convertvector(lo, f32x8);
-    f32x8 high = __builtin_convertvector(hi, f32x8);
-    return __builtin_shufflevector(low, high, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-}
-
-static inline void ln_store_lanes(double lanes[16], f64x8 lo, f64x8 hi)
-{
-    ln_store_f64x8(lanes, lo);
-    ln_store_f64x8(lanes + 8, hi);
 }
 
 /* The fixed reduction tree over the 16 accumulation lanes. */
@@ -189,6 +132,34 @@ static inline void ln_store1_param(ln_dtype dtype, void *p, ptrdiff_t i, double 
     }
     else {
         ((float *)p)[i] = (float)value;
+    }
+}
+
+/* Chan et al.'s pairwise update: the moments of two parts' union. */
+static ln_moments ln_merge(ln_moments a, ln_moments b)
+{
+    const double n = a.n + b.n;
+    const double delta = b.mean - a.mean;
+    ln_moments m = {n, a.mean + delta * (b.n / n), a.m2 + b.m2 + delta * delta * (a.n * (b.n / n))};
+    return m;
+}
+
+static double ln_rstd_of(ln_moments m, double eps)
+{
+    if (!isfinite(m.mean)) {
+        return NAN;  /* NaN or Inf in the row: the whole row becomes NaN, as in torch */
+    }
+    const double var = m.m2 > 0.0 ? m.m2 / m.n : 0.0;
+    return 1.0 / sqrt(var + eps);
+}
+
+static void ln_store_stats(const ln_forward_args *a, ptrdiff_t row, double mean, double rstd)
+{
+    if (a->mean) {
+        ln_store1_param(a->dtype, a->mean, row, mean);
+    }
+    if (a->rstd) {
+        ln_store1_param(a->dtype, a->rstd, row, rstd);
     }
 }
 
@@ -487,35 +458,6 @@ void ln_threads_set(int n)
 /* Forward driver                                                            */
 /* ------------------------------------------------------------------------ */
 
-static ln_moments ln_merge(ln_moments a, ln_moments b)
-{
-    const double n = a.n + b.n;
-    const double delta = b.mean - a.mean;
-    ln_moments m = {n, a.mean + delta * (b.n / n), a.m2 + b.m2 + delta * delta * (a.n * (b.n / n))};
-    return m;
-}
-
-static double ln_rstd_of(ln_moments m, double eps)
-{
-    if (!isfinite(m.mean)) {
-        return NAN;  /* NaN or Inf in the row: the whole row becomes NaN, as in torch */
-    }
-    const double var = m.m2 > 0.0 ? m.m2 / m.n : 0.0;
-    return 1.0 / sqrt(var + eps);
-}
-
-static ln_moments ln_row_moments(const ln_kernel_table *k, ln_dtype dtype, const char *x,
-                                 ptrdiff_t n)
-{
-    const size_t elsize = ln_dtype_size(dtype);
-    ln_moments m = k->chunk_moments[dtype](x, n < LN_CHUNK ? n : LN_CHUNK);
-    for (ptrdiff_t start = LN_CHUNK; start < n; start += LN_CHUNK) {
-        ptrdiff_t len = n - start < LN_CHUNK ? n - start : LN_CHUNK;
-        m = ln_merge(m, k->chunk_moments[dtype](x + start * (ptrdiff_t)elsize, len));
-    }
-    return m;
-}
-
 typedef struct {
     const ln_forward_args *args;
     const ln_kernel_table *kernels;
@@ -526,29 +468,10 @@ typedef struct {
     double mean, rstd;
 } ln_forward_job;
 
-static void ln_store_stats(const ln_forward_args *a, ptrdiff_t row, double mean, double rstd)
-{
-    if (a->mean) {
-        ln_store1_param(a->dtype, a->mean, row, mean);
-    }
-    if (a->rstd) {
-        ln_store1_param(a->dtype, a->rstd, row, rstd);
-    }
-}
-
 static void ln_forward_rows(void *ctx, ptrdiff_t begin, ptrdiff_t end)
 {
     const ln_forward_job *job = ctx;
-    const ln_forward_args *a = job->args;
-    const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(a->dtype);
-    for (ptrdiff_t r = begin; r < end; r++) {
-        const char *x = (const char *)a->input + r * a->input_row_step * elsize;
-        char *y = (char *)a->output + r * a->row_len * elsize;
-        const ln_moments m = ln_row_moments(job->kernels, a->dtype, x, a->row_len);
-        const double rstd = ln_rstd_of(m, a->eps);
-        ln_store_stats(a, r, m.mean, rstd);
-        job->kernels->normalize_row[a->dtype](x, y, a->row_len, m.mean, rstd, a->weight, a->bias);
-    }
+    job->kernels->forward_rows[job->args->dtype](job->args, begin, end);
 }
 
 static void ln_forward_huge_row_moments(void *ctx, ptrdiff_t begin, ptrdiff_t end)
@@ -639,16 +562,7 @@ typedef struct {
 static void ln_backward_rows(void *ctx, ptrdiff_t begin, ptrdiff_t end)
 {
     const ln_backward_job *job = ctx;
-    const ln_backward_args *a = job->args;
-    const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(a->dtype);
-    for (ptrdiff_t r = begin; r < end; r++) {
-        job->kernels->backward_row[a->dtype](
-            (const char *)a->grad_output + r * a->grad_output_row_step * elsize,
-            (const char *)a->input + r * a->input_row_step * elsize,
-            (char *)a->grad_input + r * a->row_len * elsize, a->row_len,
-            ln_load1_param_as_f64(a->dtype, a->mean, r), ln_load1_param_as_f64(a->dtype, a->rstd, r),
-            a->weight);
-    }
+    job->kernels->backward_rows[job->args->dtype](job->args, begin, end);
 }
 
 /* Task t covers row block t / col_tiles and column tile t % col_tiles. */
