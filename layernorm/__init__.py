@@ -1,0 +1,37 @@
+"""LayerNorm for NumPy arrays, mirroring ``torch.nn.LayerNorm`` (a C extension, no torch needed).
+
+>>> import numpy as np, layernorm
+>>> layernorm.LayerNorm(4)(np.arange(8, dtype=np.float32).reshape(2, 4)).round(4)
+array([[-1.3416, -0.4472,  0.4472,  1.3416],
+       [-1.3416, -0.4472,  0.4472,  1.3416]], dtype=float32)
+"""
+
+from ._layernorm import (
+    available_simd_levels,
+    get_num_threads,
+    layer_norm,
+    native_layer_norm,
+    set_num_threads,
+    set_simd_level,
+    simd_level,
+)
+from .module import LayerNorm
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "LayerNorm",
+    "available_simd_levels",
+    "get_num_threads",
+    "layer_norm",
+    "layer_norm_backward",
+    "native_layer_norm",
+    "set_num_threads",
+    "set_simd_level",
+    "simd_level",
+]
+
+try:
+    from ._layernorm import layer_norm_backward
+except ImportError:  # an extension built without the backward kernel (issue 3)
+    __all__.remove("layer_norm_backward")

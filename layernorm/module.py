@@ -1,0 +1,419 @@
+"""``LayerNorm``: a NumPy counterpart of ``torch.nn.LayerNorm`` built on ``layernorm._layernorm``."""
+
+from __future__ import annotations
+
+import operator
+from collections import OrderedDict
+from typing import Any, Iterable, NamedTuple, SupportsIndex, cast
+
+import numpy as np
+
+from . import _layernorm
+from ._layernorm import layer_norm as _layer_norm
+from ._layernorm import native_layer_norm as _native_layer_norm
+
+__all__ = ["LayerNorm"]
+
+# Parameter dtypes a module can be made with; torch dtypes are matched by their str().
+_FLOAT_DTYPES: dict[str, np.dtype[Any]] = {
+    "float16": np.dtype(np.float16),
+    "float32": np.dtype(np.float32),
+    "float64": np.dtype(np.float64),
+}
+
+
+class _TrainingModeError(ValueError, TypeError):
+    """A non-bool training mode: torch raises ValueError; TypeError names the kind of mistake."""
+
+
+class IncompatibleKeys(NamedTuple):
+    """What ``load_state_dict`` returns, like torch's ``_IncompatibleKeys``."""
+
+    missing_keys: list[str]
+    unexpected_keys: list[str]
+
+    def __repr__(self) -> str:
+        if not self.missing_keys and not self.unexpected_keys:
+            return "<All keys matched successfully>"
+        return (
+            f"_IncompatibleKeys(missing_keys={self.missing_keys!r}, "
+            f"unexpected_keys={self.unexpected_keys!r})"
+        )
+
+
+def _as_shape(normalized_shape: Any) -> tuple[int, ...]:
+    """Return normalized_shape as a tuple of Python ints (an integer n becomes (n,))."""
+    if isinstance(normalized_shape, (bool, np.bool_)):
+        raise TypeError(
+            f"normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}"
+        )
+    sizes: Iterable[Any]
+    try:
+        sizes = (operator.index(normalized_shape),)
+    except TypeError:
+        try:
+            sizes = list(normalized_shape)
+        except TypeError:
+            raise TypeError(
+                "normalized_shape must be an int or a sequence of ints, "
+                f"got {type(normalized_shape).__name__} {normalized_shape!r}"
+            ) from None
+    shape = []
+    for size in sizes:
+        if isinstance(size, (bool, np.bool_)):
+            raise TypeError(f"normalized_shape must contain ints, got {size!r}")
+        try:
+            shape.append(operator.index(size))
+        except TypeError:
+            raise TypeError(
+                f"normalized_shape must contain ints, got {type(size).__name__} {size!r}"
+            ) from None
+    negative = next((size for size in shape if size < 0), None)
+    if negative is not None:
+        raise ValueError(
+            f"Trying to create tensor with negative dimension {negative}: {shape} "
+            "(normalized_shape sizes must be >= 0)"
+        )
+    return tuple(shape)
+
+
+def _as_param_dtype(dtype: Any) -> np.dtype[Any]:
+    """Return the native float16/32/64 dtype that `dtype` (None, NumPy-like or torch) names."""
+    if dtype is None:
+        return _FLOAT_DTYPES["float32"]
+    name = str(dtype)
+    if name.startswith("torch."):  # a torch.dtype, recognised without importing torch
+        found = _FLOAT_DTYPES.get(name[len("torch."):])
+        if found is None:
+            raise TypeError(f"LayerNorm supports float16, float32 and float64 parameters, got {name}")
+        return found
+    try:
+        np_dtype = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(
+            f"dtype must be a float dtype (float16, float32, float64), got {dtype!r}"
+        ) from None
+    if np_dtype.kind != "f" or np_dtype.itemsize not in (2, 4, 8):
+        raise TypeError(f"LayerNorm supports float16, float32 and float64 parameters, got {np_dtype}")
+    return cast("np.dtype[Any]", np_dtype.newbyteorder("="))
+
+
+def _check_device(device: Any) -> None:
+    """Raise ValueError unless device is None or names the CPU."""
+    if device is not None and str(device) not in ("cpu", "cpu:0"):
+        raise ValueError(
+            f"layernorm runs on the CPU only: device must be None or 'cpu', got {device!r}"
+        )
+
+
+def _to_numpy(value: Any) -> np.ndarray:
+    """Return value as an ndarray (torch tensors duck-typed via .detach().cpu().numpy())."""
+    if hasattr(value, "detach") and hasattr(value, "cpu") and hasattr(value, "numpy"):
+        value = value.detach().cpu()
+        if str(getattr(value, "dtype", "")) == "torch.bfloat16":  # NumPy has no bfloat16
+            value = value.float()
+        return np.asarray(value.numpy())
+    return np.asarray(value)
+
+
+class LayerNorm:
+    """Layer normalization over the last dimensions of an array, like ``torch.nn.LayerNorm``.
+
+    ``y = (x - mean) / sqrt(var + eps) * weight + bias``, with the mean and the biased
+    variance taken over the last ``len(normalized_shape)`` dimensions.
+
+    Parameters
+    ----------
+    normalized_shape : int or sequence of int
+        Shape of the trailing dimensions to normalize over; an int n means ``(n,)``.
+    eps : float, default 1e-5
+        Added to the variance inside the square root; stored as given.
+    elementwise_affine : bool, default True
+        Whether to have a learnable ``weight`` (ones) and ``bias`` (zeros).
+    bias : bool, default True
+        Whether to have ``bias`` (only when ``elementwise_affine``).
+    device : None or "cpu"
+        Accepted for torch compatibility; anything else raises ValueError.
+    dtype : dtype, optional
+        Parameter dtype: float16, float32 (default) or float64, as NumPy or torch dtypes.
+
+    Attributes
+    ----------
+    weight, bias : ndarray or None
+        Parameters of shape ``normalized_shape``.
+    weight_grad, bias_grad : ndarray or None
+        Gradients accumulated by :meth:`backward`; None until the first backward.
+    training : bool
+        True by default. A training-mode call keeps what :meth:`backward` needs.
+
+    Examples
+    --------
+    >>> ln = LayerNorm(6).eval()
+    >>> ln(np.arange(1, 7, dtype=np.float32)).round(4)
+    array([-1.4638, -0.8783, -0.2928,  0.2928,  0.8783,  1.4638],
+          dtype=float32)
+    """
+
+    def __init__(
+        self,
+        normalized_shape: SupportsIndex | Iterable[SupportsIndex],
+        eps: float = 1e-5,
+        elementwise_affine: bool = True,
+        bias: bool = True,
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        _check_device(device)
+        param_dtype = _as_param_dtype(dtype)
+        self.normalized_shape: tuple[int, ...] = _as_shape(normalized_shape)
+        self.eps = eps
+        self.elementwise_affine = elementwise_affine
+        self.weight: np.ndarray | None = None
+        self.bias: np.ndarray | None = None
+        if elementwise_affine:
+            self.weight = np.ones(self.normalized_shape, dtype=param_dtype)
+            if bias:
+                self.bias = np.zeros(self.normalized_shape, dtype=param_dtype)
+        self.weight_grad: np.ndarray | None = None
+        self.bias_grad: np.ndarray | None = None
+        self.training = True
+        # (input, mean, rstd) of the last training-mode call; () once backward used them,
+        # None when there was none (a single store keeps the training-mode call cheap).
+        self._saved: tuple[np.ndarray, ...] | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # __call__ is the fast path and forward its alias: a subclass overriding only
+        # forward gets a __call__ that goes through it, as in torch.
+        super().__init_subclass__(**kwargs)
+        if "forward" in cls.__dict__ and "__call__" not in cls.__dict__:
+            def __call__(self: LayerNorm, *args: Any, **kwargs: Any) -> Any:
+                return self.forward(*args, **kwargs)
+
+            cls.__call__ = __call__  # type: ignore[method-assign]
+
+    # ------------------------------------------------------------------ forward
+
+    def __call__(self, input: Any) -> np.ndarray:
+        """Normalize `input` (any array-like); return a new array of its dtype.
+
+        Parameters
+        ----------
+        input : array_like
+            Float16/32/64 data whose trailing dimensions equal ``normalized_shape``.
+
+        Returns
+        -------
+        ndarray
+            The normalized array, C-contiguous, same shape and dtype as `input`.
+        """
+        if not self.training:
+            return _layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
+        if type(input) is not np.ndarray:
+            input = np.asarray(input)
+        output, mean, rstd = _native_layer_norm(
+            input, self.normalized_shape, self.weight, self.bias, self.eps
+        )
+        self._saved = (input, mean, rstd)
+        return output
+
+    forward = __call__
+
+    # ----------------------------------------------------------------- backward
+
+    def backward(self, grad_output: Any) -> np.ndarray:
+        """Back-propagate `grad_output` through the last training-mode call.
+
+        Accumulates into ``weight_grad`` / ``bias_grad`` (like torch's ``.grad``) and frees
+        the saved values, so a second backward needs a new forward.
+
+        Parameters
+        ----------
+        grad_output : array_like
+            Gradient of the loss with respect to the output, same shape as that output.
+
+        Returns
+        -------
+        ndarray
+            Gradient with respect to the input, in the input's dtype.
+
+        Raises
+        ------
+        RuntimeError
+            Without a training-mode forward since the last backward.
+        """
+        saved = self._saved
+        if not saved:
+            if saved is not None:
+                raise RuntimeError(
+                    "Trying to backward through the graph a second time: the values saved by "
+                    "the last training-mode forward were freed by the previous backward(). "
+                    "Call the module on an input again before calling backward()."
+                )
+            raise RuntimeError(
+                "backward() needs a training-mode forward first: put the module in training "
+                "mode with .train() and call it on an input before calling backward()."
+            )
+        layer_norm_backward = getattr(_layernorm, "layer_norm_backward", None)
+        if layer_norm_backward is None:
+            raise NotImplementedError(
+                "this build of layernorm._layernorm has no layer_norm_backward; rebuild the extension"
+            )
+        input, mean, rstd = saved
+        weight, bias = self.weight, self.bias
+        output_mask = (True, weight is not None, bias is not None)
+        grad_input, grad_weight, grad_bias = layer_norm_backward(
+            grad_output, input, self.normalized_shape, mean, rstd, weight, bias, output_mask
+        )
+        if weight is not None:
+            self.weight_grad = _accumulate(self.weight_grad, grad_weight, weight.dtype)
+        if bias is not None:
+            self.bias_grad = _accumulate(self.bias_grad, grad_bias, bias.dtype)
+        self._saved = ()
+        return cast(np.ndarray, grad_input)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Reset ``weight_grad`` and ``bias_grad`` to None (or to zeros if not `set_to_none`)."""
+        for name in ("weight_grad", "bias_grad"):
+            grad = getattr(self, name)
+            if set_to_none or grad is None:
+                setattr(self, name, None)
+            else:
+                grad[...] = 0
+
+    # ------------------------------------------------------------- parameters
+
+    def reset_parameters(self) -> None:
+        """Set ``weight`` back to ones and ``bias`` back to zeros, in place."""
+        if self.weight is not None:
+            self.weight[...] = 1
+        if self.bias is not None:
+            self.bias[...] = 0
+
+    def named_parameters(self) -> list[tuple[str, np.ndarray]]:
+        """Return ``[(name, array), ...]`` for the parameters that exist, as torch orders them."""
+        pairs = (("weight", self.weight), ("bias", self.bias))
+        return [(name, value) for name, value in pairs if value is not None]
+
+    def parameters(self) -> list[np.ndarray]:
+        """Return the parameters that exist: ``[weight, bias]``, ``[weight]`` or ``[]``."""
+        return [value for _, value in self.named_parameters()]
+
+    def state_dict(self) -> OrderedDict[str, np.ndarray]:
+        """Return an OrderedDict of copies of the parameters, with torch's keys."""
+        return OrderedDict((name, value.copy()) for name, value in self.named_parameters())
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True) -> IncompatibleKeys:
+        """Copy parameters from `state_dict` (NumPy arrays, torch tensors or lists).
+
+        Every key and shape is checked before anything changes; values are cast to the
+        parameters' dtype.
+
+        Parameters
+        ----------
+        state_dict : mapping
+            Name to array-like, e.g. ``torch.nn.LayerNorm(...).state_dict()``.
+        strict : bool, default True
+            Whether missing or unexpected keys are errors. Shapes are always checked.
+
+        Returns
+        -------
+        IncompatibleKeys
+            Named tuple ``(missing_keys, unexpected_keys)``.
+
+        Raises
+        ------
+        RuntimeError
+            With torch's "Error(s) in loading state_dict for LayerNorm" text.
+        """
+        own = OrderedDict(self.named_parameters())
+        missing = [name for name in own if name not in state_dict]
+        unexpected = [name for name in state_dict if name not in own]
+        errors: list[str] = []
+        if strict:
+            if missing:
+                quoted = ", ".join(map(_quote, missing))
+                errors.append(f"Missing key(s) in state_dict: {quoted}. ")
+            if unexpected:
+                quoted = ", ".join(map(_quote, unexpected))
+                errors.append(f"Unexpected key(s) in state_dict: {quoted}. ")
+        new_values = {}
+        for name, param in own.items():
+            if name not in state_dict:
+                continue
+            try:
+                value = _to_numpy(state_dict[name])
+            except Exception as exc:  # e.g. a tensor that can't become an array
+                errors.append(
+                    f'While copying the parameter named "{name}", could not convert it '
+                    f"to an array: {exc}"
+                )
+                continue
+            if value.dtype.kind not in "biuf":
+                errors.append(
+                    f'While copying the parameter named "{name}", expected real numbers from '
+                    f"checkpoint but received an array of dtype {value.dtype}"
+                )
+            elif value.shape != param.shape:
+                errors.append(
+                    f"size mismatch for {name}: copying a param with shape {value.shape} from "
+                    f"checkpoint, the shape in current model is {param.shape}."
+                )
+            else:
+                new_values[name] = value
+        if errors:
+            header = f"Error(s) in loading state_dict for {type(self).__name__}:\n\t"
+            raise RuntimeError(header + "\n\t".join(errors))
+        for name, value in new_values.items():
+            np.copyto(own[name], value, casting="unsafe")
+        return IncompatibleKeys(missing, unexpected)
+
+    # ------------------------------------------------------------------- modes
+
+    def train(self, mode: bool = True) -> LayerNorm:
+        """Set training mode (the output is the same; only backward support differs); return self."""
+        if not isinstance(mode, bool):
+            raise _TrainingModeError("training mode is expected to be boolean")
+        self.training = mode
+        if not mode:
+            self._saved = None  # an eval-mode call must not back-propagate through stale values
+        return self
+
+    def eval(self) -> LayerNorm:
+        """Same as ``train(False)``; return self."""
+        return self.train(False)
+
+    # ------------------------------------------------------------------ printing
+
+    def extra_repr(self) -> str:
+        """Return torch's text: ``(4,), eps=1e-05, elementwise_affine=True, bias=True``."""
+        # str.format like torch: eps=0 stays "0", np.float32(1e-5) prints as a Python float.
+        return (
+            "{normalized_shape}, eps={eps}, elementwise_affine={elementwise_affine}, bias={use_bias}"
+        ).format(
+            normalized_shape=self.normalized_shape,
+            eps=self.eps,
+            elementwise_affine=self.elementwise_affine,
+            use_bias=self.bias is not None,
+        )
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.extra_repr()})"
+
+    # ----------------------------------------------------------------- pickling
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_saved"] = None  # values saved for backward are not part of the module
+        return state
+
+
+def _accumulate(total: np.ndarray | None, grad: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray:
+    """Return total + grad in `dtype`: a new array if total is None, else total updated in place."""
+    if total is None:
+        return np.array(grad, dtype=dtype, copy=None)
+    total += grad
+    return total
+
+
+def _quote(name: str) -> str:
+    return f'"{name}"'
