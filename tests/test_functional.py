@@ -1,0 +1,468 @@
+"""layer_norm / native_layer_norm against torch (the oracle) and a float64 formula (the truth).
+
+Every test id names its case: dtype, input shape, normalized_shape, eps, affine, layout.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+import layernorm
+from conftest import (
+    AFFINES,
+    FLOAT_DTYPES,
+    LAYOUTS,
+    REF_REL_TOL,
+    assert_matches_reference,
+    assert_within,
+    dtype_id,
+    f16_ulp,
+    layout,
+    make_input,
+    make_params,
+    param_dtype,
+    reference_layer_norm,
+    shape_id,
+    torch_layer_norm,
+    torch_native_layer_norm,
+)
+
+# (input shape, normalized_shape, eps)
+CASES = [
+    ((5,), (5,), 1e-5),  # 1-D input, a single row
+    ((3, 1), (1,), 1e-5),  # N == 1
+    ((7, 17), (17,), 1e-5),  # odd row length (SIMD tails)
+    ((3, 4097), (4097,), 1e-5),  # odd, long row
+    ((2, 3, 4), (4,), 1e-5),
+    ((0, 5), (5,), 1e-5),  # empty batch
+    ((2, 3, 5, 5), (3, 5, 5), 1e-5),  # multi-dim normalized_shape
+    # torch's OpInfo sample inputs
+    ((1, 2, 3), (1, 2, 3), 0.5),
+    ((2, 2, 3), (2, 3), -0.5),
+    ((1,), (1,), 1e-5),
+    ((1, 2), (2,), 1e-5),
+    ((0, 1), (1,), 1e-5),
+    # torch's ModuleInfo inputs
+    ((4, 5, 5), (5,), 1e-5),
+    ((128, 5, 5), (5,), 1e-5),
+    ((4, 2, 2, 5), (2, 2, 5), 1e-5),
+]
+
+
+def case_id(case):
+    shape, ns, eps = case
+    return f"in{shape_id(shape)}-ns{shape_id(ns)}-eps{eps:g}"
+
+
+# Tolerance against torch, relative to the size of the rounded terms (see reference_layer_norm).
+# float64: torch's float64 kernel is accurate too; both are within ~1e-12 of the truth.
+# float32: torch accumulates its statistics in float32 (error ~ a few float32 ulps of |x|/std
+#   on this zero-mean data); 1e-5 (~80 ulps) is loose for that, yet catches an unbiased variance
+#   on short rows or a wrong eps placement on the float64 reference side (tight, REF_REL_TOL).
+# float16: both round a float32-or-better value to float16, each within half an ulp plus a few
+#   float32 ulps: they may differ by one float16 ulp.
+TORCH_REL_TOL = {
+    np.dtype(np.float64): 1e-12,
+    np.dtype(np.float32): 1e-5,
+    np.dtype(np.float16): 8 * float(np.finfo(np.float32).eps),
+}
+
+
+def torch_scale(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """Size of the terms torch's kernel rounds, per element.
+
+    For float32/float64 torch computes (x - mean) * rstd * w + b: our ``scale``.  For float16
+    input torch's CPU kernel computes x * (rstd * w) + (b - mean * rstd * w) in float32, so
+    its error also scales with |x| * rstd * |w| and |mean| * rstd * |w| (that is why torch's
+    float16 output on a constant row of 1234 is off by ~1e-2, see test_torch_float16_...).
+    """
+    y, mean, rstd, scale = reference_layer_norm(x, normalized_shape, weight, bias, eps)
+    if np.asarray(x).dtype != np.float16:
+        return scale
+    w = np.ones(()) if weight is None else np.abs(np.asarray(weight, np.float64))
+    with np.errstate(invalid="ignore", over="ignore"):
+        return scale + (np.abs(np.asarray(x, np.float64)) + np.abs(mean)) * np.abs(rstd) * w
+
+
+def assert_matches_torch(out, expected, scale):
+    dtype = np.dtype(out.dtype).newbyteorder("=")
+    tol = TORCH_REL_TOL[dtype] * scale
+    if dtype == np.float16:
+        tol = tol + np.maximum(f16_ulp(out), f16_ulp(expected))
+    assert_within(out, expected, tol, f"{dtype.name} output vs torch")
+
+
+def check_output_array(out, x_like, dtype):
+    assert isinstance(out, np.ndarray)
+    assert out.dtype == np.dtype(dtype)  # native byte order, the input's precision
+    assert out.flags.c_contiguous
+    assert out.flags.writeable
+    if isinstance(x_like, np.ndarray):
+        assert not np.shares_memory(out, x_like)
+
+
+# ---------------------------------------------------------------------------
+# dtype x shape x affine, C-contiguous input
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("affine", AFFINES)
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_layer_norm_matches_torch_and_reference(dtype, case, affine):
+    shape, ns, eps = case
+    x = make_input(shape, dtype)
+    weight, bias = make_params(ns, param_dtype(dtype), affine)
+    out = layernorm.layer_norm(x, ns, weight, bias, eps)
+    check_output_array(out, x, dtype)
+    assert out.shape == x.shape
+    assert_matches_reference(out, x, ns, weight, bias, eps)
+    expected = torch_layer_norm(x, ns, weight, bias, eps)
+    assert_matches_torch(out, expected, torch_scale(x, ns, weight, bias, eps))
+
+
+@pytest.mark.parametrize("affine", AFFINES)
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_native_layer_norm_matches_torch_and_reference(dtype, case, affine):
+    shape, ns, eps = case
+    x = make_input(shape, dtype)
+    weight, bias = make_params(ns, param_dtype(dtype), affine)
+    out, mean, rstd = layernorm.native_layer_norm(x, ns, weight, bias, eps)
+    check_output_array(out, x, dtype)
+    assert out.shape == x.shape
+    stats_shape = shape[: len(shape) - len(ns)] + (1,) * len(ns)
+    cdt = param_dtype(dtype)
+    for stat in (mean, rstd):
+        assert isinstance(stat, np.ndarray)
+        assert stat.shape == stats_shape
+        assert stat.dtype == np.dtype(cdt)  # spec: the compute dtype
+    # Same output as layer_norm, bit for bit: one kernel.
+    np.testing.assert_array_equal(out, layernorm.layer_norm(x, ns, weight, bias, eps))
+
+    y, ref_mean, ref_rstd, scale = reference_layer_norm(x, ns, weight, bias, eps)
+    assert_matches_reference(out, x, ns, weight, bias, eps)
+    # Statistics are float64 internally, then rounded once to the compute dtype.
+    stat_tol = 1e-12 if cdt == np.float64 else float(np.finfo(np.float32).eps)
+    assert_within(mean, ref_mean, stat_tol * np.abs(ref_mean) + 1e-300, "mean vs reference")
+    assert_within(rstd, ref_rstd, stat_tol * np.abs(ref_rstd) + 1e-300, "rstd vs reference")
+
+    t_out, t_mean, t_rstd = torch_native_layer_norm(x, ns, weight, bias, eps)
+    assert t_mean.shape == mean.shape and t_rstd.shape == rstd.shape
+    assert_matches_torch(out, t_out, torch_scale(x, ns, weight, bias, eps))
+    # torch's float32 statistics are accurate to a few float32 ulps of |x| (mean) and of rstd;
+    # torch's float16 statistics (float16 input, no float32 params) are rounded to float16.
+    if t_mean.dtype == np.float16:
+        rel = float(np.finfo(np.float16).eps)
+    elif t_mean.dtype == np.float32:
+        rel = 1e-5
+    else:
+        rel = 1e-12
+    abs_x = np.abs(x.astype(np.float64)).max() if x.size else 0.0
+    assert_within(mean, t_mean, rel * abs_x + 1e-300, "mean vs torch")
+    assert_within(rstd, t_rstd, rel * np.abs(ref_rstd) + 1e-300, "rstd vs torch")
+
+
+# ---------------------------------------------------------------------------
+# Memory layouts (weight+bias), including array-likes
+# ---------------------------------------------------------------------------
+
+LAYOUT_SHAPES = [((6, 17), (17,)), ((3, 4, 5), (4, 5)), ((9,), (9,))]
+
+
+@pytest.mark.parametrize("shape,ns", LAYOUT_SHAPES, ids=[f"in{shape_id(s)}-ns{shape_id(n)}" for s, n in LAYOUT_SHAPES])
+@pytest.mark.parametrize("layout_name", list(LAYOUTS))
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_layout(dtype, layout_name, shape, ns):
+    base = make_input(shape, dtype, seed=3)
+    x = layout(layout_name, base)
+    # A list of Python floats is float64 data, whatever it was made from.
+    eff_dtype = np.float64 if layout_name == "list" else dtype
+    weight, bias = make_params(ns, param_dtype(eff_dtype), "weight+bias")
+    out = layernorm.layer_norm(x, ns, weight, bias)
+    check_output_array(out, x, eff_dtype)
+    # The values do not depend on the layout: same bits as the C-contiguous input.
+    np.testing.assert_array_equal(out, layernorm.layer_norm(base.astype(eff_dtype), ns, weight, bias))
+    assert_matches_reference(out, base, ns, weight, bias)
+    expected = torch_layer_norm(base.astype(eff_dtype), ns, weight, bias)
+    assert_matches_torch(out, expected, torch_scale(base.astype(eff_dtype), ns, weight, bias))
+
+
+@pytest.mark.parametrize("layout_name", ["fortran", "transposed", "negative_strides", "byte_swapped", "column_slice"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_layout_native_stats(dtype, layout_name):
+    base = make_input((5, 3, 8), dtype, seed=4)
+    x = layout(layout_name, base)
+    got = layernorm.native_layer_norm(x, (8,), None, None, 1e-5)
+    want = layernorm.native_layer_norm(base, (8,), None, None, 1e-5)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        np.testing.assert_array_equal(g, w)
+
+
+def test_torch_tensor_input_gives_ndarray():
+    t = torch.randn(4, 6, dtype=torch.float32)
+    out = layernorm.layer_norm(t, (6,))
+    assert isinstance(out, np.ndarray) and out.dtype == np.float32
+    assert_matches_reference(out, t.numpy(), (6,))
+
+
+def test_non_contiguous_torch_tensor_input():
+    t = torch.randn(6, 4, dtype=torch.float64).t()  # (4, 6), strides (1, 4)
+    out = layernorm.layer_norm(t, (6,))
+    assert out.shape == (4, 6)
+    np.testing.assert_allclose(out, torch.nn.functional.layer_norm(t, (6,)).numpy(), rtol=0, atol=1e-12)
+
+
+# ---------------------------------------------------------------------------
+# normalized_shape spellings
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "ns",
+    [7, np.int64(7), np.int32(7), (7,), [7], (np.int64(7),), np.array([7])],
+    ids=["int", "np.int64", "np.int32", "tuple", "list", "tuple-of-np.int64", "ndarray"],
+)
+def test_normalized_shape_spellings(ns):
+    x = make_input((3, 7), np.float32)
+    out = layernorm.layer_norm(x, ns)
+    np.testing.assert_array_equal(out, layernorm.layer_norm(x, (7,)))
+    out2, mean, rstd = layernorm.native_layer_norm(x, ns, None, None, 1e-5)
+    assert mean.shape == (3, 1)
+    np.testing.assert_array_equal(out2, out)
+
+
+def test_keywords_accepted():
+    x = make_input((3, 7), np.float64)
+    w, b = make_params((7,), np.float64, "weight+bias")
+    np.testing.assert_array_equal(
+        layernorm.layer_norm(x, (7,), weight=w, bias=b, eps=1e-3),
+        layernorm.layer_norm(x, (7,), w, b, 1e-3),
+    )
+    np.testing.assert_array_equal(
+        layernorm.layer_norm(input=x, normalized_shape=(7,)), layernorm.layer_norm(x, (7,))
+    )
+
+
+@pytest.mark.parametrize("eps", [1, np.float32(1e-3), np.float64(0.25), 0], ids=["int", "np.float32", "np.float64", "int0"])
+def test_eps_real_number_types(eps):
+    x = make_input((3, 7), np.float64)
+    out = layernorm.layer_norm(x, (7,), eps=eps)
+    assert_matches_reference(out, x, (7,), eps=float(eps))
+
+
+# ---------------------------------------------------------------------------
+# out=
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape,ns", [((6, 17), (17,)), ((2, 3, 5, 5), (3, 5, 5)), ((64, 4097), (4097,))], ids=["6x17", "2x3x5x5", "64x4097"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_out_written_and_returned(dtype, shape, ns):
+    x = make_input(shape, dtype, seed=5)
+    w, b = make_params(ns, param_dtype(dtype), "weight+bias")
+    expected = layernorm.layer_norm(x, ns, w, b)
+    out = np.full(shape, np.nan, dtype=dtype)
+    result = layernorm.layer_norm(x, ns, w, b, out=out)
+    assert result is out
+    np.testing.assert_array_equal(out, expected)
+
+
+@pytest.mark.parametrize("affine", ["weight+bias", "none"])
+@pytest.mark.parametrize("shape,ns", [((6, 17), (17,)), ((2, 3, 5, 5), (3, 5, 5)), ((64, 4097), (4097,)), ((512, 64), (64,))], ids=["6x17", "2x3x5x5", "64x4097", "512x64"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_out_is_input_in_place(dtype, shape, ns, affine):
+    x = make_input(shape, dtype, seed=6)
+    w, b = make_params(ns, param_dtype(dtype), affine)
+    expected = layernorm.layer_norm(x, ns, w, b)
+    result = layernorm.layer_norm(x, ns, w, b, out=x)
+    assert result is x
+    np.testing.assert_array_equal(x, expected)
+
+
+def test_out_none_explicit():
+    x = make_input((3, 7), np.float32)
+    np.testing.assert_array_equal(layernorm.layer_norm(x, (7,), out=None), layernorm.layer_norm(x, (7,)))
+
+
+# ---------------------------------------------------------------------------
+# Semantics
+# ---------------------------------------------------------------------------
+
+CONSTANTS = [0.0, 1234.0, -3.5, 0.1, 1e4 + 0.1, 65504.0]
+
+
+@pytest.mark.parametrize("n", [1, 7, 64, 4097])
+@pytest.mark.parametrize("value", CONSTANTS, ids=[f"c{v:g}" for v in CONSTANTS])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_constant_row_gives_exactly_bias(dtype, value, n):
+    x = np.full((3, n), value, dtype=dtype)
+    w, b = make_params((n,), param_dtype(dtype), "weight+bias")
+    out = layernorm.layer_norm(x, (n,), w, b)
+    np.testing.assert_array_equal(out, np.broadcast_to(b.astype(dtype), out.shape))
+    out = layernorm.layer_norm(x, (n,), w, None)
+    np.testing.assert_array_equal(out, np.zeros((3, n), dtype))
+    if dtype != np.float16:
+        # torch agrees (the oracle); its float16 kernel does not, see test_torch_float16_constant_row.
+        np.testing.assert_array_equal(torch_layer_norm(x, (n,), w, b), np.broadcast_to(b.astype(dtype), out.shape))
+
+
+def test_torch_float16_constant_row_is_not_exact():
+    # Why the float16 cases above do not ask torch: torch's float16 CPU kernel computes
+    # x * rstd - mean * rstd in float32, which cancels badly on a constant row (ours: exact).
+    x = np.full((1, 7), 1234.0, np.float16)
+    assert np.abs(torch_layer_norm(x, (7,))).max() > 1e-3
+    np.testing.assert_array_equal(layernorm.layer_norm(x, (7,)), np.zeros((1, 7), np.float16))
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_constant_row_stats(dtype):
+    x = np.full((2, 9), 1234.0, dtype=dtype)
+    _, mean, rstd = layernorm.native_layer_norm(x, (9,), None, None, 1e-5)
+    np.testing.assert_array_equal(mean, np.full((2, 1), 1234.0))
+    assert_within(rstd, np.full((2, 1), 1 / np.sqrt(1e-5)), 1e-7 * 316.3, "rstd = 1/sqrt(eps)")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_eps_zero_constant_row_is_nan(dtype):
+    x = make_input((3, 8), dtype)
+    x[1] = 2.5
+    out = layernorm.layer_norm(x, (8,), eps=0.0)
+    expected = torch_layer_norm(x, (8,), eps=0.0)
+    assert np.isnan(expected[1]).all()  # the oracle
+    assert np.isnan(out[1]).all()
+    assert not np.isnan(out[[0, 2]]).any()
+    assert_matches_reference(out[[0, 2]], x[[0, 2]], (8,), eps=0.0)
+
+
+@pytest.mark.parametrize("position", ["first", "middle", "last"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("n", [5, 33, 4097])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_non_finite_poisons_only_its_row(dtype, n, bad, position):
+    x = make_input((4, n), dtype, seed=7)
+    clean = layernorm.layer_norm(x, (n,))
+    col = {"first": 0, "middle": n // 2, "last": n - 1}[position]
+    x[2, col] = bad
+    out = layernorm.layer_norm(x, (n,))
+    assert np.isnan(torch_layer_norm(x, (n,))[2]).all()  # the oracle
+    assert np.isnan(out[2]).all()
+    np.testing.assert_array_equal(out[[0, 1, 3]], clean[[0, 1, 3]])
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_non_finite_row_stats(dtype):
+    x = make_input((3, 6), dtype)
+    x[0, 3] = np.nan
+    out, mean, rstd = layernorm.native_layer_norm(x, (6,), None, None, 1e-5)
+    t_out, t_mean, t_rstd = torch_native_layer_norm(x, (6,))
+    assert np.isnan(mean[0]).all() == np.isnan(t_mean[0]).all()
+    assert np.isnan(rstd[0]).all() == np.isnan(t_rstd[0]).all()
+    assert np.isfinite(mean[1:]).all() and np.isfinite(rstd[1:]).all()
+
+
+@pytest.mark.parametrize("shape,ns", [((0, 5), (5,)), ((0, 3, 4), (3, 4)), ((2, 0, 7), (7,))], ids=["0x5", "0x3x4", "2x0x7"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_empty_batch(dtype, shape, ns):
+    x = np.zeros(shape, dtype)
+    w, b = make_params(ns, param_dtype(dtype), "weight+bias")
+    out = layernorm.layer_norm(x, ns, w, b)
+    assert out.shape == shape and out.dtype == dtype and out.flags.c_contiguous
+    out, mean, rstd = layernorm.native_layer_norm(x, ns, w, b, 1e-5)
+    stats_shape = shape[: len(shape) - len(ns)] + (1,) * len(ns)
+    assert mean.shape == stats_shape and rstd.shape == stats_shape
+    assert mean.dtype == param_dtype(dtype)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_zero_length_rows_match_torch(dtype):
+    # N == 0: torch returns an empty output, mean 0 and rstd NaN.
+    x = np.zeros((3, 0), dtype)
+    out, mean, rstd = layernorm.native_layer_norm(x, (0,), None, None, 1e-5)
+    t_out, t_mean, t_rstd = torch_native_layer_norm(x, (0,))
+    assert out.shape == (3, 0)
+    assert mean.shape == t_mean.shape == (3, 1)
+    np.testing.assert_array_equal(mean, t_mean.astype(mean.dtype))
+    np.testing.assert_array_equal(rstd, t_rstd.astype(rstd.dtype))
+
+
+@pytest.mark.parametrize("affine", ["weight+bias", "none"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_single_element_rows(dtype, affine):
+    x = make_input((6, 1), dtype, seed=8)
+    w, b = make_params((1,), param_dtype(dtype), affine)
+    out = layernorm.layer_norm(x, (1,), w, b)
+    expected = np.zeros((6, 1), dtype) if b is None else np.broadcast_to(b.astype(dtype), (6, 1))
+    np.testing.assert_array_equal(out, expected)
+    if dtype != np.float16:  # torch's float16 kernel is not exact here (x*rstd - mean*rstd)
+        np.testing.assert_array_equal(torch_layer_norm(x, (1,), w, b), expected)
+
+
+def test_float64_input_float32_params_computed_in_float64():
+    x = make_input((5, 33), np.float64, seed=9)
+    w32, b32 = make_params((33,), np.float32, "weight+bias")
+    out = layernorm.layer_norm(x, (33,), w32, b32)
+    assert out.dtype == np.float64
+    # The float32 params are exact in float64; compute happens in float64 (torch would raise).
+    y, _, _, scale = reference_layer_norm(x, (33,), w32.astype(np.float64), b32.astype(np.float64))
+    assert_within(out, y, 1e-12 * scale, "float64 input, float32 params")
+    _, mean, rstd = layernorm.native_layer_norm(x, (33,), w32, b32, 1e-5)
+    assert mean.dtype == np.float64 and rstd.dtype == np.float64
+
+
+# (input dtype, weight/bias dtype): params are converted to the compute dtype of the input.
+PARAM_CONVERSIONS = [
+    (np.float32, np.float16),
+    (np.float32, np.float64),
+    (np.float16, np.float16),
+    (np.float16, np.float32),
+    (np.float16, np.float64),
+    (np.float64, np.float16),
+    (np.float64, np.float32),
+]
+
+
+@pytest.mark.parametrize(
+    "in_dtype,p_dtype",
+    PARAM_CONVERSIONS,
+    ids=[f"in-{dtype_id(a)}-params-{dtype_id(b)}" for a, b in PARAM_CONVERSIONS],
+)
+def test_param_dtypes_converted(in_dtype, p_dtype):
+    x = make_input((4, 19), in_dtype, seed=10)
+    w, b = make_params((19,), np.float64, "weight+bias")
+    w, b = w.astype(p_dtype), b.astype(p_dtype)
+    cdt = param_dtype(in_dtype)
+    out = layernorm.layer_norm(x, (19,), w, b)
+    assert out.dtype == in_dtype
+    # Exactly as if the caller had converted them to the compute dtype first.
+    np.testing.assert_array_equal(out, layernorm.layer_norm(x, (19,), w.astype(cdt), b.astype(cdt)))
+    assert_matches_reference(out, x, (19,), w.astype(cdt), b.astype(cdt))
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_param_array_likes(dtype):
+    x = make_input((4, 5), dtype)
+    w, b = make_params((5,), param_dtype(dtype), "weight+bias")
+    got = layernorm.layer_norm(x, (5,), w.tolist(), torch.from_numpy(b))
+    np.testing.assert_array_equal(got, layernorm.layer_norm(x, (5,), w.astype(param_dtype(dtype)), b))
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_non_contiguous_params(dtype):
+    x = make_input((4, 6), dtype)
+    cdt = param_dtype(dtype)
+    wide = make_input((2, 12), cdt, seed=11)
+    w, b = wide[0, ::2], wide[1, ::-2]
+    np.testing.assert_array_equal(
+        layernorm.layer_norm(x, (6,), w, b), layernorm.layer_norm(x, (6,), w.copy(), b.copy())
+    )
+
+
+def test_published_torch_output():
+    # nn.LayerNorm(6) on arange(1, 19).view(3, 1, 6): every row is 1..6 shifted, so every
+    # output row is torch's published [-1.4638, -0.8783, -0.2928, 0.2928, 0.8783, 1.4638].
+    x = np.arange(1, 19, dtype=np.float32).reshape(3, 1, 6)
+    out = layernorm.layer_norm(x, 6)
+    published = np.array([-1.4638, -0.8783, -0.2928, 0.2928, 0.8783, 1.4638], np.float32)
+    np.testing.assert_allclose(out, np.broadcast_to(published, (3, 1, 6)), rtol=0, atol=5e-5)

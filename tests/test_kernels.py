@@ -1,0 +1,198 @@
+"""SIMD levels and threads: every level and every thread count gives the same bits, and those
+bits match the float64 reference.  Environment variables are honoured at import.
+"""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import layernorm
+from conftest import FLOAT_DTYPES, assert_matches_reference, dtype_id, make_input, make_params, param_dtype
+
+LEVELS = layernorm.available_simd_levels()
+ALL_LEVEL_NAMES = ("scalar", "avx2", "avx512")
+
+# Row lengths 0 .. 2 * 16 + 1: every tail length up to twice the widest vector (16 float32
+# lanes in AVX-512), so each SIMD body + scalar tail split is exercised.
+ROW_LENGTHS = list(range(0, 2 * 16 + 2))
+
+
+def test_available_levels_shape():
+    assert isinstance(LEVELS, tuple)
+    assert "scalar" in LEVELS
+    assert set(LEVELS) <= set(ALL_LEVEL_NAMES)
+    assert len(set(LEVELS)) == len(LEVELS)
+    assert layernorm.simd_level() in LEVELS
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_set_simd_level_round_trip(level, restore_runtime):
+    assert layernorm.set_simd_level(level) is None
+    assert layernorm.simd_level() == level
+
+
+@pytest.mark.parametrize("level", [n for n in ALL_LEVEL_NAMES if n not in LEVELS] or ["<none>"])
+def test_unsupported_level_raises(level, restore_runtime):
+    if level == "<none>":
+        pytest.skip("this CPU runs every level")
+    with pytest.raises(ValueError):
+        layernorm.set_simd_level(level)
+
+
+def _run_all_levels(fn):
+    """fn() under each available SIMD level -> {level: result}."""
+    results = {}
+    for level in LEVELS:
+        layernorm.set_simd_level(level)
+        assert layernorm.simd_level() == level
+        results[level] = fn()
+    return results
+
+
+@pytest.mark.parametrize("affine", ["weight+bias", "none"])
+@pytest.mark.parametrize("n", ROW_LENGTHS, ids=[f"N{n}" for n in ROW_LENGTHS])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_levels_bit_identical_and_correct(dtype, n, affine, restore_runtime):
+    # 5 rows, the input starting one element past a fresh buffer so vector loads are unaligned.
+    base = make_input((5, n), dtype, seed=n)
+    buf = np.zeros(base.size + 1, dtype)
+    x = buf[1:].reshape(5, n)
+    x[...] = base
+    w, b = make_params((n,), param_dtype(dtype), affine)
+    results = _run_all_levels(lambda: layernorm.native_layer_norm(x, (n,), w, b, 1e-5))
+    first = results[LEVELS[0]]
+    for level, (out, mean, rstd) in results.items():
+        assert out.shape == (5, n) and out.dtype == dtype
+        if n:
+            assert_matches_reference(out, base, (n,), w, b)
+        for got, want in zip((out, mean, rstd), first):
+            assert np.array_equal(got, want, equal_nan=True), f"{level} differs from {LEVELS[0]}"
+
+
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 31, 33, 4097], ids=lambda n: f"N{n}")
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_levels_bit_identical_on_offset_and_nonfinite_rows(dtype, n, restore_runtime):
+    x = make_input((6, n), dtype, seed=100 + n, offset=1000.0)
+    x[1] = 7.0  # constant row
+    x[2, n // 2] = np.nan
+    x[3, n - 1] = np.inf
+    results = _run_all_levels(lambda: layernorm.layer_norm(x, (n,)))
+    for level, out in results.items():
+        assert np.array_equal(out, results[LEVELS[0]], equal_nan=True), level
+        assert (out[1] == 0).all()
+        assert np.isnan(out[2]).all() and np.isnan(out[3]).all()
+
+
+@pytest.mark.parametrize("n", ROW_LENGTHS[1:], ids=[f"N{n}" for n in ROW_LENGTHS[1:]])
+def test_levels_in_place(n, restore_runtime):
+    base = make_input((3, n), np.float32, seed=n)
+    expected = None
+    for level in LEVELS:
+        layernorm.set_simd_level(level)
+        x = base.copy()
+        assert layernorm.layer_norm(x, (n,), out=x) is x
+        if expected is None:
+            expected = x
+        assert np.array_equal(x, expected), level
+
+
+# ---------------------------------------------------------------------------
+# Threads
+# ---------------------------------------------------------------------------
+
+# Large enough to be split across threads: many short rows, few long rows, one huge odd
+# row, and very many tiny rows.
+THREAD_SHAPES = [(4096, 256), (2, 300000), (1, 1000003), (200000, 8)]
+
+
+@pytest.mark.parametrize("threads", [2, 3, 4])
+@pytest.mark.parametrize("shape", THREAD_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_threads_bit_identical(dtype, shape, threads, restore_runtime):
+    n = shape[-1]
+    x = make_input(shape, dtype, seed=sum(shape), offset=10.0)
+    w, b = make_params((n,), param_dtype(dtype), "weight+bias")
+    layernorm.set_num_threads(1)
+    serial = layernorm.native_layer_norm(x, (n,), w, b, 1e-5)
+    layernorm.set_num_threads(threads)
+    assert layernorm.get_num_threads() == threads
+    parallel = layernorm.native_layer_norm(x, (n,), w, b, 1e-5)
+    for got, want in zip(parallel, serial):
+        assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("shape", THREAD_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_threaded_result_correct(shape, restore_runtime):
+    layernorm.set_num_threads(4)
+    x = make_input(shape, np.float32, seed=1, offset=100.0)
+    assert_matches_reference(layernorm.layer_norm(x, (shape[-1],)), x, (shape[-1],))
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 4])
+def test_threaded_in_place(threads, restore_runtime):
+    layernorm.set_num_threads(1)
+    x = make_input((4096, 256), np.float32, seed=2)
+    expected = layernorm.layer_norm(x, (256,))
+    layernorm.set_num_threads(threads)
+    assert layernorm.layer_norm(x, (256,), out=x) is x
+    assert np.array_equal(x, expected)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 64])
+def test_get_num_threads_reflects_set(n, restore_runtime):
+    assert layernorm.set_num_threads(n) is None
+    assert layernorm.get_num_threads() == n
+
+
+def test_set_num_threads_zero_raises(restore_runtime):
+    with pytest.raises(ValueError):
+        layernorm.set_num_threads(0)
+
+
+# ---------------------------------------------------------------------------
+# Environment variables, read at import (in a fresh interpreter)
+# ---------------------------------------------------------------------------
+
+
+def _run_python(code, **env_overrides):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LAYERNORM_")}
+    env.update(env_overrides)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_env_simd_level(level):
+    assert _run_python("import layernorm; print(layernorm.simd_level())", LAYERNORM_SIMD=level) == level
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_env_num_threads(n):
+    out = _run_python("import layernorm; print(layernorm.get_num_threads())", LAYERNORM_NUM_THREADS=str(n))
+    assert out == str(n)
+
+
+def test_env_scalar_and_one_thread_same_bits():
+    code = (
+        "import numpy as np, layernorm;"
+        "x = (np.random.default_rng(0).standard_normal((300, 77)) + 50).astype(np.float32);"
+        "print(layernorm.simd_level(), layernorm.get_num_threads(), layernorm.layer_norm(x, 77).tobytes().hex())"
+    )
+    level, threads, digest = _run_python(code, LAYERNORM_SIMD="scalar", LAYERNORM_NUM_THREADS="1").split()
+    assert (level, threads) == ("scalar", "1")
+    x = (np.random.default_rng(0).standard_normal((300, 77)) + 50).astype(np.float32)
+    assert digest == layernorm.layer_norm(x, 77).tobytes().hex()
+
+
+def test_defaults_without_env():
+    out = _run_python("import layernorm; print(layernorm.simd_level(), layernorm.get_num_threads())")
+    level, threads = out.split()
+    best = [name for name in ALL_LEVEL_NAMES if name in LEVELS][-1]
+    assert level == best
+    assert int(threads) == len(os.sched_getaffinity(0))

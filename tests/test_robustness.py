@@ -1,0 +1,332 @@
+"""The C extension's hygiene: inputs never mutated, references and memory balanced (also on
+error paths), thread safety, and the GIL released around the kernel.
+"""
+
+import gc
+import os
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import layernorm
+from conftest import ARRAY_LAYOUTS, FLOAT_DTYPES, dtype_id, layout, make_input, make_params, param_dtype
+
+# ---------------------------------------------------------------------------
+# Inputs are never mutated
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout_name", ARRAY_LAYOUTS)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_input_and_params_not_mutated(dtype, layout_name):
+    base = make_input((6, 4, 33), dtype, seed=1)
+    x = layout(layout_name, base)
+    w, b = make_params((33,), param_dtype(dtype), "weight+bias")
+    w_layout, b_layout = layout(layout_name, w), layout(layout_name, b)
+    snapshots = [(a, a.copy(), a.strides, a.dtype, a.flags.writeable) for a in (x, w_layout, b_layout)]
+    layernorm.layer_norm(x, (33,), w_layout, b_layout)
+    layernorm.layer_norm(x, (4, 33))
+    layernorm.native_layer_norm(x, (33,), w_layout, b_layout, 1e-5)
+    layernorm.layer_norm(x, (33,), w_layout, b_layout, out=np.empty(x.shape, np.dtype(dtype)))
+    for a, copy, strides, dt, writeable in snapshots:
+        assert a.strides == strides and a.dtype == dt and a.flags.writeable == writeable
+        np.testing.assert_array_equal(a, copy)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_input_not_mutated_on_error(dtype):
+    x = make_input((4, 5), dtype)
+    copy = x.copy()
+    with pytest.raises(ValueError):
+        layernorm.layer_norm(x, (5,), np.ones(4, np.float32))
+    with pytest.raises(ValueError):
+        layernorm.layer_norm(x, (5,), out=np.empty((4, 6), dtype))
+    np.testing.assert_array_equal(x, copy)
+
+
+def test_list_input_not_mutated():
+    data = [[1.0, 2.0, 4.0], [3.0, -1.0, 0.5]]
+    copy = [row[:] for row in data]
+    layernorm.layer_norm(data, (3,))
+    assert data == copy
+
+
+# ---------------------------------------------------------------------------
+# Reference counts
+# ---------------------------------------------------------------------------
+
+CALLS = 1000
+
+
+def _refcounts(objs):
+    return [sys.getrefcount(o) for o in objs]
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_refcounts_balanced_success(dtype):
+    x = make_input((8, 16), dtype)
+    xf = np.asfortranarray(x)  # goes through a converted copy
+    w, b = make_params((16,), param_dtype(dtype), "weight+bias")
+    w16 = w.astype(np.float16)  # goes through a converted copy
+    out = np.empty((8, 16), dtype)
+    ns = (16,)
+    eps = float("1e-5")
+    objs = [x, xf, w, b, w16, out, ns, eps]
+    before = _refcounts(objs)
+    for _ in range(CALLS):
+        layernorm.layer_norm(x, ns, w, b, eps)
+        layernorm.layer_norm(xf, ns, w16, None, eps)
+        layernorm.layer_norm(x, ns, w, b, eps, out=out)
+        layernorm.layer_norm(x, 16, None, b)
+        layernorm.native_layer_norm(x, ns, w, b, eps)
+        layernorm.native_layer_norm(xf, ns, None, None, eps)
+    assert _refcounts(objs) == before
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_results_hold_no_extra_references(dtype):
+    x = make_input((8, 16), dtype)
+    result = layernorm.layer_norm(x, (16,))
+    assert sys.getrefcount(result) == 2  # the name and getrefcount's argument
+    out = np.empty((8, 16), dtype)
+    base = sys.getrefcount(out)
+    result = layernorm.layer_norm(x, (16,), out=out)
+    assert result is out and sys.getrefcount(out) == base + 1
+    del result
+    assert sys.getrefcount(out) == base
+    res = layernorm.native_layer_norm(x, (16,), None, None, 1e-5)
+    assert sys.getrefcount(res) == 2
+    y, mean, rstd = res
+    del res
+    assert sys.getrefcount(y) == 2
+    assert sys.getrefcount(mean) == 2
+    assert sys.getrefcount(rstd) == 2
+
+
+def _error_calls(x, w, b, out_bad, ns):
+    """Each call raises; returns how many did."""
+    calls = [
+        lambda: layernorm.layer_norm(x, ns, w[:-1], b),  # weight shape
+        lambda: layernorm.layer_norm(x, ns, w, b[:-1]),  # bias shape
+        lambda: layernorm.layer_norm(x, (7,), w, b),  # trailing shape
+        lambda: layernorm.layer_norm(x, (), w, b),  # empty normalized_shape
+        lambda: layernorm.layer_norm(x, ns, w, b, out=out_bad),  # out shape
+        lambda: layernorm.layer_norm(x, ns, w, b, "eps"),  # eps type
+        lambda: layernorm.layer_norm(x, ns, w, b, bogus=1),  # keyword
+        lambda: layernorm.layer_norm(x.astype(np.int64), ns, w, b),  # dtype
+        lambda: layernorm.layer_norm(x, (-1,), w, b),  # negative size
+        lambda: layernorm.layer_norm(x, ("a",), w, b),  # non-integer size
+        lambda: layernorm.native_layer_norm(x, ns, w[:-1], b, 1e-5),
+        lambda: layernorm.native_layer_norm(x, ns, w, b, None),
+    ]
+    raised = 0
+    for call in calls:
+        try:
+            call()
+        except (TypeError, ValueError):
+            raised += 1
+    return raised
+
+
+@pytest.mark.parametrize("contiguous", [True, False], ids=["C", "fortran"])
+def test_refcounts_balanced_on_errors(contiguous):
+    x = make_input((8, 16), np.float32)
+    if not contiguous:
+        x = np.asfortranarray(x)
+    w, b = make_params((16,), np.float64, "weight+bias")  # converted to float32 before checks
+    out_bad = np.empty((8, 15), np.float32)
+    ns = (16,)
+    objs = [x, w, b, out_bad, ns]
+    assert _error_calls(x, w, b, out_bad, ns) == 12  # warm-up (and every call really raises)
+    before = _refcounts(objs)
+    for _ in range(200):
+        _error_calls(x, w, b, out_bad, ns)
+    assert _refcounts(objs) == before
+
+
+# ---------------------------------------------------------------------------
+# Memory stays flat (C allocations are invisible to tracemalloc: read the RSS)
+# ---------------------------------------------------------------------------
+
+
+def _rss_bytes():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+# A leaked output would cost 512 KB per call, leaked statistics 4 KB per call, a leaked
+# converted input (Fortran-order input is copied) 512 KB per call: 2000 calls make any of
+# them >= 8 MB, above the few MB of allocator noise allowed.
+LEAK_LIMIT = 4 * 2**20
+
+
+@pytest.mark.parametrize("kind", ["layer_norm", "native_layer_norm", "out", "fortran-f16-params"])
+def test_memory_flat_over_many_calls(kind, restore_runtime):
+    # The threaded path once (its per-call scratch is what a leak would most likely be).
+    layernorm.set_num_threads(2 if kind == "layer_norm" else 1)
+    x = make_input((512, 256), np.float32)
+    w, b = make_params((256,), np.float32, "weight+bias")
+    out = np.empty_like(x)
+    if kind == "layer_norm":
+        call = lambda: layernorm.layer_norm(x, (256,), w, b)  # noqa: E731
+    elif kind == "native_layer_norm":
+        call = lambda: layernorm.native_layer_norm(x, (256,), w, b, 1e-5)  # noqa: E731
+    elif kind == "out":
+        call = lambda: layernorm.layer_norm(x, (256,), w, b, out=out)  # noqa: E731
+    else:
+        xf, w16 = np.asfortranarray(x), w.astype(np.float16)
+        call = lambda: layernorm.layer_norm(xf, (256,), w16, b)  # noqa: E731
+    for _ in range(200):
+        call()
+    gc.collect()
+    start = _rss_bytes()
+    for _ in range(2000):
+        call()
+    gc.collect()
+    assert _rss_bytes() - start < LEAK_LIMIT
+
+
+def test_memory_flat_over_error_calls():
+    x = np.asfortranarray(make_input((512, 256), np.float32))  # converted copy: 512 KB
+    w, b = make_params((256,), np.float64, "weight+bias")
+    out_bad = np.empty((512, 255), np.float32)
+    for _ in range(20):
+        _error_calls(x, w, b, out_bad, (256,))
+    gc.collect()
+    start = _rss_bytes()
+    for _ in range(200):  # 2400 failing calls
+        _error_calls(x, w, b, out_bad, (256,))
+    gc.collect()
+    assert _rss_bytes() - start < LEAK_LIMIT
+
+
+# ---------------------------------------------------------------------------
+# Threads calling concurrently
+# ---------------------------------------------------------------------------
+
+
+def _workload(seed):
+    rng = np.random.default_rng(seed)
+    jobs = []
+    for i, dtype in enumerate(FLOAT_DTYPES * 2):
+        rows, n = int(rng.integers(1, 300)), int(rng.integers(1, 600))
+        x = make_input((rows, n), dtype, seed=seed * 100 + i, offset=float(rng.integers(0, 1000)))
+        w, b = make_params((n,), param_dtype(dtype), "weight+bias", seed=seed * 100 + i)
+        jobs.append((x, n, w, b))
+    jobs.append((make_input((2, 300000), np.float32, seed=seed), 300000, None, None))  # threaded kernel
+    return jobs
+
+
+def _run_jobs(jobs):
+    return [layernorm.native_layer_norm(x, (n,), w, b, 1e-5) for x, n, w, b in jobs]
+
+
+@pytest.mark.parametrize("kernel_threads", [1, 2])
+def test_concurrent_calls_match_serial(kernel_threads, restore_runtime):
+    layernorm.set_num_threads(kernel_threads)
+    workloads = [_workload(seed) for seed in range(4)]
+    serial = [_run_jobs(jobs) for jobs in workloads]
+    results = [None] * 4
+    errors = []
+    barrier = threading.Barrier(4)
+
+    def worker(i):
+        try:
+            barrier.wait()
+            got = None
+            for _ in range(5):
+                got = _run_jobs(workloads[i])
+                for (o, m, r), (eo, em, er) in zip(got, serial[i]):
+                    assert np.array_equal(o, eo) and np.array_equal(m, em) and np.array_equal(r, er)
+            results[i] = got
+        except BaseException as exc:  # reported in the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    assert all(r is not None for r in results)
+
+
+def test_concurrent_in_place_on_separate_arrays(restore_runtime):
+    layernorm.set_num_threads(2)
+    arrays = [make_input((512, 300), np.float64, seed=s) for s in range(4)]
+    expected = [layernorm.layer_norm(a, (300,)) for a in arrays]
+
+    def worker(a):
+        layernorm.layer_norm(a, (300,), out=a)
+
+    threads = [threading.Thread(target=worker, args=(a,)) for a in arrays]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    for a, e in zip(arrays, expected):
+        assert np.array_equal(a, e)
+
+
+# ---------------------------------------------------------------------------
+# The GIL is released while the kernel runs
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def short_switch_interval():
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(0.0005)
+    yield
+    sys.setswitchinterval(old)
+
+
+def test_gil_released_during_kernel(restore_runtime, short_switch_interval):
+    # One kernel thread, so the kernel and the counting thread each have a core of the 2.
+    layernorm.set_num_threads(1)
+    x = np.tile(make_input((1, 4096), np.float32, seed=3), (8192, 1))  # 128 MB, in place
+    serial = []
+    for _ in range(3):
+        start = time.perf_counter()
+        layernorm.layer_norm(x, (4096,), out=x)
+        serial.append(time.perf_counter() - start)
+    kernel_time = min(serial)
+    # While a kernel that holds the GIL runs, no other thread runs Python: the counting thread
+    # would first see the call in progress only after the kernel returned, i.e. at least
+    # kernel_time after the start.  A kernel that releases the GIL lets it in at once: a first
+    # sighting before half the kernel time proves the release.  `margin` keeps out sightings
+    # from a switch just before the call.
+    margin = 2 * sys.getswitchinterval() + 0.001
+    if kernel_time < 2 * margin + 0.002:
+        pytest.skip(f"kernel too fast ({kernel_time * 1e3:.1f} ms) to observe")
+    state = {"current": None, "stop": False}
+    first_seen = {}
+
+    def counter():
+        while not state["stop"]:
+            current = state["current"]
+            if current is not None:
+                call, start = current
+                now = time.perf_counter()
+                if now > start + margin and call not in first_seen:
+                    first_seen[call] = now - start
+
+    thread = threading.Thread(target=counter)
+    thread.start()
+    try:
+        time.sleep(0.01)
+        for call in range(5):
+            state["current"] = (call, time.perf_counter())
+            layernorm.layer_norm(x, (4096,), out=x)
+            state["current"] = None
+            time.sleep(0.005)
+    finally:
+        state["stop"] = True
+        thread.join()
+    seen_ms = {call: round(t * 1e3, 1) for call, t in first_seen.items()}
+    assert any(t < kernel_time / 2 for t in first_seen.values()), (
+        f"kernel takes {kernel_time * 1e3:.1f} ms; another thread first ran at {seen_ms} ms into the calls"
+    )
