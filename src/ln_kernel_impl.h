@@ -27,10 +27,16 @@
  *            y_j = fma((x_j - mean_hi) - mean_lo, a_j, bias_j)
  *     float64 output:  y_j = fma(x_j - mean, rstd * weight_j, bias_j)
  *
- * Backward, per row (all in float64; g = dy * weight, xhat = (x - mean) * rstd):
+ * Backward, per row (g = dy * weight, xhat = (x - mean) * rstd, N elements):
  *
+ *     y = xhat * w + b,  xhat = (x - mean) * rstd,  so with dL/dy = dy:
  *     dx_j = rstd * (g_j - mean(g) - xhat_j * mean(g * xhat))
  *     dweight_j = sum over rows of dy_j * xhat_j,   dbias_j = sum over rows of dy_j
+ *
+ *     pass 1: the row sums of g and g * xhat (float64 lanes; float32 products summed
+ *             in float32 over short blocks for float16/float32 data)
+ *     pass 2: dx (float32 arithmetic for float16/float32 data, float64 for float64),
+ *             and dy * xhat, dy added into float64 column sums, LN_GRAD_ROWS rows at a time
  */
 
 #define LN_CAT_(a, b) a##_##b
@@ -662,114 +668,354 @@ static void LN_FN(forward_rows_f64)(const ln_forward_args *a, ptrdiff_t begin, p
 /* Backward                                                                  */
 /* ------------------------------------------------------------------------ */
 
-/* dx for one row: two passes, the row staying in cache between them. */
-static LN_ALWAYS_INLINE void LN_FN(backward_row)(ln_dtype dtype, const void *dy, const void *x, void *dx,
-                                                 ptrdiff_t n, double mean, double rstd,
-                                                 const void *weight)
+/* Pass 1 over a span of n elements of one row, for float16/float32 data:
+       sums[0] = sum(g),  sums[1] = sum(g * xhat),   g = dy * weight, xhat = (x - mean) * rstd
+   The products are formed in float32 (mean and rstd are float32 for this data, so x - mean
+   is exact for x near the mean) and summed in float32 over blocks of LN_BLOCK groups whose
+   sums are added in float64.  `weight` points at the span's first column, or is NULL. */
+#define LN_BLOCK 8
+static LN_ALWAYS_INLINE void LN_FN(grad_sums_single)(ln_dtype dtype, const void *dy, const void *x,
+                                                  const float *weight, ptrdiff_t n, double mean,
+                                                  double rstd, double sums[2])
+{
+    const GF mean_v = LN_FN(gf_splat)((float)mean);
+    GD g_sum = LN_FN(gd_splat)(0.0), gc_sum = LN_FN(gd_splat)(0.0);
+    double g_lanes[16], gc_lanes[16];
+    ptrdiff_t i = 0;
+    while (i + 16 <= n) {
+        GF block_g = LN_FN(gf_splat)(0.0f), block_gc = LN_FN(gf_splat)(0.0f);
+        do {
+            GF g = LN_FN(load_as_f32)(dtype, dy, i);
+            if (weight) {
+                g = LN_FN(gf_mul)(g, LN_FN(gf_load)(weight + i));
+            }
+            const GF centred = LN_FN(gf_sub)(LN_FN(load_as_f32)(dtype, x, i), mean_v);
+            block_g = LN_FN(gf_add)(block_g, g);
+            block_gc = LN_FN(gf_add)(block_gc, LN_FN(gf_mul)(g, centred));
+            i += 16;
+        } while (i + 16 <= n && (i / 16) % LN_BLOCK != 0);
+        g_sum = LN_FN(gd_add)(g_sum, LN_FN(gf_widen)(block_g));
+        gc_sum = LN_FN(gd_add)(gc_sum, LN_FN(gf_widen)(block_gc));
+    }
+    LN_FN(gd_store)(g_lanes, g_sum);
+    LN_FN(gd_store)(gc_lanes, gc_sum);
+    for (; i < n; i++) {
+        float g = (float)ln_load1_as_f64(dtype, dy, i);
+        if (weight) {
+            g *= weight[i];
+        }
+        const float centred = (float)ln_load1_as_f64(dtype, x, i) - (float)mean;
+        g_lanes[i & 15] += g;
+        gc_lanes[i & 15] += g * centred;
+    }
+    sums[0] = ln_sum_lanes(g_lanes);
+    sums[1] = ln_sum_lanes(gc_lanes) * rstd;
+}
+#undef LN_BLOCK
+
+/* The same for float64 data, all in float64. */
+static LN_ALWAYS_INLINE void LN_FN(grad_sums_double)(const double *dy, const double *x, const double *weight,
+                                                  ptrdiff_t n, double mean, double rstd, double sums[2])
 {
     const GD mean_v = LN_FN(gd_splat)(mean), rstd_v = LN_FN(gd_splat)(rstd);
     GD g_sum = LN_FN(gd_splat)(0.0), gx_sum = LN_FN(gd_splat)(0.0);
     double g_lanes[16], gx_lanes[16];
     ptrdiff_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        GD g = LN_FN(load_as_f64)(dtype, dy, i);
+        GD g = LN_FN(gd_load)(dy + i);
         if (weight) {
-            g = LN_FN(gd_mul)(g, LN_FN(load_param_as_f64)(dtype, weight, i));
+            g = LN_FN(gd_mul)(g, LN_FN(gd_load)(weight + i));
         }
-        const GD xhat = LN_FN(gd_mul)(LN_FN(gd_sub)(LN_FN(load_as_f64)(dtype, x, i), mean_v), rstd_v);
+        const GD xhat = LN_FN(gd_mul)(LN_FN(gd_sub)(LN_FN(gd_load)(x + i), mean_v), rstd_v);
         g_sum = LN_FN(gd_add)(g_sum, g);
         gx_sum = LN_FN(gd_add)(gx_sum, LN_FN(gd_mul)(g, xhat));
     }
     LN_FN(gd_store)(g_lanes, g_sum);
     LN_FN(gd_store)(gx_lanes, gx_sum);
     for (; i < n; i++) {
-        double g = ln_load1_as_f64(dtype, dy, i);
-        if (weight) {
-            g *= ln_load1_param_as_f64(dtype, weight, i);
-        }
-        const double xhat = (ln_load1_as_f64(dtype, x, i) - mean) * rstd;
+        const double g = weight ? dy[i] * weight[i] : dy[i];
         g_lanes[i & 15] += g;
-        gx_lanes[i & 15] += g * xhat;
+        gx_lanes[i & 15] += g * ((x[i] - mean) * rstd);
     }
-    const double g_mean = ln_sum_lanes(g_lanes) / (double)n;
-    const double gx_mean = ln_sum_lanes(gx_lanes) / (double)n;
-    const GD g_mean_v = LN_FN(gd_splat)(g_mean), gx_mean_v = LN_FN(gd_splat)(gx_mean);
-
-    for (i = 0; i + 16 <= n; i += 16) {
-        GD g = LN_FN(load_as_f64)(dtype, dy, i);
-        if (weight) {
-            g = LN_FN(gd_mul)(g, LN_FN(load_param_as_f64)(dtype, weight, i));
-        }
-        const GD xhat = LN_FN(gd_mul)(LN_FN(gd_sub)(LN_FN(load_as_f64)(dtype, x, i), mean_v), rstd_v);
-        const GD inner = LN_FN(gd_sub)(LN_FN(gd_sub)(g, g_mean_v), LN_FN(gd_mul)(xhat, gx_mean_v));
-        LN_FN(store_from_f64)(dtype, dx, i, LN_FN(gd_mul)(rstd_v, inner));
-    }
-    for (; i < n; i++) {
-        double g = ln_load1_as_f64(dtype, dy, i);
-        if (weight) {
-            g *= ln_load1_param_as_f64(dtype, weight, i);
-        }
-        const double xhat = (ln_load1_as_f64(dtype, x, i) - mean) * rstd;
-        ln_store1_from_f64(dtype, dx, i, rstd * ((g - g_mean) - xhat * gx_mean));
-    }
+    sums[0] = ln_sum_lanes(g_lanes);
+    sums[1] = ln_sum_lanes(gx_lanes);
 }
 
-/* Adds dy * xhat and dy over rows [row_begin, row_end) into dweight/dbias
-   (float64, one per column of [col_begin, col_end)), row by row in order. */
-static LN_ALWAYS_INLINE void LN_FN(param_grads)(ln_dtype dtype, const ln_backward_args *a,
-                                                ptrdiff_t row_begin, ptrdiff_t row_end,
-                                                ptrdiff_t col_begin, ptrdiff_t col_end,
-                                                double *dweight, double *dbias)
+static LN_ALWAYS_INLINE void LN_FN(grad_sums)(ln_dtype dtype, const void *dy, const void *x,
+                                              const void *weight, ptrdiff_t n, double mean,
+                                              double rstd, double sums[2])
 {
-    const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(dtype);
-    const ptrdiff_t cols = col_end - col_begin;
-    for (ptrdiff_t r = row_begin; r < row_end; r++) {
-        const char *dy = (const char *)a->grad_output + (r * a->grad_output_row_step + col_begin) * elsize;
-        const char *x = (const char *)a->input + (r * a->input_row_step + col_begin) * elsize;
-        const double mean = ln_load1_param_as_f64(dtype, a->mean, r);
-        const double rstd = ln_load1_param_as_f64(dtype, a->rstd, r);
-        const GD mean_v = LN_FN(gd_splat)(mean), rstd_v = LN_FN(gd_splat)(rstd);
-        ptrdiff_t j = 0;
-        for (; j + 16 <= cols; j += 16) {
-            const GD g = LN_FN(load_as_f64)(dtype, dy, j);
+    if (dtype == LN_F64) {
+        LN_FN(grad_sums_double)(dy, x, weight, n, mean, rstd, sums);
+    }
+    else {
+        LN_FN(grad_sums_single)(dtype, dy, x, weight, n, mean, rstd, sums);
+    }
+}
+
+/* Pass 2 over one span of the rows of `group` (all pointers at the span's first column),
+   given each row's g_mean = mean(g) and gx_mean = mean(g * xhat):
+       dx_j       = rstd * ((g_j - g_mean) - xhat_j * gx_mean)     (float32 for float16/32 data)
+       dweight_j += dy_j * xhat_j,   dbias_j += dy_j               (float64, rows in order)
+   dx, dweight and dbias may each be NULL.  A group's rows pass over a column together, so
+   dweight and dbias go to memory once per group instead of once per row. */
+static LN_ALWAYS_INLINE void LN_FN(grad_apply_single)(ln_dtype dtype, const ln_grad_rows *group,
+                                                   const float *weight, ptrdiff_t n,
+                                                   double *dweight, double *dbias)
+{
+    GF mean_v[LN_GRAD_ROWS], rstd_v[LN_GRAD_ROWS], g_mean_v[LN_GRAD_ROWS], gx_mean_v[LN_GRAD_ROWS];
+    float mean[LN_GRAD_ROWS], rstd[LN_GRAD_ROWS], g_mean[LN_GRAD_ROWS], gx_mean[LN_GRAD_ROWS];
+    const int count = group->count;
+    for (int k = 0; k < count; k++) {
+        mean[k] = (float)group->mean[k];
+        rstd[k] = (float)group->rstd[k];
+        g_mean[k] = (float)group->g_mean[k];
+        gx_mean[k] = (float)group->gx_mean[k];
+        mean_v[k] = LN_FN(gf_splat)(mean[k]);
+        rstd_v[k] = LN_FN(gf_splat)(rstd[k]);
+        g_mean_v[k] = LN_FN(gf_splat)(g_mean[k]);
+        gx_mean_v[k] = LN_FN(gf_splat)(gx_mean[k]);
+    }
+    const int want_dx = group->dx[0] != NULL;
+    ptrdiff_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        const GF w = weight ? LN_FN(gf_load)(weight + j) : LN_FN(gf_splat)(1.0f);
+        GD dweight_v = dweight ? LN_FN(gd_load)(dweight + j) : LN_FN(gd_splat)(0.0);
+        GD dbias_v = dbias ? LN_FN(gd_load)(dbias + j) : LN_FN(gd_splat)(0.0);
+        for (int k = 0; k < count; k++) {
+            const GF dy_v = LN_FN(load_as_f32)(dtype, group->dy[k], j);
+            const GF xhat = LN_FN(gf_mul)(LN_FN(gf_sub)(LN_FN(load_as_f32)(dtype, group->x[k], j), mean_v[k]),
+                                          rstd_v[k]);
+            if (want_dx) {
+                const GF g = weight ? LN_FN(gf_mul)(dy_v, w) : dy_v;
+                const GF inner = LN_FN(gf_sub)(LN_FN(gf_sub)(g, g_mean_v[k]), LN_FN(gf_mul)(xhat, gx_mean_v[k]));
+                LN_FN(store_from_f32)(dtype, group->dx[k], j, LN_FN(gf_mul)(inner, rstd_v[k]));
+            }
             if (dweight) {
-                const GD xhat = LN_FN(gd_mul)(LN_FN(gd_sub)(LN_FN(load_as_f64)(dtype, x, j), mean_v), rstd_v);
-                LN_FN(gd_store)(dweight + j, LN_FN(gd_add)(LN_FN(gd_load)(dweight + j), LN_FN(gd_mul)(g, xhat)));
+                dweight_v = LN_FN(gd_add)(dweight_v, LN_FN(gf_widen)(LN_FN(gf_mul)(dy_v, xhat)));
             }
             if (dbias) {
-                LN_FN(gd_store)(dbias + j, LN_FN(gd_add)(LN_FN(gd_load)(dbias + j), g));
+                dbias_v = LN_FN(gd_add)(dbias_v, LN_FN(gf_widen)(dy_v));
             }
         }
-        for (; j < cols; j++) {
-            const double g = ln_load1_as_f64(dtype, dy, j);
+        if (dweight) {
+            LN_FN(gd_store)(dweight + j, dweight_v);
+        }
+        if (dbias) {
+            LN_FN(gd_store)(dbias + j, dbias_v);
+        }
+    }
+    for (; j < n; j++) {
+        for (int k = 0; k < count; k++) {
+            const float dy_1 = (float)ln_load1_as_f64(dtype, group->dy[k], j);
+            const float xhat = ((float)ln_load1_as_f64(dtype, group->x[k], j) - mean[k]) * rstd[k];
+            if (want_dx) {
+                const float g = weight ? dy_1 * weight[j] : dy_1;
+                ln_store1_from_f64(dtype, group->dx[k], j, ((g - g_mean[k]) - xhat * gx_mean[k]) * rstd[k]);
+            }
             if (dweight) {
-                dweight[j] += g * ((ln_load1_as_f64(dtype, x, j) - mean) * rstd);
+                dweight[j] += (double)(dy_1 * xhat);
             }
             if (dbias) {
-                dbias[j] += g;
+                dbias[j] += (double)dy_1;
             }
         }
     }
 }
 
-#define LN_BACKWARD_FOR(suffix, DTYPE)                                                           \
-    static void LN_FN(backward_rows_##suffix)(const ln_backward_args *a, ptrdiff_t begin,         \
-                                              ptrdiff_t end)                                     \
-    {                                                                                            \
-        const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(DTYPE);                                \
-        for (ptrdiff_t r = begin; r < end; r++) {                                                \
-            LN_FN(backward_row)(DTYPE, (const char *)a->grad_output + r * a->grad_output_row_step * elsize, \
-                                (const char *)a->input + r * a->input_row_step * elsize,         \
-                                (char *)a->grad_input + r * a->row_len * elsize, a->row_len,     \
-                                ln_load1_param_as_f64(DTYPE, a->mean, r),                        \
-                                ln_load1_param_as_f64(DTYPE, a->rstd, r), a->weight);            \
-        }                                                                                        \
-    }                                                                                            \
-    static void LN_FN(param_grads_##suffix)(const ln_backward_args *a, ptrdiff_t row_begin,      \
-                                            ptrdiff_t row_end, ptrdiff_t col_begin,              \
-                                            ptrdiff_t col_end, double *dweight, double *dbias)   \
-    {                                                                                            \
-        LN_FN(param_grads)(DTYPE, a, row_begin, row_end, col_begin, col_end, dweight, dbias);    \
+static LN_ALWAYS_INLINE void LN_FN(grad_apply_double)(const ln_grad_rows *group, const double *weight,
+                                                   ptrdiff_t n, double *dweight, double *dbias)
+{
+    GD mean_v[LN_GRAD_ROWS], rstd_v[LN_GRAD_ROWS], g_mean_v[LN_GRAD_ROWS], gx_mean_v[LN_GRAD_ROWS];
+    const int count = group->count;
+    for (int k = 0; k < count; k++) {
+        mean_v[k] = LN_FN(gd_splat)(group->mean[k]);
+        rstd_v[k] = LN_FN(gd_splat)(group->rstd[k]);
+        g_mean_v[k] = LN_FN(gd_splat)(group->g_mean[k]);
+        gx_mean_v[k] = LN_FN(gd_splat)(group->gx_mean[k]);
+    }
+    const int want_dx = group->dx[0] != NULL;
+    ptrdiff_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        const GD w = weight ? LN_FN(gd_load)(weight + j) : LN_FN(gd_splat)(1.0);
+        GD dweight_v = dweight ? LN_FN(gd_load)(dweight + j) : LN_FN(gd_splat)(0.0);
+        GD dbias_v = dbias ? LN_FN(gd_load)(dbias + j) : LN_FN(gd_splat)(0.0);
+        for (int k = 0; k < count; k++) {
+            const GD dy_v = LN_FN(gd_load)((const double *)group->dy[k] + j);
+            const GD xhat = LN_FN(gd_mul)(LN_FN(gd_sub)(LN_FN(gd_load)((const double *)group->x[k] + j), mean_v[k]),
+                                          rstd_v[k]);
+            if (want_dx) {
+                const GD g = weight ? LN_FN(gd_mul)(dy_v, w) : dy_v;
+                const GD inner = LN_FN(gd_sub)(LN_FN(gd_sub)(g, g_mean_v[k]), LN_FN(gd_mul)(xhat, gx_mean_v[k]));
+                LN_FN(gd_store)((double *)group->dx[k] + j, LN_FN(gd_mul)(inner, rstd_v[k]));
+            }
+            if (dweight) {
+                dweight_v = LN_FN(gd_add)(dweight_v, LN_FN(gd_mul)(dy_v, xhat));
+            }
+            if (dbias) {
+                dbias_v = LN_FN(gd_add)(dbias_v, dy_v);
+            }
+        }
+        if (dweight) {
+            LN_FN(gd_store)(dweight + j, dweight_v);
+        }
+        if (dbias) {
+            LN_FN(gd_store)(dbias + j, dbias_v);
+        }
+    }
+    for (; j < n; j++) {
+        for (int k = 0; k < count; k++) {
+            const double dy_1 = ((const double *)group->dy[k])[j];
+            const double xhat = (((const double *)group->x[k])[j] - group->mean[k]) * group->rstd[k];
+            if (want_dx) {
+                const double g = weight ? dy_1 * weight[j] : dy_1;
+                ((double *)group->dx[k])[j] = ((g - group->g_mean[k]) - xhat * group->gx_mean[k]) * group->rstd[k];
+            }
+            if (dweight) {
+                dweight[j] += dy_1 * xhat;
+            }
+            if (dbias) {
+                dbias[j] += dy_1;
+            }
+        }
+    }
+}
+
+static LN_ALWAYS_INLINE void LN_FN(grad_apply)(ln_dtype dtype, const ln_grad_rows *group,
+                                               const void *weight, ptrdiff_t n, double *dweight,
+                                               double *dbias)
+{
+    if (dtype == LN_F64) {
+        LN_FN(grad_apply_double)(group, weight, n, dweight, dbias);
+    }
+    else {
+        LN_FN(grad_apply_single)(dtype, group, weight, n, dweight, dbias);
+    }
+}
+
+/* Rows shorter than one group (n < 16), where per-row overhead would dominate: 16 rows
+   at a time, one row per lane, all in float64.  Lane k of the parameter accumulators
+   takes rows block + k; the lanes are added by the fixed tree when the range is done. */
+static LN_ALWAYS_INLINE void LN_FN(backward_short_rows)(ln_dtype dtype, const ln_backward_args *a,
+                                                        ptrdiff_t begin, ptrdiff_t end,
+                                                        double *dweight, double *dbias)
+{
+    const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(dtype), n = a->row_len;
+    const GD n_v = LN_FN(gd_splat)((double)n), zero_v = LN_FN(gd_splat)(0.0);
+    GD dweight_lanes[16], dbias_lanes[16];   /* [column], a lane per row slot */
+    for (ptrdiff_t i = 0; i < n; i++) {
+        dweight_lanes[i] = zero_v;
+        dbias_lanes[i] = zero_v;
+    }
+    for (ptrdiff_t block = begin; block < end; block += 16) {
+        const ptrdiff_t rows = end - block < 16 ? end - block : 16;
+        double dy_t[16][16], x_t[16][16], dx_t[16][16];   /* [column][row slot] */
+        double means[16], rstds[16];
+        for (ptrdiff_t k = 0; k < 16; k++) {
+            const ptrdiff_t r = block + k;
+            const char *dy = (const char *)a->grad_output + r * a->grad_output_row_step * elsize;
+            const char *x = (const char *)a->input + r * a->input_row_step * elsize;
+            means[k] = k < rows ? ln_load1_param_as_f64(dtype, a->mean, r) : 0.0;
+            rstds[k] = k < rows ? ln_load1_param_as_f64(dtype, a->rstd, r) : 0.0;
+            for (ptrdiff_t i = 0; i < n; i++) {
+                dy_t[i][k] = k < rows ? ln_load1_as_f64(dtype, dy, i) : 0.0;
+                x_t[i][k] = k < rows ? ln_load1_as_f64(dtype, x, i) : 0.0;
+            }
+        }
+        const GD mean_v = LN_FN(gd_load)(means), rstd_v = LN_FN(gd_load)(rstds);
+        GD g_sum = zero_v, gx_sum = zero_v;
+        for (ptrdiff_t i = 0; i < n; i++) {
+            const GD dy_v = LN_FN(gd_load)(dy_t[i]);
+            const GD xhat = LN_FN(gd_mul)(LN_FN(gd_sub)(LN_FN(gd_load)(x_t[i]), mean_v), rstd_v);
+            const GD g = a->weight ? LN_FN(gd_mul)(dy_v, LN_FN(gd_splat)(ln_load1_param_as_f64(dtype, a->weight, i)))
+                                   : dy_v;
+            g_sum = LN_FN(gd_add)(g_sum, g);
+            gx_sum = LN_FN(gd_add)(gx_sum, LN_FN(gd_mul)(g, xhat));
+            if (dweight) {
+                dweight_lanes[i] = LN_FN(gd_add)(dweight_lanes[i], LN_FN(gd_mul)(dy_v, xhat));
+            }
+            if (dbias) {
+                dbias_lanes[i] = LN_FN(gd_add)(dbias_lanes[i], dy_v);
+            }
+            LN_FN(gd_store)(x_t[i], xhat);
+            LN_FN(gd_store)(dy_t[i], g);
+        }
+        if (!a->grad_input) {
+            continue;
+        }
+        const GD g_mean = LN_FN(gd_div)(g_sum, n_v), gx_mean = LN_FN(gd_div)(gx_sum, n_v);
+        for (ptrdiff_t i = 0; i < n; i++) {
+            const GD inner = LN_FN(gd_sub)(LN_FN(gd_sub)(LN_FN(gd_load)(dy_t[i]), g_mean),
+                                           LN_FN(gd_mul)(LN_FN(gd_load)(x_t[i]), gx_mean));
+            LN_FN(gd_store)(dx_t[i], LN_FN(gd_mul)(inner, rstd_v));
+        }
+        for (ptrdiff_t k = 0; k < rows; k++) {
+            char *dx = (char *)a->grad_input + (block + k) * n * elsize;
+            for (ptrdiff_t i = 0; i < n; i++) {
+                ln_store1_from_f64(dtype, dx, i, dx_t[i][k]);
+            }
+        }
+    }
+    for (ptrdiff_t i = 0; i < n; i++) {
+        double lanes[16];
+        if (dweight) {
+            LN_FN(gd_store)(lanes, dweight_lanes[i]);
+            dweight[i] += ln_sum_lanes(lanes);
+        }
+        if (dbias) {
+            LN_FN(gd_store)(lanes, dbias_lanes[i]);
+            dbias[i] += ln_sum_lanes(lanes);
+        }
+    }
+}
+
+/* Rows [begin, end): pass 1 row by row, pass 2 over groups of LN_GRAD_ROWS rows, each
+   group still in cache from pass 1. */
+static LN_ALWAYS_INLINE void LN_FN(backward_rows)(ln_dtype dtype, const ln_backward_args *a,
+                                                  ptrdiff_t begin, ptrdiff_t end,
+                                                  double *dweight, double *dbias)
+{
+    const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(dtype), n = a->row_len;
+    if (n < 16) {
+        LN_FN(backward_short_rows)(dtype, a, begin, end, dweight, dbias);
+        return;
+    }
+    for (ptrdiff_t first = begin; first < end; first += LN_GRAD_ROWS) {
+        ln_grad_rows group = {.count = (int)(end - first < LN_GRAD_ROWS ? end - first : LN_GRAD_ROWS)};
+        for (int k = 0; k < group.count; k++) {
+            const ptrdiff_t r = first + k;
+            group.dy[k] = (const char *)a->grad_output + r * a->grad_output_row_step * elsize;
+            group.x[k] = (const char *)a->input + r * a->input_row_step * elsize;
+            group.dx[k] = a->grad_input ? (char *)a->grad_input + r * n * elsize : NULL;
+            group.mean[k] = ln_load1_param_as_f64(dtype, a->mean, r);
+            group.rstd[k] = ln_load1_param_as_f64(dtype, a->rstd, r);
+            double sums[2] = {0.0, 0.0};
+            if (a->grad_input) {
+                LN_FN(grad_sums)(dtype, group.dy[k], group.x[k], a->weight, n, group.mean[k], group.rstd[k], sums);
+            }
+            group.g_mean[k] = sums[0] / (double)n;
+            group.gx_mean[k] = sums[1] / (double)n;
+        }
+        LN_FN(grad_apply)(dtype, &group, a->weight, n, dweight, dbias);
+    }
+}
+
+/* One concrete function per dtype for the table; dtype is a constant inside each. */
+#define LN_BACKWARD_FOR(suffix, DTYPE)                                                          \
+    static void LN_FN(backward_rows_##suffix)(const ln_backward_args *a, ptrdiff_t begin,       \
+                                              ptrdiff_t end, double *dweight, double *dbias)    \
+    {                                                                                           \
+        LN_FN(backward_rows)(DTYPE, a, begin, end, dweight, dbias);                             \
+    }                                                                                           \
+    static void LN_FN(grad_sums_##suffix)(const void *dy, const void *x, const void *weight,    \
+                                          ptrdiff_t n, double mean, double rstd, double sums[2]) \
+    {                                                                                           \
+        LN_FN(grad_sums)(DTYPE, dy, x, weight, n, mean, rstd, sums);                            \
+    }                                                                                           \
+    static void LN_FN(grad_apply_##suffix)(const ln_grad_rows *group, const void *weight,       \
+                                           ptrdiff_t n, double *dweight, double *dbias)         \
+    {                                                                                           \
+        LN_FN(grad_apply)(DTYPE, group, weight, n, dweight, dbias);                             \
     }
 
 LN_BACKWARD_FOR(f16, LN_F16)
@@ -782,7 +1028,8 @@ static const ln_kernel_table LN_FN(kernels) = {
     .chunk_moments = {LN_FN(chunk_moments_of_f16), LN_FN(chunk_moments_of_f32), LN_FN(chunk_moments_of_f64)},
     .normalize_row = {LN_FN(normalize_row_f16), LN_FN(normalize_row_f32), LN_FN(normalize_row_f64)},
     .backward_rows = {LN_FN(backward_rows_f16), LN_FN(backward_rows_f32), LN_FN(backward_rows_f64)},
-    .param_grads = {LN_FN(param_grads_f16), LN_FN(param_grads_f32), LN_FN(param_grads_f64)},
+    .grad_sums = {LN_FN(grad_sums_f16), LN_FN(grad_sums_f32), LN_FN(grad_sums_f64)},
+    .grad_apply = {LN_FN(grad_apply_f16), LN_FN(grad_apply_f32), LN_FN(grad_apply_f64)},
 };
 
 #undef LN_NORMALIZE_CASES
@@ -797,3 +1044,4 @@ static const ln_kernel_table LN_FN(kernels) = {
 #undef LN_FN
 #undef LN_CAT
 #undef LN_CAT_
+

@@ -34,8 +34,6 @@
 #define LN_CHUNK 2048
 /* Below this many elements a call runs on the calling thread alone. */
 #define LN_PARALLEL_MIN_ELEMENTS 65536
-/* Columns per parameter-gradient tile. */
-#define LN_GRAD_TILE 1024
 
 /* ------------------------------------------------------------------------ */
 /* Helpers shared by every SIMD level                       */
@@ -50,14 +48,32 @@ typedef struct {
 typedef void (*ln_normalize_fn)(const void *x, void *y, ptrdiff_t n, double mean, double rstd,
                                 const void *weight, const void *bias);
 
+/* Rows that make backward pass 2 together (see grad_apply in ln_kernel_impl.h). */
+#define LN_GRAD_ROWS 4
+typedef struct {
+    int count;                          /* rows in use, 1..LN_GRAD_ROWS */
+    const char *dy[LN_GRAD_ROWS];       /* each row's dy at the span's first column */
+    const char *x[LN_GRAD_ROWS];        /* ... and x */
+    char *dx[LN_GRAD_ROWS];             /* ... and dx, or all NULL to skip dx */
+    double mean[LN_GRAD_ROWS], rstd[LN_GRAD_ROWS];
+    double g_mean[LN_GRAD_ROWS];        /* mean(dy * weight) over the row */
+    double gx_mean[LN_GRAD_ROWS];       /* mean(dy * weight * xhat) over the row */
+} ln_grad_rows;
+
 /* One SIMD level's kernels, indexed by ln_dtype. */
 typedef struct {
     void (*forward_rows[3])(const ln_forward_args *a, ptrdiff_t begin, ptrdiff_t end);
     ln_moments (*chunk_moments[3])(const void *x, ptrdiff_t n);
     ln_normalize_fn normalize_row[3];
-    void (*backward_rows[3])(const ln_backward_args *a, ptrdiff_t begin, ptrdiff_t end);
-    void (*param_grads[3])(const ln_backward_args *a, ptrdiff_t row_begin, ptrdiff_t row_end,
-                           ptrdiff_t col_begin, ptrdiff_t col_end, double *dweight, double *dbias);
+    /* backward over rows [begin, end), adding into float64 dweight/dbias (each may be NULL) */
+    void (*backward_rows[3])(const ln_backward_args *a, ptrdiff_t begin, ptrdiff_t end,
+                             double *dweight, double *dbias);
+    /* backward pass 1 over a span of one row: sums of g and g * xhat */
+    void (*grad_sums[3])(const void *dy, const void *x, const void *weight, ptrdiff_t n,
+                         double mean, double rstd, double sums[2]);
+    /* backward pass 2 over a span of a group of rows */
+    void (*grad_apply[3])(const ln_grad_rows *group, const void *weight, ptrdiff_t n,
+                          double *dweight, double *dbias);
 } ln_kernel_table;
 
 static inline size_t ln_dtype_size(ln_dtype dtype)
@@ -551,89 +567,171 @@ int ln_forward(const ln_forward_args *a)
 /* Backward driver                                                           */
 /* ------------------------------------------------------------------------ */
 
+/*
+ * Two ways through, chosen by the shape alone, so the thread count never changes a bit:
+ *
+ * Row blocks (the usual case).  The rows are cut into a number of contiguous blocks
+ * fixed by the shape, one task each.  A task makes both passes over each row of its
+ * block while the row is in cache, adding the row's dy * xhat and dy into its block's
+ * own float64 partial sums; the partials are then added in block order.  So dx and
+ * the parameter gradients cost one read of dy and x.
+ *
+ * Column spans (a few huge rows).  Pass 1 runs over LN_CHUNK-element spans of every
+ * row in parallel and each row's span sums are added in order; pass 2 runs over column
+ * spans in parallel, each walking all rows top to bottom, so each column of dweight
+ * and dbias is summed by one task, in row order.
+ */
+
+/* Row blocks for the parameter gradients: enough to share evenly among threads, one for
+   inputs too small to be worth a thread, and at most 2^22 / row_len (64 MiB of partials). */
+#define LN_GRAD_BLOCKS 16
+
 typedef struct {
     const ln_backward_args *args;
     const ln_kernel_table *kernels;
-    ptrdiff_t row_blocks;  /* parameter-gradient partition of the rows */
-    ptrdiff_t col_tiles;   /* ... and of the columns */
-    double *partials;      /* row_blocks x 2 x row_len float64 sums */
+    ptrdiff_t elsize;        /* bytes per element of dy, x, dx */
+    ptrdiff_t param_elsize;  /* bytes per weight, mean and rstd */
+    ptrdiff_t blocks;        /* row blocks */
+    ptrdiff_t spans;         /* LN_CHUNK-column spans per row */
+    double *dparams;         /* blocks x [dweight (row_len), dbias (row_len)], float64 */
+    double *sums;            /* column spans: rows x spans x [sum g, sum g * xhat] */
+    double *row_means;       /* column spans: rows x [mean g, mean g * xhat] */
 } ln_backward_job;
 
-static void ln_backward_rows(void *ctx, ptrdiff_t begin, ptrdiff_t end)
+static void ln_backward_blocks(void *ctx, ptrdiff_t begin, ptrdiff_t end)
 {
     const ln_backward_job *job = ctx;
-    job->kernels->backward_rows[job->args->dtype](job->args, begin, end);
+    const ln_backward_args *a = job->args;
+    for (ptrdiff_t block = begin; block < end; block++) {
+        ptrdiff_t row_begin, row_end;
+        ln_range_of_part(a->rows, (int)job->blocks, (int)block, &row_begin, &row_end);
+        job->kernels->backward_rows[a->dtype](
+            a, row_begin, row_end, a->grad_weight ? job->dparams + 2 * block * a->row_len : NULL,
+            a->grad_bias ? job->dparams + (2 * block + 1) * a->row_len : NULL);
+    }
 }
 
-/* Task t covers row block t / col_tiles and column tile t % col_tiles. */
-static void ln_backward_param_tasks(void *ctx, ptrdiff_t begin, ptrdiff_t end)
+/* Task t: pass 1 over span t % spans of row t / spans. */
+static void ln_backward_span_sums(void *ctx, ptrdiff_t begin, ptrdiff_t end)
 {
     const ln_backward_job *job = ctx;
     const ln_backward_args *a = job->args;
     for (ptrdiff_t t = begin; t < end; t++) {
-        const ptrdiff_t block = t / job->col_tiles, tile = t % job->col_tiles;
-        ptrdiff_t row_begin, row_end;
-        ln_range_of_part(a->rows, (int)job->row_blocks, (int)block, &row_begin, &row_end);
-        const ptrdiff_t col_begin = tile * LN_GRAD_TILE;
-        const ptrdiff_t col_end = col_begin + LN_GRAD_TILE < a->row_len ? col_begin + LN_GRAD_TILE : a->row_len;
-        double *dweight = job->partials + (2 * block) * a->row_len;
-        double *dbias = dweight + a->row_len;
-        job->kernels->param_grads[a->dtype](a, row_begin, row_end, col_begin, col_end,
-                                            a->grad_weight ? dweight + col_begin : NULL,
-                                            a->grad_bias ? dbias + col_begin : NULL);
+        const ptrdiff_t r = t / job->spans, start = (t % job->spans) * LN_CHUNK;
+        const ptrdiff_t len = a->row_len - start < LN_CHUNK ? a->row_len - start : LN_CHUNK;
+        job->kernels->grad_sums[a->dtype](
+            (const char *)a->grad_output + (r * a->grad_output_row_step + start) * job->elsize,
+            (const char *)a->input + (r * a->input_row_step + start) * job->elsize,
+            a->weight ? (const char *)a->weight + start * job->param_elsize : NULL, len,
+            ln_load1_param_as_f64(a->dtype, a->mean, r), ln_load1_param_as_f64(a->dtype, a->rstd, r),
+            job->sums + 2 * t);
     }
+}
+
+/* Task s: pass 2 over column span s of every row, rows in order. */
+static void ln_backward_span_apply(void *ctx, ptrdiff_t begin, ptrdiff_t end)
+{
+    const ln_backward_job *job = ctx;
+    const ln_backward_args *a = job->args;
+    for (ptrdiff_t s = begin; s < end; s++) {
+        const ptrdiff_t start = s * LN_CHUNK;
+        const ptrdiff_t len = a->row_len - start < LN_CHUNK ? a->row_len - start : LN_CHUNK;
+        for (ptrdiff_t first = 0; first < a->rows; first += LN_GRAD_ROWS) {
+            ln_grad_rows group = {.count = (int)(a->rows - first < LN_GRAD_ROWS ? a->rows - first : LN_GRAD_ROWS)};
+            for (int k = 0; k < group.count; k++) {
+                const ptrdiff_t r = first + k;
+                group.dy[k] = (const char *)a->grad_output + (r * a->grad_output_row_step + start) * job->elsize;
+                group.x[k] = (const char *)a->input + (r * a->input_row_step + start) * job->elsize;
+                group.dx[k] = a->grad_input ? (char *)a->grad_input + (r * a->row_len + start) * job->elsize : NULL;
+                group.mean[k] = ln_load1_param_as_f64(a->dtype, a->mean, r);
+                group.rstd[k] = ln_load1_param_as_f64(a->dtype, a->rstd, r);
+                group.g_mean[k] = job->row_means[2 * r];
+                group.gx_mean[k] = job->row_means[2 * r + 1];
+            }
+            job->kernels->grad_apply[a->dtype](
+                &group, a->weight ? (const char *)a->weight + start * job->param_elsize : NULL, len,
+                a->grad_weight ? job->dparams + start : NULL,
+                a->grad_bias ? job->dparams + a->row_len + start : NULL);
+        }
+    }
+}
+
+static int ln_backward_by_column_spans(ln_backward_job *job)
+{
+    const ln_backward_args *a = job->args;
+    int status = -1;
+    job->spans = (a->row_len + LN_CHUNK - 1) / LN_CHUNK;
+    job->sums = calloc((size_t)(2 * a->rows * (job->spans + 1)), sizeof(double));
+    if (!job->sums) {
+        goto done;
+    }
+    job->row_means = job->sums + 2 * a->rows * job->spans;
+    if (a->grad_input) {
+        ln_parallel_for(a->rows * job->spans, 4, ln_backward_span_sums, job);
+        for (ptrdiff_t r = 0; r < a->rows; r++) {
+            double g_sum = 0.0, gx_sum = 0.0;
+            for (ptrdiff_t s = 0; s < job->spans; s++) {
+                g_sum += job->sums[2 * (r * job->spans + s)];
+                gx_sum += job->sums[2 * (r * job->spans + s) + 1];
+            }
+            job->row_means[2 * r] = g_sum / (double)a->row_len;
+            job->row_means[2 * r + 1] = gx_sum / (double)a->row_len;
+        }
+    }
+    ln_parallel_for(job->spans, 4, ln_backward_span_apply, job);
+    status = 0;
+done:
+    free(job->sums);
+    return status;
 }
 
 int ln_backward(const ln_backward_args *a)
 {
-    ln_backward_job job = {.args = a, .kernels = ln_kernels_in_use()};
+    ln_backward_job job = {
+        .args = a,
+        .kernels = ln_kernels_in_use(),
+        .elsize = (ptrdiff_t)ln_dtype_size(a->dtype),
+        .param_elsize = a->dtype == LN_F64 ? 8 : 4,
+        .blocks = 1,
+    };
+    const int want_params = a->grad_weight || a->grad_bias;
     const double elements = (double)a->rows * (double)a->row_len;
-    const int serial = ln_threads_get() <= 1 || elements < LN_PARALLEL_MIN_ELEMENTS;
-
-    if (a->grad_input && a->rows > 0 && a->row_len > 0) {
-        if (serial) {
-            ln_backward_rows(&job, 0, a->rows);
-        }
-        else {
-            const ptrdiff_t min_rows = LN_PARALLEL_MIN_ELEMENTS / 4 / a->row_len;
-            ln_parallel_for(a->rows, min_rows > 1 ? min_rows : 1, ln_backward_rows, &job);
-        }
-    }
-    if (!a->grad_weight && !a->grad_bias) {
+    int status = -1;
+    if (!a->grad_input && !want_params) {
         return 0;
     }
-    /* Row blocks depend on the shape only (never on the thread count), so the
-       float64 sums, and the result, are the same however the tasks are run. */
-    job.col_tiles = (a->row_len + LN_GRAD_TILE - 1) / LN_GRAD_TILE;
-    job.row_blocks = a->rows / 4096;
-    const ptrdiff_t max_blocks = ((ptrdiff_t)1 << 22) / (a->row_len > 0 ? a->row_len : 1);
-    if (job.row_blocks > 16) {
-        job.row_blocks = 16;
+    if (elements >= LN_PARALLEL_MIN_ELEMENTS) {
+        const ptrdiff_t max_blocks = ((ptrdiff_t)1 << 22) / a->row_len;
+        job.blocks = a->rows < LN_GRAD_BLOCKS ? a->rows : LN_GRAD_BLOCKS;
+        job.blocks = job.blocks < max_blocks ? job.blocks : max_blocks > 1 ? max_blocks : 1;
     }
-    if (job.row_blocks > max_blocks) {
-        job.row_blocks = max_blocks;
+    const int by_column_spans = a->row_len >= 8 * LN_CHUNK &&
+                                (a->rows < LN_GRAD_BLOCKS || a->row_len >= 64 * LN_CHUNK);
+    if (by_column_spans) {
+        job.blocks = 1;
     }
-    if (job.row_blocks < 1) {
-        job.row_blocks = 1;
+    if (want_params) {
+        /* +1 so that row_len == 0 still allocates */
+        job.dparams = calloc((size_t)(2 * job.blocks * a->row_len + 1), sizeof(double));
+        if (!job.dparams) {
+            goto done;
+        }
     }
-    job.partials = calloc((size_t)(2 * job.row_blocks * (a->row_len > 0 ? a->row_len : 1)), sizeof(double));
-    if (!job.partials) {
-        return -1;
-    }
-    if (a->rows > 0 && a->row_len > 0) {
-        const ptrdiff_t tasks = job.row_blocks * job.col_tiles;
-        if (serial) {
-            ln_backward_param_tasks(&job, 0, tasks);
+    if (elements > 0) {
+        if (by_column_spans) {
+            if (ln_backward_by_column_spans(&job) < 0) {
+                goto done;
+            }
         }
         else {
-            ln_parallel_for(tasks, 1, ln_backward_param_tasks, &job);
+            ln_parallel_for(job.blocks, 1, ln_backward_blocks, &job);
         }
     }
-    for (ptrdiff_t j = 0; j < a->row_len; j++) {
-        double dweight = 0.0, dbias = 0.0;
-        for (ptrdiff_t block = 0; block < job.row_blocks; block++) {
-            dweight += job.partials[(2 * block) * a->row_len + j];
-            dbias += job.partials[(2 * block + 1) * a->row_len + j];
+    for (ptrdiff_t j = 0; want_params && j < a->row_len; j++) {
+        double dweight = job.dparams[j], dbias = job.dparams[a->row_len + j];
+        for (ptrdiff_t block = 1; block < job.blocks; block++) {
+            dweight += job.dparams[2 * block * a->row_len + j];
+            dbias += job.dparams[(2 * block + 1) * a->row_len + j];
         }
         if (a->grad_weight) {
             ln_store1_param(a->dtype, a->grad_weight, j, dweight);
@@ -642,6 +740,8 @@ int ln_backward(const ln_backward_args *a)
             ln_store1_param(a->dtype, a->grad_bias, j, dbias);
         }
     }
-    free(job.partials);
-    return 0;
+    status = 0;
+done:
+    free(job.dparams);
+    return status;
 }
