@@ -99,6 +99,44 @@ def test_levels_in_place(n, restore_runtime):
         assert np.array_equal(x, expected), level
 
 
+def _backward_reference(dy, x, n, mean, rstd, w):
+    """float64 backward from the given float32/float64 mean and rstd (what the kernel is handed)."""
+    x64, dy64 = x.astype(np.float64).reshape(-1, n), dy.astype(np.float64).reshape(-1, n)
+    xhat = (x64 - mean.astype(np.float64).reshape(-1, 1)) * rstd.astype(np.float64).reshape(-1, 1)
+    g = dy64 * (w.astype(np.float64) if w is not None else 1.0)
+    dx = rstd.astype(np.float64).reshape(-1, 1) * (
+        g - g.mean(1, keepdims=True) - xhat * (g * xhat).mean(1, keepdims=True))
+    return dx, (dy64 * xhat).sum(0), dy64.sum(0)
+
+
+def _assert_backward_close(grads, dy, x, n, mean, rstd, w, dtype):
+    """Each gradient against float64, relative to the size of the terms it is made of."""
+    tol = {np.float16: 2e-3, np.float32: 1e-6, np.float64: 1e-13}[np.dtype(dtype).type]
+    for name, got, want in zip(("dx", "dweight", "dbias"), grads, _backward_reference(dy, x, n, mean, rstd, w)):
+        scale = max(1.0, float(np.abs(want).max(initial=0.0)))
+        assert np.abs(got.astype(np.float64).reshape(want.shape) - want).max(initial=0.0) <= tol * scale, name
+
+
+@pytest.mark.parametrize("mask", [(True, True, True), (True, False, False), (False, True, True)],
+                         ids=["all", "dx", "params"])
+@pytest.mark.parametrize("n", ROW_LENGTHS[1:], ids=[f"N{n}" for n in ROW_LENGTHS[1:]])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_backward_levels_bit_identical_and_correct(dtype, n, mask, restore_runtime):
+    # 37 rows: more than one group of 16 short rows and of 4 rows in pass 2, and a remainder.
+    x = make_input((37, n), dtype, seed=n, offset=3.0)
+    dy = make_input((37, n), dtype, seed=n + 1)
+    w, b = make_params((n,), param_dtype(dtype), "weight+bias")
+    _, mean, rstd = layernorm.native_layer_norm(x, (n,), w, b, 1e-5)
+    results = _run_all_levels(lambda: layernorm.layer_norm_backward(dy, x, (n,), mean, rstd, w, b, mask))
+    first = results[LEVELS[0]]
+    for level, grads in results.items():
+        assert [g is None for g in grads] == [not m for m in mask], level
+        for got, want in zip(grads, first):
+            assert got is None or np.array_equal(got, want, equal_nan=True), f"{level} differs from {LEVELS[0]}"
+    full = layernorm.layer_norm_backward(dy, x, (n,), mean, rstd, w, b)
+    _assert_backward_close(full, dy, x, n, mean, rstd, w, dtype)
+
+
 # ---------------------------------------------------------------------------
 # Threads
 # ---------------------------------------------------------------------------
@@ -122,6 +160,30 @@ def test_threads_bit_identical(dtype, shape, threads, restore_runtime):
     parallel = layernorm.native_layer_norm(x, (n,), w, b, 1e-5)
     for got, want in zip(parallel, serial):
         assert np.array_equal(got, want)
+
+
+# Backward takes one of three routes by shape: row blocks, 16 short rows per lane group, or
+# column spans for a few huge rows; each must give the same bits at every thread count.
+BACKWARD_THREAD_SHAPES = THREAD_SHAPES + [(3, 40000), (40, 140000), (40000, 17)]
+
+
+@pytest.mark.parametrize("threads", [2, 3, 4])
+@pytest.mark.parametrize("shape", BACKWARD_THREAD_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_backward_threads_bit_identical_and_correct(dtype, shape, threads, restore_runtime):
+    n = shape[-1]
+    x = make_input(shape, dtype, seed=sum(shape), offset=10.0)
+    dy = make_input(shape, dtype, seed=sum(shape) + 1)
+    w, b = make_params((n,), param_dtype(dtype), "weight+bias")
+    _, mean, rstd = layernorm.native_layer_norm(x, (n,), w, b, 1e-5)
+    layernorm.set_num_threads(1)
+    serial = layernorm.layer_norm_backward(dy, x, (n,), mean, rstd, w, b)
+    layernorm.set_num_threads(threads)
+    parallel = layernorm.layer_norm_backward(dy, x, (n,), mean, rstd, w, b)
+    for name, got, want in zip(("dx", "dweight", "dbias"), parallel, serial):
+        assert np.array_equal(got, want), name
+    if threads == 2:
+        _assert_backward_close(parallel, dy, x, n, mean, rstd, w, dtype)
 
 
 @pytest.mark.parametrize("shape", THREAD_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
