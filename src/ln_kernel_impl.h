@@ -357,28 +357,39 @@ static LN_ALWAYS_INLINE GD LN_FN(load_param_as_f64)(ln_dtype dtype, const void *
 /* Forward                                                                   */
 /* ------------------------------------------------------------------------ */
 
-/* Mean and M2 of one chunk of 1 <= n <= LN_CHUNK elements in one pass, with the
-   sums taken about the chunk's first element K.  Because K is one of the data,
+/* Mean and M2 of one chunk of 1 <= n <= LN_CHUNK elements in one pass, in float64,
+   with the sums taken about the chunk's first element K.  Because K is one of the data,
    M2 >= (K - mean)^2, so S2 = M2 + n (mean - K)^2 is at most (n + 1) M2 and the
-   subtraction below loses at most log2(n + 1) bits of float64's 53. */
+   subtraction below loses at most log2(n + 1) bits of float64's 53; x - K is exact for
+   float16/float32 data.  Even and odd groups use separate accumulators, so no add waits
+   on the one before it. */
 static LN_ALWAYS_INLINE ln_moments LN_FN(chunk_moments)(ln_dtype dtype, const void *x, ptrdiff_t n)
 {
     double s1_lanes[16], s2_lanes[16];
     const double shift = ln_load1_as_f64(dtype, x, 0);
     const GD shift_v = LN_FN(gd_splat)(shift);
-    GD s1 = LN_FN(gd_splat)(0.0), s2 = LN_FN(gd_splat)(0.0);
+    GD s1_even = LN_FN(gd_splat)(0.0), s2_even = s1_even, s1_odd = s1_even, s2_odd = s1_even;
     ptrdiff_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        const GD d = LN_FN(gd_sub)(LN_FN(load_as_f64)(dtype, x, i), shift_v);
-        s1 = LN_FN(gd_add)(s1, d);
-        s2 = LN_FN(gd_add)(s2, LN_FN(gd_mul)(d, d));
+    for (; i + 32 <= n; i += 32) {
+        const GD d_even = LN_FN(gd_sub)(LN_FN(load_as_f64)(dtype, x, i), shift_v);
+        const GD d_odd = LN_FN(gd_sub)(LN_FN(load_as_f64)(dtype, x, i + 16), shift_v);
+        s1_even = LN_FN(gd_add)(s1_even, d_even);
+        s2_even = LN_FN(gd_fma)(d_even, d_even, s2_even);
+        s1_odd = LN_FN(gd_add)(s1_odd, d_odd);
+        s2_odd = LN_FN(gd_fma)(d_odd, d_odd, s2_odd);
     }
-    LN_FN(gd_store)(s1_lanes, s1);
-    LN_FN(gd_store)(s2_lanes, s2);
+    if (i + 16 <= n) {
+        const GD d_even = LN_FN(gd_sub)(LN_FN(load_as_f64)(dtype, x, i), shift_v);
+        s1_even = LN_FN(gd_add)(s1_even, d_even);
+        s2_even = LN_FN(gd_fma)(d_even, d_even, s2_even);
+        i += 16;
+    }
+    LN_FN(gd_store)(s1_lanes, LN_FN(gd_add)(s1_even, s1_odd));
+    LN_FN(gd_store)(s2_lanes, LN_FN(gd_add)(s2_even, s2_odd));
     for (; i < n; i++) {
         const double d = ln_load1_as_f64(dtype, x, i) - shift;
         s1_lanes[i & 15] += d;
-        s2_lanes[i & 15] += d * d;
+        s2_lanes[i & 15] = fma(d, d, s2_lanes[i & 15]);
     }
     const double sum1 = ln_sum_lanes(s1_lanes), sum2 = ln_sum_lanes(s2_lanes);
     const double mean_offset = sum1 / (double)n;
@@ -386,74 +397,14 @@ static LN_ALWAYS_INLINE ln_moments LN_FN(chunk_moments)(ln_dtype dtype, const vo
     return m;
 }
 
-/* The same for float16/float32 chunks, cheaper.  The first pass sums x in float64:
-   the mean is exact to float64 rounding.  The second pass sums d = x - K and d^2
-   for K = float32(mean) in float32 over blocks of LN_BLOCK groups, widening only
-   the block sums to float64: d is small (and exact for data with an offset), so
-   M2 = S2 - S1^2/n cancels almost nothing, and M2 keeps a relative error near
-   float32's epsilon, which moves rstd by less than a float32 ulp. */
-#define LN_BLOCK 8
-static LN_ALWAYS_INLINE ln_moments LN_FN(chunk_moments_f32)(ln_dtype dtype, const void *x, ptrdiff_t n)
-{
-    double s1_lanes[16], s2_lanes[16];
-    GD total = LN_FN(gd_splat)(0.0);
-    ptrdiff_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        total = LN_FN(gd_add)(total, LN_FN(load_as_f64)(dtype, x, i));
-    }
-    LN_FN(gd_store)(s1_lanes, total);
-    for (; i < n; i++) {
-        s1_lanes[i & 15] += ln_load1_as_f64(dtype, x, i);
-    }
-    const double mean = ln_sum_lanes(s1_lanes) / (double)n;
-    const float shift = (float)mean;
-
-    const GF shift_v = LN_FN(gf_splat)(shift);
-    GD s1 = LN_FN(gd_splat)(0.0), s2 = LN_FN(gd_splat)(0.0);
-    i = 0;
-    while (i + 16 <= n) {
-        GF d = LN_FN(gf_sub)(LN_FN(load_as_f32)(dtype, x, i), shift_v);
-        GF block1 = d, block2 = LN_FN(gf_mul)(d, d);
-        for (i += 16; i + 16 <= n && (i / 16) % LN_BLOCK != 0; i += 16) {
-            d = LN_FN(gf_sub)(LN_FN(load_as_f32)(dtype, x, i), shift_v);
-            block1 = LN_FN(gf_add)(block1, d);
-            block2 = LN_FN(gf_add)(block2, LN_FN(gf_mul)(d, d));
-        }
-        s1 = LN_FN(gd_add)(s1, LN_FN(gf_widen)(block1));
-        s2 = LN_FN(gd_add)(s2, LN_FN(gf_widen)(block2));
-    }
-    LN_FN(gd_store)(s1_lanes, s1);
-    LN_FN(gd_store)(s2_lanes, s2);
-    for (; i < n; i++) {
-        const double d = ln_load1_as_f64(dtype, x, i) - (double)shift;
-        s1_lanes[i & 15] += d;
-        s2_lanes[i & 15] += d * d;
-    }
-    const double sum1 = ln_sum_lanes(s1_lanes), sum2 = ln_sum_lanes(s2_lanes);
-    if (!isfinite(shift) || !isfinite(sum2) || sum2 < 1e-20) {
-        /* float32 overflowed (|x| near 1e19 and beyond), may have underflowed (a
-           spread near 1e-10 or less, constant rows), or the data hold NaN/Inf:
-           redo the chunk all in float64. */
-        return LN_FN(chunk_moments)(dtype, x, n);
-    }
-    ln_moments m = {(double)n, mean, sum2 - sum1 * (sum1 / (double)n)};
-    return m;
-}
-#undef LN_BLOCK
-
-static LN_ALWAYS_INLINE ln_moments LN_FN(any_chunk_moments)(ln_dtype dtype, const void *x, ptrdiff_t n)
-{
-    return dtype == LN_F64 ? LN_FN(chunk_moments)(dtype, x, n) : LN_FN(chunk_moments_f32)(dtype, x, n);
-}
-
 /* Moments of a whole row: its chunks, merged left to right. */
 static LN_ALWAYS_INLINE ln_moments LN_FN(row_moments)(ln_dtype dtype, const char *x, ptrdiff_t n)
 {
     const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(dtype);
-    ln_moments m = LN_FN(any_chunk_moments)(dtype, x, n < LN_CHUNK ? n : LN_CHUNK);
+    ln_moments m = LN_FN(chunk_moments)(dtype, x, n < LN_CHUNK ? n : LN_CHUNK);
     for (ptrdiff_t start = LN_CHUNK; start < n; start += LN_CHUNK) {
         const ptrdiff_t len = n - start < LN_CHUNK ? n - start : LN_CHUNK;
-        m = ln_merge(m, LN_FN(any_chunk_moments)(dtype, x + start * elsize, len));
+        m = ln_merge(m, LN_FN(chunk_moments)(dtype, x + start * elsize, len));
     }
     return m;
 }
@@ -519,17 +470,17 @@ static inline void LN_FN(normalize_f64)(const double *x, double *y, ptrdiff_t n,
 
 static ln_moments LN_FN(chunk_moments_of_f16)(const void *x, ptrdiff_t n)
 {
-    return LN_FN(any_chunk_moments)(LN_F16, x, n);
+    return LN_FN(chunk_moments)(LN_F16, x, n);
 }
 
 static ln_moments LN_FN(chunk_moments_of_f32)(const void *x, ptrdiff_t n)
 {
-    return LN_FN(any_chunk_moments)(LN_F32, x, n);
+    return LN_FN(chunk_moments)(LN_F32, x, n);
 }
 
 static ln_moments LN_FN(chunk_moments_of_f64)(const void *x, ptrdiff_t n)
 {
-    return LN_FN(any_chunk_moments)(LN_F64, x, n);
+    return LN_FN(chunk_moments)(LN_F64, x, n);
 }
 
 static void LN_FN(normalize_row_f16)(const void *x, void *y, ptrdiff_t n, double mean, double rstd,
@@ -645,7 +596,7 @@ static LN_ALWAYS_INLINE void LN_FN(forward_rows)(ln_dtype dtype, const ln_forwar
         const ln_moments m = LN_FN(row_moments)(dtype, x, a->row_len);
         const double rstd = ln_rstd_of(m, a->eps);
         ln_store_stats(a, r, m.mean, rstd);
-        normalize(x, y, a->row_len, m.mean, rstd, a->weight, a->bias);
+        ln_normalize_chunks_backwards(normalize, dtype, x, y, 0, a->row_len, m.mean, rstd, a->weight, a->bias);
     }
 }
 

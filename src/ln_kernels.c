@@ -169,6 +169,22 @@ static double ln_rstd_of(ln_moments m, double eps)
     return 1.0 / sqrt(var + eps);
 }
 
+/* normalize() over elements [begin, end) of a row, LN_CHUNK at a time from the end back:
+   the chunks the statistics pass read last are the ones still in cache. */
+static inline void ln_normalize_chunks_backwards(ln_normalize_fn normalize, ln_dtype dtype, const void *x,
+                                                 void *y, ptrdiff_t begin, ptrdiff_t end, double mean,
+                                                 double rstd, const void *weight, const void *bias)
+{
+    const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(dtype), param_elsize = dtype == LN_F64 ? 8 : 4;
+    for (ptrdiff_t stop = end; stop > begin;) {
+        const ptrdiff_t start = stop - begin > LN_CHUNK ? stop - LN_CHUNK : begin;
+        normalize((const char *)x + start * elsize, (char *)y + start * elsize, stop - start, mean, rstd,
+                  weight ? (const char *)weight + start * param_elsize : NULL,
+                  bias ? (const char *)bias + start * param_elsize : NULL);
+        stop = start;
+    }
+}
+
 static void ln_store_stats(const ln_forward_args *a, ptrdiff_t row, double mean, double rstd)
 {
     if (a->mean) {
@@ -506,14 +522,9 @@ static void ln_forward_huge_row_normalize(void *ctx, ptrdiff_t begin, ptrdiff_t 
 {
     const ln_forward_job *job = ctx;
     const ln_forward_args *a = job->args;
-    const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(a->dtype);
-    const ptrdiff_t pelsize = a->dtype == LN_F64 ? 8 : 4;
-    const ptrdiff_t start = begin * LN_CHUNK;
     const ptrdiff_t stop = end * LN_CHUNK < a->row_len ? end * LN_CHUNK : a->row_len;
-    job->kernels->normalize_row[a->dtype](
-        job->row_in + start * elsize, job->row_out + start * elsize, stop - start, job->mean, job->rstd,
-        a->weight ? (const char *)a->weight + start * pelsize : NULL,
-        a->bias ? (const char *)a->bias + start * pelsize : NULL);
+    ln_normalize_chunks_backwards(job->kernels->normalize_row[a->dtype], a->dtype, job->row_in, job->row_out,
+                                  begin * LN_CHUNK, stop, job->mean, job->rstd, a->weight, a->bias);
 }
 
 int ln_forward(const ln_forward_args *a)
