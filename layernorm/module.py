@@ -208,12 +208,16 @@ class LayerNorm:
         """
         if not self.training:
             return _layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
-        if type(input) is not np.ndarray:
-            input = np.asarray(input)
+        array = input if type(input) is np.ndarray else np.asarray(input)
         output, mean, rstd = _native_layer_norm(
-            input, self.normalized_shape, self.weight, self.bias, self.eps
+            array, self.normalized_shape, self.weight, self.bias, self.eps
         )
-        self._saved = (input, mean, rstd)
+        if array is input or not array.flags.owndata:
+            # The caller still holds this memory and may change it before backward(), which
+            # would then return wrong gradients without a word (torch raises instead): keep a
+            # private copy, unless np.asarray just made the array and nobody else has it.
+            array = np.array(array, dtype=array.dtype.newbyteorder("="), order="C", copy=True)
+        self._saved = (array, mean, rstd)
         return output
 
     forward = __call__

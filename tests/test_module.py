@@ -615,3 +615,55 @@ def test_float64_input_to_float32_module_computed_in_float64(shape, ns):
     expected = ref_layer_norm(x, ns, ours.weight.astype(np.float64), ours.bias.astype(np.float64),
                               ours.eps)
     np.testing.assert_allclose(y, expected, rtol=1e-12, atol=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------
+# training mode: what forward keeps for backward
+# ---------------------------------------------------------------------------------------------
+
+def torch_grads(x, dy, weight, bias, normalized_shape):
+    """torch autograd through nn.LayerNorm with the given parameters: (grad_input, dw, db)."""
+    tm = torch.nn.LayerNorm(normalized_shape)
+    with torch.no_grad():
+        tm.weight.copy_(torch.from_numpy(weight))
+        tm.bias.copy_(torch.from_numpy(bias))
+    xt = torch.from_numpy(np.array(x, copy=True)).requires_grad_(True)
+    tm(xt).backward(torch.from_numpy(np.array(dy, copy=True)))
+    return xt.grad.numpy(), tm.weight.grad.numpy(), tm.bias.grad.numpy()
+
+
+def _overwrite(kind, x):
+    """Return (what to pass to forward, a function that changes its values afterwards)."""
+    if kind == "ndarray":
+        arg = x.copy()
+        return arg, lambda: arg.fill(0.0)
+    if kind == "read_only_view":  # read-only, but its base is not
+        base = x.copy()
+        arg = base.view()
+        arg.flags.writeable = False
+        return arg, lambda: base.fill(0.0)
+    if kind == "fortran":
+        arg = np.asfortranarray(x)
+        return arg, lambda: arg.fill(0.0)
+    arg = torch.from_numpy(x.copy())  # torch_tensor: np.asarray shares its memory
+    return arg, lambda: arg.zero_()
+
+
+@pytest.mark.parametrize("kind", ["ndarray", "read_only_view", "fortran", "torch_tensor"])
+def test_input_changed_after_training_forward_does_not_change_backward(kind):
+    # torch's autograd refuses a backward through a modified saved tensor; a silently different
+    # gradient would be worse than both: backward must use the input as it was at forward time.
+    rng = np.random.default_rng(30)
+    x = rng.standard_normal((5, 6)).astype(np.float32)
+    dy = rng.standard_normal((5, 6)).astype(np.float32)
+    ours = LayerNorm(6)
+    ours.load_state_dict({"weight": rng.standard_normal(6), "bias": rng.standard_normal(6)})
+    arg, overwrite = _overwrite(kind, x)
+    ours(arg)
+    overwrite()
+    grad_input = ours.backward(dy)
+    t_gi, t_dw, t_db = torch_grads(x, dy, ours.weight, ours.bias, (6,))
+    np.testing.assert_allclose(grad_input, t_gi, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ours.weight_grad, t_dw, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ours.bias_grad, t_db, rtol=1e-5, atol=1e-5)
+
