@@ -208,6 +208,8 @@ class LayerNorm:
         """
         if not self.training:
             return _layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
+        # A failed call must not leave the previous call's values for backward() to use.
+        self._saved = None
         array = input if type(input) is np.ndarray else np.asarray(input)
         output, mean, rstd = _native_layer_norm(
             array, self.normalized_shape, self.weight, self.bias, self.eps

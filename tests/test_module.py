@@ -667,3 +667,15 @@ def test_input_changed_after_training_forward_does_not_change_backward(kind):
     np.testing.assert_allclose(ours.weight_grad, t_dw, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(ours.bias_grad, t_db, rtol=1e-5, atol=1e-5)
 
+
+def test_failed_training_forward_leaves_nothing_for_backward():
+    # backward() goes through the last training-mode call; when that call raised, there is
+    # nothing to go through (not the call before it).
+    ours = LayerNorm(6)
+    x = np.random.default_rng(31).standard_normal((3, 6)).astype(np.float32)
+    ours(x)
+    with pytest.raises(ValueError):
+        ours(np.zeros((3, 7), np.float32))
+    with pytest.raises(RuntimeError):
+        ours.backward(np.ones((3, 6), np.float32))
+    assert ours.weight_grad is None and ours.bias_grad is None
