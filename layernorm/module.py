@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import operator
 from collections import OrderedDict
+from collections.abc import Mapping
 from typing import Any, Iterable, NamedTuple, SupportsIndex, cast
 
 import numpy as np
@@ -328,9 +329,13 @@ class LayerNorm:
 
         Raises
         ------
+        TypeError
+            If `state_dict` is not a mapping (torch's text).
         RuntimeError
             With torch's "Error(s) in loading state_dict for LayerNorm" text.
         """
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(f"Expected state_dict to be dict-like, got {type(state_dict)}.")
         own = OrderedDict(self.named_parameters())
         missing = [name for name in own if name not in state_dict]
         unexpected = [name for name in state_dict if name not in own]

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import layernorm
+from conftest import torch_message
 from layernorm import LayerNorm
 
 TORCH_DTYPE = {
@@ -337,12 +338,53 @@ def test_torch_rejects_strict_case(case_id, sd):
         tm.load_state_dict({k: torch.from_numpy(v) for k, v in sd.items()}, strict=True)
 
 
+def as_source(sd, source):
+    """The state dict as NumPy arrays or as torch tensors (both must be accepted)."""
+    return {k: torch.from_numpy(v) if source == "torch" else v for k, v in sd.items()}
+
+
+@pytest.mark.parametrize("source", ["numpy", "torch"])
 @pytest.mark.parametrize("case_id, sd", STRICT_BAD, ids=[c[0] for c in STRICT_BAD])
-def test_load_state_dict_strict_raises_and_leaves_module_unchanged(case_id, sd):
+def test_load_state_dict_strict_raises_and_leaves_module_unchanged(case_id, sd, source):
     m = known_module()
     before = params(m)
-    with pytest.raises((RuntimeError, ValueError, KeyError)):
-        m.load_state_dict(sd, strict=True)
+    with pytest.raises(RuntimeError) as info:
+        m.load_state_dict(as_source(sd, source), strict=True)
+    assert_params_equal(m, before)
+    # torch's text (its size-mismatch lines print torch.Size, so compare those by content)
+    expected = torch_message(lambda: torch.nn.LayerNorm(4).load_state_dict(as_source(sd, "torch")))
+    ours = str(info.value)
+    if "size mismatch" in expected:
+        assert ours.startswith("Error(s) in loading state_dict for LayerNorm:\n\tsize mismatch for ")
+        assert expected.split("size mismatch for ")[1].split(":")[0] in ours  # the same key
+    else:
+        assert ours == expected
+
+
+@pytest.mark.parametrize("source", ["numpy", "torch"])
+def test_load_state_dict_checks_everything_before_changing_anything(source):
+    # A good weight, then a bias of the wrong shape and an unexpected key: torch lists every
+    # problem; nothing may be copied, not even the good weight.
+    m = known_module()
+    before = params(m)
+    sd = {"weight": NEW_W, "bias": np.ones(5, np.float32), "extra": np.zeros(4, np.float32)}
+    with pytest.raises(RuntimeError) as info:
+        m.load_state_dict(as_source(sd, source))
+    assert_params_equal(m, before)
+    assert 'Unexpected key(s) in state_dict: "extra"' in str(info.value)
+    assert "size mismatch for bias" in str(info.value)
+
+
+@pytest.mark.parametrize("value", [[("weight", NEW_W), ("bias", NEW_B)], None, "weight"],
+                         ids=["list_of_pairs", "None", "str"])
+def test_load_state_dict_not_a_mapping_raises_torch_text(value):
+    with pytest.raises(TypeError) as theirs:
+        torch.nn.LayerNorm(4).load_state_dict(value)
+    m = known_module()
+    before = params(m)
+    with pytest.raises(TypeError) as ours:
+        m.load_state_dict(value)
+    assert str(ours.value) == str(theirs.value)
     assert_params_equal(m, before)
 
 
