@@ -721,3 +721,35 @@ def test_failed_training_forward_leaves_nothing_for_backward():
     with pytest.raises(RuntimeError):
         ours.backward(np.ones((3, 6), np.float32))
     assert ours.weight_grad is None and ours.bias_grad is None
+
+
+# ---------------------------------------------------------------------------------------------
+# dtype= and device= spelled the torch way
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("torch_dtype", [torch.float16, torch.float32, torch.float64],
+                         ids=["float16", "float32", "float64"])
+def test_torch_dtype_argument(torch_dtype):
+    # Code ported from torch passes torch dtypes: the parameters get the matching NumPy dtype.
+    ours, theirs = LayerNorm((2, 3), dtype=torch_dtype), torch.nn.LayerNorm((2, 3), dtype=torch_dtype)
+    for name in ("weight", "bias"):
+        mine, ref = getattr(ours, name), getattr(theirs, name)
+        assert mine.dtype == NUMPY_DTYPE[ref.dtype], name
+        np.testing.assert_array_equal(mine, to_numpy(ref), err_msg=name)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.bool_, np.complex64, np.longdouble, "U4", object,
+                                   torch.int64, torch.bfloat16, torch.complex64],
+                         ids=["int32", "bool", "complex64", "longdouble", "str", "object",
+                              "torch.int64", "torch.bfloat16", "torch.complex64"])
+def test_non_float_dtype_argument_raises_type_error(dtype):
+    with pytest.raises(TypeError) as info:
+        LayerNorm(4, dtype=dtype)
+    assert "float" in str(info.value)
+
+
+def test_torch_device_argument():
+    m = LayerNorm(4, device=torch.device("cpu"))
+    assert m.weight.shape == (4,)
+    with pytest.raises(ValueError):
+        LayerNorm(4, device=torch.device("meta"))
