@@ -753,3 +753,58 @@ def test_torch_device_argument():
     assert m.weight.shape == (4,)
     with pytest.raises(ValueError):
         LayerNorm(4, device=torch.device("meta"))
+
+
+# ---------------------------------------------------------------------------------------------
+# training with float16 / float64 parameters, zero_grad(set_to_none=False)
+# ---------------------------------------------------------------------------------------------
+
+# Relative to the largest expected magnitude: float64 to ~1e-9 (issue 3); float16 results are
+# rounded to float16 once per step and once more when accumulated: 3 half-ulps (2**-11 each).
+MODULE_GRAD_RTOL = {"float16": 3 * 2.0**-11, "float64": 1e-9}
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_module_two_training_steps_in_param_dtype_match_torch_float64(dtype):
+    rng = np.random.default_rng(32)
+    ours = LayerNorm((3, 5), dtype=np.dtype(dtype))
+    ours.load_state_dict({"weight": rng.standard_normal((3, 5)), "bias": rng.standard_normal((3, 5))})
+    # the oracle: torch in float64 on the same (exactly representable) numbers
+    theirs = torch.nn.LayerNorm((3, 5), dtype=torch.float64)
+    theirs.load_state_dict({k: torch.from_numpy(v.astype(np.float64)) for k, v in ours.state_dict().items()})
+    rtol = MODULE_GRAD_RTOL[dtype]
+    for step in range(2):
+        x = rng.standard_normal((4, 3, 5)).astype(dtype)
+        dy = rng.standard_normal((4, 3, 5)).astype(dtype)
+        ours(x)
+        grad_input = ours.backward(dy)
+        xt = torch.from_numpy(x.astype(np.float64)).requires_grad_(True)
+        theirs(xt).backward(torch.from_numpy(dy.astype(np.float64)))
+        assert grad_input.dtype == np.dtype(dtype)
+        expected = xt.grad.numpy()
+        np.testing.assert_allclose(grad_input, expected, rtol=0, atol=rtol * np.abs(expected).max())
+    for name in ("weight", "bias"):
+        mine, expected = getattr(ours, name + "_grad"), getattr(theirs, name).grad.numpy()
+        assert mine.dtype == np.dtype(dtype), name
+        np.testing.assert_allclose(mine, expected, rtol=0, atol=rtol * np.abs(expected).max(), err_msg=name)
+
+
+def test_zero_grad_set_to_none_false_zeroes_in_place_like_torch():
+    rng = np.random.default_rng(33)
+    x = rng.standard_normal((3, 6)).astype(np.float32)
+    ours, theirs = LayerNorm(6), torch.nn.LayerNorm(6)
+    ours(x)
+    ours.backward(np.ones((3, 6), np.float32))
+    theirs(torch.from_numpy(x)).sum().backward()
+    grad = ours.weight_grad
+    ours.zero_grad(set_to_none=False)
+    theirs.zero_grad(set_to_none=False)
+    assert ours.weight_grad is grad  # the same array, zeroed
+    np.testing.assert_array_equal(ours.weight_grad, theirs.weight.grad.numpy())
+    np.testing.assert_array_equal(ours.bias_grad, theirs.bias.grad.numpy())
+    fresh = LayerNorm(6)
+    fresh.zero_grad(set_to_none=False)  # no gradient yet: stays None, as in torch
+    assert fresh.weight_grad is None and fresh.bias_grad is None
+    fresh_torch = torch.nn.LayerNorm(6)
+    fresh_torch.zero_grad(set_to_none=False)
+    assert fresh_torch.weight.grad is None
