@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import operator
 from collections import OrderedDict
+from collections.abc import Mapping
 from typing import Any, Iterable, NamedTuple, SupportsIndex, cast
 
 import numpy as np
@@ -208,12 +209,18 @@ class LayerNorm:
         """
         if not self.training:
             return _layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
-        if type(input) is not np.ndarray:
-            input = np.asarray(input)
+        # A failed call must not leave the previous call's values for backward() to use.
+        self._saved = None
+        array = input if type(input) is np.ndarray else np.asarray(input)
         output, mean, rstd = _native_layer_norm(
-            input, self.normalized_shape, self.weight, self.bias, self.eps
+            array, self.normalized_shape, self.weight, self.bias, self.eps
         )
-        self._saved = (input, mean, rstd)
+        if array is input or not array.flags.owndata:
+            # The caller still holds this memory and may change it before backward(), which
+            # would then return wrong gradients without a word (torch raises instead): keep a
+            # private copy, unless np.asarray just made the array and nobody else has it.
+            array = np.array(array, dtype=array.dtype.newbyteorder("="), order="C", copy=True)
+        self._saved = (array, mean, rstd)
         return output
 
     forward = __call__
@@ -322,9 +329,13 @@ class LayerNorm:
 
         Raises
         ------
+        TypeError
+            If `state_dict` is not a mapping (torch's text).
         RuntimeError
             With torch's "Error(s) in loading state_dict for LayerNorm" text.
         """
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(f"Expected state_dict to be dict-like, got {type(state_dict)}.")
         own = OrderedDict(self.named_parameters())
         missing = [name for name in own if name not in state_dict]
         unexpected = [name for name in state_dict if name not in own]

@@ -335,3 +335,29 @@ def test_set_simd_level_unknown(name, restore_runtime):
     with pytest.raises(ValueError):
         layernorm.set_simd_level(name)
     assert layernorm.simd_level() == before
+
+
+# ---------------------------------------------------------------------------
+# weight / bias dtypes: float dtypes are converted, anything else is a TypeError naming it
+# ---------------------------------------------------------------------------
+
+BAD_PARAMS = {
+    "int64": np.arange(3, dtype=np.int64),
+    "bool": np.ones(3, np.bool_),
+    "complex128": np.ones(3, np.complex128),
+    "str": np.array(["a", "b", "c"]),
+    "object": np.array([1.0, None, 2.0], dtype=object),
+}
+
+
+@pytest.mark.parametrize("which", ["weight", "bias"])
+@pytest.mark.parametrize("entry", list(ENTRY_POINTS))
+@pytest.mark.parametrize("kind", list(BAD_PARAMS))
+def test_non_float_param_raises_type_error(kind, entry, which):
+    x = np.ones((2, 3), np.float32)
+    param = BAD_PARAMS[kind]
+    kw = {"w": param} if which == "weight" else {"b": param}
+    with pytest.raises(TypeError) as info:
+        ENTRY_POINTS[entry](x, (3,), **kw)
+    msg = str(info.value)
+    assert which in msg and str(param.dtype) in msg, msg  # names the parameter and its dtype

@@ -5,6 +5,7 @@ Expected numbers typed in below are copied from torch outputs printed in the wri
 checked within 5e-5. Everything else is compared with a live torch (the oracle) or float64 NumPy.
 """
 
+import importlib.metadata
 import subprocess
 import sys
 
@@ -280,15 +281,63 @@ def test_003_channelwise_random_batch_matches_torch_permute():
 # python -m layernorm
 # ---------------------------------------------------------------------------------------------
 
-def test_python_m_layernorm_runs_and_reports_version_and_simd():
+@pytest.fixture(scope="module")
+def demo_output():
+    demo = subprocess.run([sys.executable, "-m", "layernorm"], capture_output=True, text=True,
+                          timeout=60)
+    assert demo.returncode == 0, demo.stderr
+    return demo.stdout
+
+
+def test_python_m_layernorm_runs_and_reports_version_and_simd(demo_output):
     level = subprocess.run([sys.executable, "-c", "import layernorm; print(layernorm.simd_level())"],
                            capture_output=True, text=True, timeout=60)
     assert level.returncode == 0, level.stderr
     level = level.stdout.strip()
     assert level in ("scalar", "avx2", "avx512")
-    demo = subprocess.run([sys.executable, "-m", "layernorm"], capture_output=True, text=True,
-                          timeout=60)
-    assert demo.returncode == 0, demo.stderr
-    assert layernorm.__version__ == "0.1.0"
-    assert layernorm.__version__ in demo.stdout
-    assert level in demo.stdout
+    # the version of the installed distribution (pyproject.toml), not a number typed in here
+    assert layernorm.__version__ == importlib.metadata.version("layernorm")
+    assert layernorm.__version__ in demo_output
+    assert level in demo_output
+    assert f"threads: {layernorm.get_num_threads()}" in demo_output
+
+
+def numbers_after(text, label):
+    """The bracketed row of numbers printed right after `label` (ours, before "torch printed")."""
+    line = next(line for line in text.splitlines() if label in line)
+    return first_row(line.split(label, 1)[1])
+
+
+def first_row(text):
+    return np.array([float(v) for v in text.split("[", 1)[1].split("]")[0].split(",")])
+
+
+# (label in the demo's output, the published torch numbers it must show)
+DEMO_PUBLISHED = [
+    ("every row:", PUBLISHED_004_ROW),
+    ("channel 0, row 0:", PUBLISHED_003_FIRST[0]),
+    ("channel 2, row 4:", PUBLISHED_003_LAST[4]),
+    ("pixel (0, 0):", PUBLISHED_003_PIXEL),
+]
+
+
+@pytest.mark.parametrize("label, published", DEMO_PUBLISHED, ids=[c[0] for c in DEMO_PUBLISHED])
+def test_python_m_layernorm_shows_the_classic_examples(demo_output, label, published):
+    # What the demo computed (printed to 4 decimals) is torch's published output.
+    np.testing.assert_allclose(numbers_after(demo_output, label), published, rtol=0, atol=1.5e-4)
+
+
+def test_python_m_layernorm_shows_the_embedding_batch(demo_output):
+    lines = [line for line in demo_output.splitlines() if "torch printed" in line][:6]
+    ours = np.array([first_row(line) for line in lines])
+    np.testing.assert_allclose(ours, PUBLISHED_001.reshape(6, 4), rtol=0, atol=1.5e-4)
+
+
+def test_python_m_layernorm_shows_the_pitfalls_and_torch(demo_output):
+    assert "unbiased variance" in demo_output and "sqrt(767/768)" in demo_output
+    assert "std + eps" in demo_output
+    line = next(line for line in demo_output.splitlines() if "max |ours - torch.nn.LayerNorm|" in line)
+    assert float(line.split(": ")[1].split(";")[0]) < 1e-5
+    line = next(line for line in demo_output.splitlines() if "1e4 + randn(4096)" in line)
+    ours, theirs = (float(line.split(who + " ")[1].split(",")[0]) for who in ("ours", "torch"))
+    assert ours <= 1e-6 < 1e-4 < theirs

@@ -1,5 +1,5 @@
-"""The C extension's hygiene: inputs never mutated, references and memory balanced (also on
-error paths), thread safety, and the GIL released around the kernel.
+"""The C extension's hygiene, forward and backward: inputs never mutated, references and memory
+balanced (also on error paths), thread safety, and the GIL released around the kernel.
 """
 
 import gc
@@ -284,14 +284,28 @@ def short_switch_interval():
     sys.setswitchinterval(old)
 
 
-def test_gil_released_during_kernel(restore_runtime, short_switch_interval):
+def _gil_test_call(kind):
+    """A kernel call of tens of milliseconds on one thread: the forward in place on 128 MB,
+    or the backward on 32 MB inputs."""
+    if kind == "forward":
+        x = np.tile(make_input((1, 4096), np.float32, seed=3), (8192, 1))
+        return lambda: layernorm.layer_norm(x, (4096,), out=x)
+    x = np.tile(make_input((1, 4096), np.float32, seed=3), (2048, 1))
+    dy = np.tile(make_input((1, 4096), np.float32, seed=4), (2048, 1))
+    w, b = make_params((4096,), np.float32, "weight+bias")
+    _, mean, rstd = layernorm.native_layer_norm(x, (4096,), w, b, 1e-5)
+    return lambda: layernorm.layer_norm_backward(dy, x, (4096,), mean, rstd, w, b)
+
+
+@pytest.mark.parametrize("kind", ["forward", "backward"])
+def test_gil_released_during_kernel(kind, restore_runtime, short_switch_interval):
     # One kernel thread, so the kernel and the counting thread each have a core of the 2.
     layernorm.set_num_threads(1)
-    x = np.tile(make_input((1, 4096), np.float32, seed=3), (8192, 1))  # 128 MB, in place
+    kernel = _gil_test_call(kind)
     serial = []
     for _ in range(3):
         start = time.perf_counter()
-        layernorm.layer_norm(x, (4096,), out=x)
+        kernel()
         serial.append(time.perf_counter() - start)
     kernel_time = min(serial)
     # While a kernel that holds the GIL runs, no other thread runs Python: the counting thread
@@ -320,7 +334,7 @@ def test_gil_released_during_kernel(restore_runtime, short_switch_interval):
         time.sleep(0.01)
         for call in range(5):
             state["current"] = (call, time.perf_counter())
-            layernorm.layer_norm(x, (4096,), out=x)
+            kernel()
             state["current"] = None
             time.sleep(0.005)
     finally:
@@ -330,3 +344,135 @@ def test_gil_released_during_kernel(restore_runtime, short_switch_interval):
     assert any(t < kernel_time / 2 for t in first_seen.values()), (
         f"kernel takes {kernel_time * 1e3:.1f} ms; another thread first ran at {seen_ms} ms into the calls"
     )
+
+
+# ---------------------------------------------------------------------------
+# layer_norm_backward: references, memory, threads (its GIL release is tested above)
+# ---------------------------------------------------------------------------
+
+
+def _backward_case(shape, dtype, seed=0):
+    n = shape[-1]
+    x = make_input(shape, dtype, seed=seed)
+    dy = make_input(shape, dtype, seed=seed + 1)
+    w, b = make_params((n,), param_dtype(dtype), "weight+bias", seed=seed + 2)
+    _, mean, rstd = layernorm.native_layer_norm(x, (n,), w, b, 1e-5)
+    return x, dy, w, b, mean, rstd
+
+
+def _backward_error_calls(dy, x, ns, mean, rstd, w, b):
+    """Each call raises; returns how many did."""
+    bw = layernorm.layer_norm_backward
+    calls = [
+        lambda: bw(dy, x, ns, mean, rstd, w[:-1], b),  # weight shape
+        lambda: bw(dy, x, ns, mean, rstd, w, b[:-1]),  # bias shape
+        lambda: bw(dy[:-1], x, ns, mean, rstd, w, b),  # grad_output shape
+        lambda: bw(dy, x, (x.shape[-1] + 1,), mean, rstd, None, None),  # trailing shape
+        lambda: bw(dy, x, ns, mean[:-1], rstd, w, b),  # too few means
+        lambda: bw(dy, x, ns, mean, rstd[:-1], w, b),  # too few rstds
+        lambda: bw(dy, x, ns, mean, rstd, w, b, (True, False)),  # output_mask length
+        lambda: bw(dy, x.astype(np.int64), ns, mean, rstd, w, b),  # input dtype
+        lambda: bw(dy.astype(np.int64), x, ns, mean, rstd, w, b),  # grad_output dtype
+        lambda: bw(dy, x, ns, mean, rstd, w.astype(np.int64), b),  # weight dtype
+        lambda: bw(dy, x, (), mean, rstd, None, None),  # empty normalized_shape
+        lambda: bw(dy, x, ns, mean, rstd, w, b, bogus=1),  # keyword
+    ]
+    raised = 0
+    for call in calls:
+        try:
+            call()
+        except (TypeError, ValueError):
+            raised += 1
+    return raised
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_backward_refcounts_balanced(dtype):
+    x, dy, w, b, mean, rstd = _backward_case((8, 16), dtype)
+    xf, dyf = np.asfortranarray(x), np.asfortranarray(dy)  # go through converted copies
+    w16 = w.astype(np.float16)  # a converted parameter
+    ns, mask = (16,), (True, False, True)
+    objs = [x, dy, xf, dyf, w, b, w16, mean, rstd, ns, mask]
+    assert _backward_error_calls(dy, x, ns, mean, rstd, w, b) == 12  # each call really raises
+    before = _refcounts(objs)
+    for _ in range(CALLS // 5):
+        layernorm.layer_norm_backward(dy, x, ns, mean, rstd, w, b)
+        layernorm.layer_norm_backward(dyf, xf, ns, mean, rstd, w16, None, mask)
+        layernorm.layer_norm_backward(dy, xf, 16, mean.ravel(), rstd, None, b)
+        _backward_error_calls(dy, xf, ns, mean, rstd, w, b)
+    assert _refcounts(objs) == before
+
+
+def test_backward_results_hold_no_extra_references():
+    x, dy, w, b, mean, rstd = _backward_case((8, 16), np.float32)
+    res = layernorm.layer_norm_backward(dy, x, (16,), mean, rstd, w, b)
+    assert sys.getrefcount(res) == 2
+    grad_input, grad_weight, grad_bias = res
+    del res
+    assert sys.getrefcount(grad_input) == 2
+    assert sys.getrefcount(grad_weight) == 2
+    assert sys.getrefcount(grad_bias) == 2
+
+
+@pytest.mark.parametrize("kind", ["success", "errors"])
+def test_backward_memory_flat_over_many_calls(kind, restore_runtime):
+    # Fortran-order input and grad_output are converted (512 KB each) and grad_input is made
+    # (512 KB): a leak of any of them is >= 200 MB over 400 calls.  (Leaks of the small
+    # objects, the result tuple and parameter gradients, are the refcount tests' job.)
+    layernorm.set_num_threads(2)
+    x, dy, w, b, mean, rstd = _backward_case((512, 256), np.float32)
+    x, dy, w = np.asfortranarray(x), np.asfortranarray(dy), w.astype(np.float16)
+    if kind == "success":
+        def call():
+            layernorm.layer_norm_backward(dy, x, (256,), mean, rstd, w, b)
+        repeats = 400
+    else:
+        def call():
+            _backward_error_calls(dy, x, (256,), mean, rstd, w, b)
+        repeats = 200  # 2400 failing calls
+    for _ in range(repeats // 10):
+        call()
+    gc.collect()
+    start = _rss_bytes()
+    for _ in range(repeats):
+        call()
+    gc.collect()
+    assert _rss_bytes() - start < LEAK_LIMIT
+
+
+@pytest.mark.parametrize("kernel_threads", [1, 2])
+def test_concurrent_backward_calls_match_serial(kernel_threads, restore_runtime):
+    layernorm.set_num_threads(kernel_threads)
+    rng = np.random.default_rng(5)
+    workloads = []
+    for seed in range(4):
+        jobs = []
+        for i, dtype in enumerate(FLOAT_DTYPES):
+            rows, n = int(rng.integers(1, 300)), int(rng.integers(1, 600))
+            jobs.append(_backward_case((rows, n), dtype, seed=10 * seed + i))
+        jobs.append(_backward_case((64, 4096), np.float32, seed=10 * seed + 9))  # threaded kernel
+        workloads.append(jobs)
+
+    def run(jobs):
+        return [layernorm.layer_norm_backward(dy, x, (x.shape[-1],), m, r, w, b)
+                for x, dy, w, b, m, r in jobs]
+
+    serial = [run(jobs) for jobs in workloads]
+    errors = []
+    barrier = threading.Barrier(4)
+
+    def worker(i):
+        try:
+            barrier.wait()
+            for _ in range(3):
+                for got, want in zip(run(workloads[i]), serial[i]):
+                    assert all(np.array_equal(g, e) for g, e in zip(got, want))
+        except BaseException as exc:  # reported in the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors

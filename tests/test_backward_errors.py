@@ -1,0 +1,170 @@
+"""layer_norm_backward's dtype and argument errors (issue 3: "Shape and dtype errors are as
+clear as the forward's": TypeError for types, ValueError for shapes and values).
+
+tests/test_backward.py covers the shape texts; this covers types and argument values.
+Tests marked xfail(strict=True) pin down known gaps in src/_layernorm.c: they start failing
+(XPASS) as soon as the C layer is fixed, so the marker gets removed then.
+"""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import layernorm
+from conftest import torch_message
+
+
+def good_args(dtype=np.float32):
+    rng = np.random.default_rng(40)
+    x = rng.standard_normal((4, 8)).astype(dtype)
+    dy = rng.standard_normal((4, 8)).astype(dtype)
+    pdt = np.float64 if dtype == np.float64 else np.float32
+    w, b = np.ones(8, pdt), np.zeros(8, pdt)
+    _, mean, rstd = layernorm.native_layer_norm(x, (8,), w, b, 1e-5)
+    return {"grad_output": dy, "input": x, "normalized_shape": (8,), "mean": mean, "rstd": rstd,
+            "weight": w, "bias": b, "output_mask": (True, True, True)}
+
+
+def call(args):
+    return layernorm.layer_norm_backward(*args.values())
+
+
+INPUT_DTYPES = {
+    "int64": (np.int64, torch.int64),
+    "int32": (np.int32, torch.int32),
+    "uint8": (np.uint8, torch.uint8),
+    "bool": (np.bool_, torch.bool),
+    "complex64": (np.complex64, torch.complex64),
+    "complex128": (np.complex128, torch.complex128),
+}
+
+
+@pytest.mark.parametrize("kind", list(INPUT_DTYPES))
+def test_non_float_input_raises_type_error_like_the_forward(kind):
+    np_dtype, torch_dtype = INPUT_DTYPES[kind]
+    # The forward's text for the same dtype (torch names the dtype the same way in both).
+    expected = torch_message(lambda: F.layer_norm(torch.ones((4, 8), dtype=torch_dtype), (8,)))
+    args = good_args()
+    args["input"] = args["input"].astype(np_dtype)
+    with pytest.raises(TypeError) as info:
+        call(args)
+    msg = str(info.value)
+    assert expected.split(" not implemented for ")[1] in msg  # torch's dtype name, e.g. 'Long'
+    assert np.dtype(np_dtype).name in msg and "astype" in msg  # the NumPy dtype and the fix
+
+
+OTHER = {
+    "str": lambda a: a.astype(str),
+    "object": lambda a: a.astype(object),
+    "datetime64": lambda a: np.zeros(a.shape, "datetime64[D]"),
+}
+
+
+@pytest.mark.parametrize("kind", list(OTHER))
+def test_other_input_dtypes_raise_type_error(kind):
+    args = good_args()
+    args["input"] = OTHER[kind](args["input"])
+    with pytest.raises(TypeError) as info:
+        call(args)
+    assert str(args["input"].dtype) in str(info.value)
+
+
+@pytest.mark.parametrize("kind", ["int64", "bool", "complex128", "str", "object"])
+@pytest.mark.parametrize("which", ["grad_output", "weight", "bias"])
+def test_non_float_grad_output_or_param_raises_type_error(which, kind):
+    args = good_args()
+    args[which] = args[which].astype(np.dtype(kind) if kind != "str" else str)
+    with pytest.raises(TypeError) as info:
+        call(args)
+    assert which in str(info.value) and str(args[which].dtype) in str(info.value)
+
+
+@pytest.mark.xfail(strict=True, raises=ValueError,
+                   reason="src/_layernorm.c: stats_input reports a non-float mean/rstd as ValueError")
+@pytest.mark.parametrize("kind", ["int64", "complex128", "str", "None"])
+@pytest.mark.parametrize("which", ["mean", "rstd"])
+def test_non_float_stats_raise_type_error(which, kind):
+    args = good_args()
+    args[which] = None if kind == "None" else args[which].astype(np.dtype(kind) if kind != "str" else str)
+    with pytest.raises(TypeError) as info:
+        call(args)
+    assert which in str(info.value)
+
+
+@pytest.mark.parametrize("mask", [(True, False), (True, True, True, True), ()],
+                         ids=["two", "four", "empty"])
+def test_output_mask_wrong_length_raises_value_error(mask):
+    args = good_args()
+    args["output_mask"] = mask
+    with pytest.raises(ValueError, match="output_mask"):
+        call(args)
+
+
+@pytest.mark.parametrize("mask", [None, 1, 1.5], ids=["None", "int", "float"])
+def test_output_mask_not_a_sequence_raises_type_error(mask):
+    args = good_args()
+    args["output_mask"] = mask
+    with pytest.raises(TypeError, match="output_mask"):
+        call(args)
+
+
+@pytest.mark.xfail(strict=True, reason="src/_layernorm.c: parse_output_mask takes any truthy object, "
+                                       "so ('False', 'False', 'False') and 'FFF' compute everything")
+@pytest.mark.parametrize("mask", [("False", "False", "False"), "FFF", (None, [], "x")],
+                         ids=["str-False", "str-FFF", "mixed"])
+def test_output_mask_non_bool_entries_raise_type_error(mask):
+    # torch: output_mask must be a List[bool].  A string "False" is true in Python: taking
+    # it silently would return gradients the caller asked not to compute.
+    args = good_args()
+    args["output_mask"] = mask
+    with pytest.raises(TypeError, match="output_mask"):
+        call(args)
+
+
+@pytest.mark.parametrize("mask", [(1, 0, 1), (np.True_, np.False_, np.True_), [True, False, True]],
+                         ids=["ints", "numpy-bools", "list"])
+def test_output_mask_bool_likes_accepted(mask):
+    args = good_args()
+    args["output_mask"] = mask
+    gi, gw, gb = call(args)
+    assert gi is not None and gw is None and gb is not None
+
+
+@pytest.mark.parametrize("ns", [(-8,), (2, -4), -8], ids=["(-8,)", "(2,-4)", "int-8"])
+def test_negative_normalized_shape_raises_value_error(ns):
+    args = good_args()
+    args["normalized_shape"] = ns
+    args["weight"] = args["bias"] = None
+    with pytest.raises(ValueError, match="normalized_shape"):
+        call(args)
+
+
+@pytest.mark.parametrize("ns", [8.0, (8.0,), "8", ("8",), None], ids=["8.0", "(8.0,)", "'8'", "('8',)", "None"])
+def test_non_integer_normalized_shape_raises_type_error(ns):
+    args = good_args()
+    args["normalized_shape"] = ns
+    args["weight"] = args["bias"] = None
+    with pytest.raises(TypeError):
+        call(args)
+
+
+def test_fewer_input_dims_than_normalized_shape_torch_text():
+    args = good_args()
+    args["normalized_shape"] = (3, 4, 8)
+    args["weight"] = args["bias"] = None
+    x = args["input"]
+    expected = torch_message(lambda: F.layer_norm(torch.from_numpy(x), (3, 4, 8)))
+    with pytest.raises(ValueError) as info:
+        call(args)
+    assert expected in str(info.value)
+
+
+def test_unknown_keyword_and_too_many_arguments():
+    args = good_args()
+    with pytest.raises(TypeError, match="mask"):
+        layernorm.layer_norm_backward(*list(args.values())[:7], mask=(True, True, True))
+    with pytest.raises(TypeError):
+        layernorm.layer_norm_backward(*args.values(), None)
+    with pytest.raises(TypeError):
+        layernorm.layer_norm_backward(*list(args.values())[:4])
