@@ -11,7 +11,7 @@ import numpy as np
 
 from . import _layernorm
 from ._layernorm import layer_norm as _layer_norm
-from ._layernorm import native_layer_norm as _native_layer_norm
+from ._layernorm import training_forward as _training_forward
 
 __all__ = ["LayerNorm"]
 
@@ -211,16 +211,12 @@ class LayerNorm:
             return _layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
         # A failed call must not leave the previous call's values for backward() to use.
         self._saved = None
-        array = input if type(input) is np.ndarray else np.asarray(input)
-        output, mean, rstd = _native_layer_norm(
-            array, self.normalized_shape, self.weight, self.bias, self.eps
+        # The input comes back as a private copy: the caller may change its own array
+        # before backward(), which must not change the gradients (torch raises there).
+        output, saved_input, mean, rstd = _training_forward(
+            input, self.normalized_shape, self.weight, self.bias, self.eps
         )
-        if array is input or not array.flags.owndata:
-            # The caller still holds this memory and may change it before backward(), which
-            # would then return wrong gradients without a word (torch raises instead): keep a
-            # private copy, unless np.asarray just made the array and nobody else has it.
-            array = np.array(array, dtype=array.dtype.newbyteorder("="), order="C", copy=True)
-        self._saved = (array, mean, rstd)
+        self._saved = (saved_input, mean, rstd)
         return output
 
     forward = __call__

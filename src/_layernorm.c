@@ -497,14 +497,36 @@ stats_array(PyArrayObject *input, int ns_ndim, int type_num)
 /* Forward                                                                   */
 /* ------------------------------------------------------------------------ */
 
-/* New reference: the output array, or with_stats the tuple (output, mean, rstd). */
+/* What forward() returns besides the output. */
+typedef enum {
+    RETURN_OUTPUT,          /* output */
+    RETURN_STATS,           /* (output, mean, rstd) */
+    RETURN_SAVED_FOR_GRAD,  /* (output, input, mean, rstd), input a private C-contiguous array */
+} forward_returns;
+
+/* New reference: input's data in an array nobody else holds (for backward to read after the
+   caller may have changed its own), C-contiguous and native: `rows` itself when it is a
+   copy made here, else a new copy. */
+static PyArrayObject *
+private_input(PyObject *input_obj, PyArrayObject *input, PyArrayObject *rows)
+{
+    const int made_here = rows != input ||
+                          ((PyObject *)input != input_obj && PyArray_CHKFLAGS(input, NPY_ARRAY_OWNDATA));
+    if (made_here && PyArray_IS_C_CONTIGUOUS(rows)) {
+        Py_INCREF(rows);
+        return rows;
+    }
+    return (PyArrayObject *)PyArray_NewCopy(rows, NPY_CORDER);
+}
+
+/* New reference: what `returns` says, or NULL with an exception set. */
 static PyObject *
 forward(const char *fname, PyObject *input_obj, PyObject *ns_obj, PyObject *weight_obj,
-        PyObject *bias_obj, PyObject *eps_obj, PyObject *out_obj, int with_stats)
+        PyObject *bias_obj, PyObject *eps_obj, PyObject *out_obj, forward_returns returns)
 {
     PyObject *result = NULL;
     PyArrayObject *input = NULL, *rows = NULL, *weight = NULL, *bias = NULL;
-    PyArrayObject *output = NULL, *mean = NULL, *rstd = NULL;
+    PyArrayObject *output = NULL, *mean = NULL, *rstd = NULL, *saved_input = NULL;
     shape_t ns;
     double eps;
     npy_intp row_step;
@@ -549,10 +571,16 @@ forward(const char *fname, PyObject *input_obj, PyObject *ns_obj, PyObject *weig
             goto done;
         }
     }
-    if (with_stats) {
+    if (returns != RETURN_OUTPUT) {
         mean = stats_array(input, ns.ndim, param_type_num[dtype]);
         rstd = mean ? stats_array(input, ns.ndim, param_type_num[dtype]) : NULL;
         if (!rstd) {
+            goto done;
+        }
+    }
+    if (returns == RETURN_SAVED_FOR_GRAD) {
+        saved_input = private_input(input_obj, input, rows);
+        if (!saved_input) {
             goto done;
         }
     }
@@ -578,14 +606,21 @@ forward(const char *fname, PyObject *input_obj, PyObject *ns_obj, PyObject *weig
         PyErr_NoMemory();
         goto done;
     }
-    if (with_stats) {
-        result = PyTuple_Pack(3, (PyObject *)output, (PyObject *)mean, (PyObject *)rstd);
-    }
-    else {
+    switch (returns) {
+    case RETURN_OUTPUT:
         result = (PyObject *)output;
         Py_INCREF(result);
+        break;
+    case RETURN_STATS:
+        result = PyTuple_Pack(3, (PyObject *)output, (PyObject *)mean, (PyObject *)rstd);
+        break;
+    case RETURN_SAVED_FOR_GRAD:
+        result = PyTuple_Pack(4, (PyObject *)output, (PyObject *)saved_input, (PyObject *)mean,
+                              (PyObject *)rstd);
+        break;
     }
 done:
+    Py_XDECREF(saved_input);
     Py_XDECREF(input);
     Py_XDECREF(rows);
     Py_XDECREF(weight);
@@ -629,7 +664,7 @@ layer_norm(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *
     if (parse_args("layer_norm", args, nargs, kwnames, names, 6, 5, 2, v) < 0) {
         return NULL;
     }
-    return forward("layer_norm", v[0], v[1], v[2], v[3], v[4], v[5], 0);
+    return forward("layer_norm", v[0], v[1], v[2], v[3], v[4], v[5], RETURN_OUTPUT);
 }
 
 PyDoc_STRVAR(native_layer_norm_doc,
@@ -653,7 +688,28 @@ native_layer_norm(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyO
     if (parse_args("native_layer_norm", args, nargs, kwnames, names, 5, 5, 2, v) < 0) {
         return NULL;
     }
-    return forward("native_layer_norm", v[0], v[1], v[2], v[3], v[4], NULL, 1);
+    return forward("native_layer_norm", v[0], v[1], v[2], v[3], v[4], NULL, RETURN_STATS);
+}
+
+PyDoc_STRVAR(training_forward_doc,
+"training_forward($module, input, normalized_shape, weight=None, bias=None, eps=1e-05)\n"
+"--\n"
+"\n"
+"native_layer_norm that also returns what layer_norm_backward needs to read later:\n"
+"(output, input, mean, rstd), where input holds the input's values in a C-contiguous\n"
+"array that nothing else refers to (the array made from a list or a strided view\n"
+"when there is one, else a copy), so that changing the caller's array afterwards\n"
+"cannot change the gradients.  Used by LayerNorm in training mode.\n");
+
+static PyObject *
+training_forward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"input", "normalized_shape", "weight", "bias", "eps"};
+    PyObject *v[5];
+    if (parse_args("training_forward", args, nargs, kwnames, names, 5, 5, 2, v) < 0) {
+        return NULL;
+    }
+    return forward("native_layer_norm", v[0], v[1], v[2], v[3], v[4], NULL, RETURN_SAVED_FOR_GRAD);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -957,6 +1013,8 @@ set_simd_level(PyObject *module, PyObject *arg)
 
 static PyMethodDef layernorm_methods[] = {
     {"layer_norm", (PyCFunction)(void (*)(void))layer_norm, METH_FASTCALL | METH_KEYWORDS, layer_norm_doc},
+    {"training_forward", (PyCFunction)(void (*)(void))training_forward, METH_FASTCALL | METH_KEYWORDS,
+     training_forward_doc},
     {"native_layer_norm", (PyCFunction)(void (*)(void))native_layer_norm, METH_FASTCALL | METH_KEYWORDS,
      native_layer_norm_doc},
     {"layer_norm_backward", (PyCFunction)(void (*)(void))layer_norm_backward,
