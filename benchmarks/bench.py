@@ -6,10 +6,12 @@ Usage:
 
     --threads N       thread count for both layernorm and torch (default 2)
     --quick           few repetitions of short loops (smoke test, < 30 s)
-    --cases SUBSTRING only run cases whose label contains SUBSTRING, e.g. "float16" or "2048x"
+    --cases SUBSTRING only run cases whose label contains SUBSTRING, e.g. "float16", "2048x" or
+                      "module" (the module-overhead section is labelled "module 4x20 float32")
     --simd LEVEL      force layernorm.set_simd_level(LEVEL) ("scalar", "avx2", "avx512")
-    --markdown PATH   also write the result tables to PATH
-    --plot PATH       write a PNG bar chart of the ours/torch time ratios (needs matplotlib)
+    --markdown PATH   also write the report to PATH
+    --plot PATH       write a PNG bar chart of the ours/torch time ratios (needs matplotlib:
+                      python -m pip install ".[bench]"; and torch)
 
 Examples:
     python benchmarks/bench.py --quick
@@ -24,15 +26,24 @@ What is timed, per case (rows x cols, normalized over the last axis of cols elem
 The "out=" case passes a preallocated output to ours (torch and numpy allocate as usual).
 Backward: layernorm.layer_norm_backward vs torch.ops.aten.native_layer_norm_backward,
 each fed the mean/rstd of its own forward pass.
+Module overhead: layernorm.LayerNorm(20)(x), in training mode and after .eval(), vs
+layernorm.layer_norm(x, 20, weight, bias) on 4x20 float32.
+
+torch is optional. Without it the torch columns show "—", the backward section times ours only,
+and every result is checked against a float64 NumPy reference instead of torch.
 
 Method: the functions of a case run interleaved, round-robin (ours, torch, numpy, copy, ours, ...).
 Each turn is a loop of k calls, k calibrated so one loop takes about 30 ms (2 ms with --quick);
 the reported time per call is the best turn out of R repetitions. Before timing a case its result
-is compared with torch's; a case whose answer is wrong is reported as WRONG and not timed, and
-the script then exits with status 1.
+is compared with torch's (or the float64 reference); a case whose answer is wrong is reported as
+WRONG and not timed, and the script then exits with status 1. The report ends with the targets
+of issue 4 as a checklist (met / NOT met); missing a target does not change the exit status.
 """
 
+from __future__ import annotations
+
 import argparse
+import contextlib
 import datetime
 import gc
 import math
@@ -42,20 +53,30 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 
 import layernorm
+
+try:
+    import torch
+    import torch.nn.functional as F
+except ImportError:  # torch is optional: without it ours is checked against float64 NumPy
+    torch = None
 
 EPS = 1e-5
 
 FULL_SETTINGS = {"repetitions": 25, "loop_seconds": 0.030}
 QUICK_SETTINGS = {"repetitions": 3, "loop_seconds": 0.002}
 
+# What results are checked against, and what the "max |ours-...|" columns name.
+FLOAT64_REFERENCE = "float64 numpy"
+REFERENCE = "torch" if torch else FLOAT64_REFERENCE
+
 # Largest tolerated max|ours - reference| / max(1, max|reference|), per input dtype.
 # torch keeps float16 statistics in float16 (ours: float32), hence the loose float16 bounds.
 FORWARD_TOLERANCE = {"float16": 1e-2, "float32": 1e-4, "float64": 1e-10}
 BACKWARD_TOLERANCE = {"float16": 5e-2, "float32": 1e-3, "float64": 1e-8}
+
+MISSING = "—"  # table cell of a time or ratio that was not measured
 
 
 @dataclass(frozen=True)
@@ -87,6 +108,28 @@ CASES = [
     Case(2048, 4096, use_out=True),
 ]
 
+# The module-overhead section's input, and what it times (name -> how the report writes the call):
+# each module call is compared with the baseline, the functional call it wraps.
+MODULE_CASE = Case(4, 20)
+MODULE_BASELINE = "layer_norm"
+MODULE_VARIANTS = ("module train", "module eval")
+MODULE_CALLS = {
+    MODULE_BASELINE: f"layer_norm(x, {MODULE_CASE.cols}, w, b)",
+    "module train": f"LayerNorm({MODULE_CASE.cols})(x) (training mode)",
+    "module eval": f"LayerNorm({MODULE_CASE.cols}).eval()(x)",
+}
+
+# Issue 4's targets.
+SMALL_CASES = (Case(4, 20), Case(16, 768))  # forward ours/torch <= SMALL_TORCH_LIMIT
+SMALL_TORCH_LIMIT = 0.5
+TORCH_LIMIT = 0.9  # ours/torch of every other forward case and of every backward case
+COPY_CASE = Case(2048, 4096, use_out=True)  # ours/copy <= COPY_LIMIT
+COPY_LIMIT = 1.3
+MODULE_OVERHEAD_LIMIT_US = 1.0  # each module call's time minus layer_norm's
+
+SECTION_PREFIXES = {"forward": "fwd", "backward": "bwd", "module": "module"}
+MODULE_LABEL = f"{SECTION_PREFIXES['module']} {MODULE_CASE.label}"  # what --cases matches for that section
+
 
 @dataclass
 class CaseData:
@@ -98,22 +141,29 @@ class CaseData:
 
 @dataclass
 class Result:
-    """Timings (seconds per call) of one case in one direction ("forward" or "backward")."""
+    """Timings (seconds per call) of one case in one section ("forward", "backward" or "module")."""
 
     case: Case
-    direction: str
+    section: str
     times: dict = field(default_factory=dict)  # name -> seconds; missing name = not available
     max_diff: float = math.nan
+    reference: str = REFERENCE  # what max_diff was measured against
     bytes_moved: int = 0
     error: str = ""
 
     @property
     def short_label(self):
-        return ("fwd " if self.direction == "forward" else "bwd ") + self.case.label
+        return f"{SECTION_PREFIXES[self.section]} {self.case.label}"
 
     def ratio(self, numerator, denominator):
         if numerator in self.times and denominator in self.times:
             return self.times[numerator] / self.times[denominator]
+        return None
+
+    def extra_microseconds(self, name, baseline):
+        """How many µs more a call of `name` takes than one of `baseline` (None if not timed)."""
+        if name in self.times and baseline in self.times:
+            return (self.times[name] - self.times[baseline]) * 1e6
         return None
 
 
@@ -148,11 +198,20 @@ def numpy_layer_norm(x, weight, bias, eps):
     return (x - mean) / np.sqrt(var + eps) * weight + bias
 
 
+def reference_forward_float64(x, weight, bias):
+    """layer_norm computed in float64: the check when torch is not installed."""
+    return numpy_layer_norm(x.astype(np.float64), weight.astype(np.float64), bias.astype(np.float64), EPS)
+
+
 def reference_backward_float64(grad_output, x, weight):
-    """grad_input, grad_weight, grad_bias of layer_norm computed in float64 (fallback check)."""
+    """grad_input, grad_weight, grad_bias of layer_norm computed in float64.
+
+    With g = grad_output * weight and x_hat = (x - mean) * rstd:
+    grad_input = rstd * (g - mean(g) - x_hat * mean(g * x_hat)), grad_weight = sum(grad_output * x_hat),
+    grad_bias = sum(grad_output), the means over a row and the sums over rows.
+    """
     x = x.astype(np.float64)
     dy = grad_output.astype(np.float64)
-    n = x.shape[-1]
     mean = x.mean(axis=-1, keepdims=True)
     rstd = 1.0 / np.sqrt(x.var(axis=-1, keepdims=True) + EPS)
     x_hat = (x - mean) * rstd
@@ -196,21 +255,30 @@ def time_loop(function, calls):
 
 
 def calibrate_loop_calls(function, loop_seconds):
-    """Number of calls that makes one timed loop last about loop_seconds."""
+    """Number of calls that makes one timed loop last about loop_seconds.
+
+    Each trial loop is timed three times and the fastest counts, so one preemption (the machine
+    is shared) cannot stop the doubling early and leave every timed loop a single call long.
+    """
     function()  # warm-up
+
+    def fastest_loop(calls):
+        return min(time_loop(function, calls) for _ in range(3))
+
     calls = 1
-    elapsed = time_loop(function, calls)
+    elapsed = fastest_loop(calls)
     while elapsed < loop_seconds / 10 and calls < 10_000_000:
         calls *= 2
-        elapsed = time_loop(function, calls)
+        elapsed = fastest_loop(calls)
     return max(1, round(calls * loop_seconds / elapsed))
 
 
-def best_times_round_robin(functions, repetitions, loop_seconds):
+def best_times_round_robin(functions, settings):
     """Best seconds-per-call of each function, running them interleaved round-robin."""
+    loop_seconds = settings["loop_seconds"]
     calls = {name: calibrate_loop_calls(fn, loop_seconds) for name, fn in functions.items()}
     best = {name: math.inf for name in functions}
-    for _ in range(repetitions):
+    for _ in range(settings["repetitions"]):
         for name, function in functions.items():
             seconds_per_call = time_loop(function, calls[name]) / calls[name]
             best[name] = min(best[name], seconds_per_call)
@@ -221,12 +289,9 @@ def best_times_round_robin(functions, repetitions, loop_seconds):
 
 
 def forward_functions(case, data):
-    """The four timed callables of a forward case, by name."""
+    """The timed callables of a forward case by name: ours, torch (when installed), numpy, copy."""
     x, weight, bias = data.x, data.weight, data.bias
     shape = (case.cols,)
-    x_t = torch.from_numpy(x)
-    weight_t = as_torch(weight, x.dtype)
-    bias_t = as_torch(bias, x.dtype)
     weight_x = weight.astype(x.dtype)
     bias_x = bias.astype(x.dtype)
     copy_destination = np.empty_like(x)
@@ -241,12 +306,13 @@ def forward_functions(case, data):
         def ours():
             return layernorm.layer_norm(x, shape, weight, bias, EPS)
 
-    return {
-        "ours": ours,
-        "torch": lambda: F.layer_norm(x_t, shape, weight_t, bias_t, EPS),
-        "numpy": lambda: numpy_layer_norm(x, weight_x, bias_x, EPS),
-        "copy": lambda: np.copyto(copy_destination, x),
-    }
+    functions = {"ours": ours}
+    if torch:
+        x_t, weight_t, bias_t = torch.from_numpy(x), as_torch(weight, x.dtype), as_torch(bias, x.dtype)
+        functions["torch"] = lambda: F.layer_norm(x_t, shape, weight_t, bias_t, EPS)
+    functions["numpy"] = lambda: numpy_layer_norm(x, weight_x, bias_x, EPS)
+    functions["copy"] = lambda: np.copyto(copy_destination, x)
+    return functions
 
 
 def forward_bytes(data):
@@ -254,45 +320,60 @@ def forward_bytes(data):
     return 2 * data.x.nbytes + data.weight.nbytes + data.bias.nbytes
 
 
+def forward_reference(functions, data):
+    """torch's output when torch is installed, else the float64 formula's."""
+    if "torch" in functions:
+        return functions["torch"]().numpy()
+    return reference_forward_float64(data.x, data.weight, data.bias)
+
+
 def run_forward_case(case, data, settings):
     result = Result(case, "forward", bytes_moved=forward_bytes(data))
     functions = forward_functions(case, data)
-    ours_output = functions["ours"]()
-    torch_output = functions["torch"]().numpy()
-    result.max_diff, scaled = scaled_max_diff(ours_output, torch_output)
+    result.max_diff, scaled = scaled_max_diff(functions["ours"](), forward_reference(functions, data))
     if not scaled <= FORWARD_TOLERANCE[case.dtype]:
         result.error = "WRONG"
         return result
-    result.times = best_times_round_robin(functions, settings["repetitions"], settings["loop_seconds"])
+    result.times = best_times_round_robin(functions, settings)
     return result
 
 
 # ----------------------------------------------------------------------------- backward
 
 
+def torch_backward_function(case, data):
+    """aten.native_layer_norm_backward on the case, or None if torch is absent or cannot run it."""
+    if not torch:
+        return None
+    x_t = torch.from_numpy(data.x)
+    grad_output_t = torch.from_numpy(data.grad_output)
+    weight_t = as_torch(data.weight, data.x.dtype)
+    bias_t = as_torch(data.bias, data.x.dtype)
+    shape = [case.cols]
+    _, mean_t, rstd_t = torch.ops.aten.native_layer_norm(x_t, shape, weight_t, bias_t, EPS)
+
+    def torch_backward():
+        return torch.ops.aten.native_layer_norm_backward(
+            grad_output_t, x_t, shape, mean_t, rstd_t, weight_t, bias_t, [True, True, True]
+        )
+
+    try:
+        torch_backward()
+    except RuntimeError as error:
+        print(f"  torch backward unsupported for {case.label}: {error}", file=sys.stderr)
+        return None
+    return torch_backward
+
+
 def backward_functions(case, data):
-    """Timed callables 'ours' and (when torch supports the case) 'torch' of a backward case."""
+    """Timed callables 'ours' and (when torch is installed and supports the case) 'torch'."""
     x, weight, bias, grad_output = data.x, data.weight, data.bias, data.grad_output
     shape = (case.cols,)
     _, mean, rstd = layernorm.native_layer_norm(x, shape, weight, bias, EPS)
-
-    x_t = torch.from_numpy(x)
-    grad_output_t = torch.from_numpy(grad_output)
-    weight_t = as_torch(weight, x.dtype)
-    bias_t = as_torch(bias, x.dtype)
-    _, mean_t, rstd_t = torch.ops.aten.native_layer_norm(x_t, list(shape), weight_t, bias_t, EPS)
-
-    functions = {
-        "ours": lambda: layernorm.layer_norm_backward(grad_output, x, shape, mean, rstd, weight, bias),
-        "torch": lambda: torch.ops.aten.native_layer_norm_backward(
-            grad_output_t, x_t, list(shape), mean_t, rstd_t, weight_t, bias_t, [True, True, True]
-        ),
-    }
-    try:
-        functions["torch"]()
-    except RuntimeError as error:
-        print(f"  torch backward unsupported for {case.label}: {error}", file=sys.stderr)
-        del functions["torch"]
+    functions = {"ours": lambda: layernorm.layer_norm_backward(grad_output, x, shape, mean, rstd, weight, bias)}
+    torch_backward = torch_backward_function(case, data)
+    if torch_backward:
+        functions["torch"] = torch_backward
     return functions
 
 
@@ -319,13 +400,122 @@ def run_backward_case(case, data, settings):
         reference = [tensor.numpy() for tensor in functions["torch"]()]
     else:
         reference = reference_backward_float64(data.grad_output, data.x, data.weight)
+        result.reference = FLOAT64_REFERENCE
     _, scaled = worst_scaled_diff(ours_outputs, reference)
     result.max_diff = scaled  # the gradients differ in scale (grad_weight sums over rows): report scaled
     if not scaled <= BACKWARD_TOLERANCE[case.dtype]:
         result.error = "WRONG"
         return result
-    result.times = best_times_round_robin(functions, settings["repetitions"], settings["loop_seconds"])
+    result.times = best_times_round_robin(functions, settings)
     return result
+
+
+# ----------------------------------------------------------------------------- module overhead
+
+
+def module_functions(data):
+    """The calls of MODULE_CALLS on the same input, parameters and eps."""
+    x = data.x
+    size = x.shape[-1]
+    training_module = layernorm.LayerNorm(size)
+    eval_module = layernorm.LayerNorm(size).eval()
+    weight, bias = training_module.weight, training_module.bias
+    return {
+        MODULE_BASELINE: lambda: layernorm.layer_norm(x, size, weight, bias),
+        "module train": lambda: training_module(x),
+        "module eval": lambda: eval_module(x),
+    }
+
+
+def run_module_case(case, data, settings):
+    result = Result(case, "module", reference=MODULE_BASELINE)
+    functions = module_functions(data)
+    outputs = {name: function() for name, function in functions.items()}
+    result.max_diff = max(scaled_max_diff(output, outputs[MODULE_BASELINE])[0] for output in outputs.values())
+    if result.max_diff != 0:
+        result.error = "WRONG"
+        return result
+    result.times = best_times_round_robin(functions, settings)
+    return result
+
+
+SECTION_RUNNERS = {"forward": run_forward_case, "backward": run_backward_case, "module": run_module_case}
+
+
+# ----------------------------------------------------------------------------- checklist
+
+
+@dataclass(frozen=True)
+class Check:
+    """One target of issue 4 on one measured case."""
+
+    target: str  # e.g. "fwd 4x20 float32 ours/torch ≤ 0.5"
+    measured: str  # the measured value as printed, or MISSING
+    met: bool | None  # None: not measured
+    why_not_measured: str = ""
+
+
+def why_not_timed(result, name):
+    if result.error:
+        return result.error
+    if name == "torch" and not torch:
+        return "torch not installed"
+    return f"no {name} time"
+
+
+def torch_limit(result):
+    """Issue 4's bound on ours/torch for a forward or backward result."""
+    if result.section == "forward" and result.case in SMALL_CASES:
+        return SMALL_TORCH_LIMIT
+    return TORCH_LIMIT
+
+
+def ratio_check(result, numerator, denominator, limit):
+    target = f"{result.short_label} {numerator}/{denominator} ≤ {limit}"
+    ratio = result.ratio(numerator, denominator)
+    if ratio is None:
+        return Check(target, MISSING, None, why_not_timed(result, denominator))
+    return Check(target, f"{ratio:.2f}", ratio <= limit)
+
+
+def module_overhead_check(result, name):
+    target = f"{MODULE_CALLS[name]} − {MODULE_CALLS[MODULE_BASELINE]} < {MODULE_OVERHEAD_LIMIT_US:g} µs"
+    extra = result.extra_microseconds(name, MODULE_BASELINE)
+    if extra is None:
+        return Check(target, MISSING, None, why_not_timed(result, name))
+    return Check(target, f"{extra:+.2f} µs", extra < MODULE_OVERHEAD_LIMIT_US)
+
+
+def result_checks(result):
+    if result.section == "module":
+        return [module_overhead_check(result, name) for name in MODULE_VARIANTS]
+    checks = [ratio_check(result, "ours", "torch", torch_limit(result))]
+    if result.section == "forward" and result.case == COPY_CASE:
+        checks.append(ratio_check(result, "ours", "copy", COPY_LIMIT))
+    return checks
+
+
+def target_checks(results):
+    return [check for result in results for check in result_checks(result)]
+
+
+def check_status(check):
+    if check.met is None:
+        return f"not measured ({check.why_not_measured})"
+    return "met" if check.met else "NOT met"
+
+
+def checklist_line(check):
+    box = "x" if check.met else " "
+    return f"- [{box}] {check.target}: measured {check.measured}, {check_status(check)}"
+
+
+def checklist_lines(results):
+    checks = target_checks(results)
+    met = sum(check.met is True for check in checks)
+    not_measured = sum(check.met is None for check in checks)
+    summary = f"{met} of {len(checks)} met" + (f", {not_measured} not measured" if not_measured else "")
+    return [f"## Targets (issue 4, cases of this run): {summary}", ""] + [checklist_line(c) for c in checks]
 
 
 # ----------------------------------------------------------------------------- reporting
@@ -333,7 +523,7 @@ def run_backward_case(case, data, settings):
 
 def format_microseconds(seconds):
     if seconds is None:
-        return "n/a"
+        return MISSING
     microseconds = seconds * 1e6
     if microseconds < 10:
         return f"{microseconds:.2f}"
@@ -343,26 +533,46 @@ def format_microseconds(seconds):
 
 
 def format_ratio(ratio):
-    return "n/a" if ratio is None else f"{ratio:.2f}"
+    return MISSING if ratio is None else f"{ratio:.2f}"
+
+
+def format_extra_microseconds(microseconds):
+    return MISSING if microseconds is None else f"{microseconds:+.2f}"
 
 
 def format_gigabytes_per_second(result):
     if "ours" not in result.times:
-        return "n/a"
+        return MISSING
     return f"{result.bytes_moved / result.times['ours'] / 1e9:.1f}"
 
 
 def format_diff(value):
-    return "n/a" if math.isnan(value) else f"{value:.1e}"
+    return MISSING if math.isnan(value) else f"{value:.1e}"
+
+
+def format_diff_with_reference(result):
+    """max_diff, naming its reference when that is not the table's (torch could not run the case)."""
+    text = format_diff(result.max_diff)
+    return text if result.reference == REFERENCE else f"{text} (vs {result.reference})"
+
+
+def result_summary(result):
+    """The headline number of a result for the progress line."""
+    if result.section == "module":
+        extras = [f"{name} {format_extra_microseconds(result.extra_microseconds(name, MODULE_BASELINE))} us"
+                  for name in MODULE_VARIANTS]
+        return f"over {MODULE_BASELINE}: " + ", ".join(extras)
+    ratio = result.ratio("ours", "torch")
+    return "" if ratio is None else f"ours/torch {format_ratio(ratio)}"
 
 
 def progress_line(index, total, result):
     """One stderr line summarising a finished case."""
     head = f"[{index}/{total}] {result.short_label}:"
     if result.error:
-        return f"{head} {result.error} (max |ours-torch| {format_diff(result.max_diff)})"
-    parts = [f"{name} {format_microseconds(seconds)} us" for name, seconds in result.times.items()]
-    return f"{head} " + ", ".join(parts) + f"  ours/torch {format_ratio(result.ratio('ours', 'torch'))}"
+        return f"{head} {result.error} (max |ours-{result.reference}| {format_diff(result.max_diff)})"
+    times = ", ".join(f"{name} {format_microseconds(seconds)} us" for name, seconds in result.times.items())
+    return f"{head} {times}  {result_summary(result)}".rstrip()
 
 
 def cpu_model_name():
@@ -387,16 +597,26 @@ def load_average_text(load_averages):
     return ", ".join(f"{value:.2f}" for value in load_averages)
 
 
+def torch_header_lines():
+    if torch:
+        return []
+    return ["- torch: not installed; its columns show —, the backward section times ours only, and every"
+            " result is checked against a float64 NumPy reference"]
+
+
 def header_lines(settings, load_at_start, load_at_end):
+    torch_threads = f"torch {torch.get_num_threads()}" if torch else "torch not installed"
+    torch_version = f"torch {torch.__version__}" if torch else "torch not installed"
     return [
         "# layernorm benchmark",
         "",
         f"- machine: {cpu_model_name()}, {usable_cores()} usable cores ({os.cpu_count()} logical CPUs)",
         f"- simd level: {layernorm.simd_level()} (available: {', '.join(layernorm.available_simd_levels())})",
-        f"- threads: layernorm {layernorm.get_num_threads()}, torch {torch.get_num_threads()}"
+        f"- threads: layernorm {layernorm.get_num_threads()}, {torch_threads}"
         " (numpy formula and copy are single-threaded)",
-        f"- versions: numpy {np.__version__}, torch {torch.__version__}, layernorm {layernorm.__version__},"
+        f"- versions: numpy {np.__version__}, {torch_version}, layernorm {layernorm.__version__},"
         f" python {sys.version.split()[0]}",
+        *torch_header_lines(),
         f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}",
         f"- load average (1, 5, 15 min): {load_average_text(load_at_start)} before the run (other processes:"
         f" above ~0.5 the timings are noisy), {load_average_text(load_at_end)} after it (includes this benchmark)",
@@ -405,18 +625,30 @@ def header_lines(settings, load_at_start, load_at_end):
     ]
 
 
-def forward_table_lines(results):
-    lines = [
-        "## Forward: layer_norm(x, (cols,), weight, bias)",
+def table_lines(title, columns, rows):
+    """A Markdown table: the first column left-aligned, the others right-aligned."""
+    return [
+        title,
         "",
-        "| case | ours µs | torch µs | numpy µs | copy µs | ours GB/s | ours/torch | ours/copy | max \\|ours-torch\\| |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| " + " | ".join(columns) + " |",
+        "|---|" + "---:|" * (len(columns) - 1),
+        *("| " + " | ".join(cells) + " |" for cells in rows),
     ]
-    for result in results:
+
+
+def error_row(result, width):
+    """A table row for a case that was not timed: its error, blanks, and the difference found."""
+    return [result.case.label, result.error] + [""] * (width - 3) + [format_diff_with_reference(result)]
+
+
+def forward_table_lines(results):
+    columns = ["case", "ours µs", "torch µs", "numpy µs", "copy µs", "ours GB/s", "ours/torch", "ours/copy",
+               f"max \\|ours-{REFERENCE}\\|"]
+
+    def row(result):
         if result.error:
-            lines.append(f"| {result.case.label} | {result.error} | | | | | | | {format_diff(result.max_diff)} |")
-            continue
-        cells = [
+            return error_row(result, len(columns))
+        return [
             result.case.label,
             format_microseconds(result.times.get("ours")),
             format_microseconds(result.times.get("torch")),
@@ -425,83 +657,142 @@ def forward_table_lines(results):
             format_gigabytes_per_second(result),
             format_ratio(result.ratio("ours", "torch")),
             format_ratio(result.ratio("ours", "copy")),
-            format_diff(result.max_diff),
+            format_diff_with_reference(result),
         ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines
+
+    return table_lines("## Forward: layer_norm(x, (cols,), weight, bias)", columns, map(row, results))
 
 
 def backward_table_lines(results):
-    lines = [
-        "## Backward: layer_norm_backward vs aten.native_layer_norm_backward (all three gradients)",
-        "",
-        "| case | ours µs | torch µs | ours/torch | ours GB/s | max \\|ours-torch\\| scaled |",
-        "|---|---:|---:|---:|---:|---:|",
-    ]
-    for result in results:
+    columns = ["case", "ours µs", "torch µs", "ours/torch", "ours GB/s", f"max \\|ours-{REFERENCE}\\| scaled"]
+
+    def row(result):
         if result.error:
-            lines.append(f"| {result.case.label} | {result.error} | | | | {format_diff(result.max_diff)} |")
-            continue
-        cells = [
+            return error_row(result, len(columns))
+        return [
             result.case.label,
             format_microseconds(result.times.get("ours")),
             format_microseconds(result.times.get("torch")),
             format_ratio(result.ratio("ours", "torch")),
             format_gigabytes_per_second(result),
-            format_diff(result.max_diff),
+            format_diff_with_reference(result),
         ]
-        lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "scaled: max over the three gradients of max|ours-torch| / max(1, max|torch|);"
-              " torch computes float16 statistics in float16, ours in float32."]
-    return lines
+
+    compared_with = " vs aten.native_layer_norm_backward" if torch else ""
+    title = f"## Backward: layer_norm_backward{compared_with} (all three gradients)"
+    note = f"scaled: max over the three gradients of max|ours-{REFERENCE}| / max(1, max|{REFERENCE}|)"
+    note += "; torch computes float16 statistics in float16, ours in float32." if torch else "."
+    return table_lines(title, columns, map(row, results)) + ["", note]
 
 
-def markdown_report(settings, loads, forward_results, backward_results, backward_note):
-    lines = header_lines(settings, *loads) + [""] + forward_table_lines(forward_results) + [""]
+def module_table_lines(result):
+    calls = f"LayerNorm({result.case.cols})(x) vs {MODULE_CALLS[MODULE_BASELINE]}"
+    title = f"## Module overhead: {calls}, {result.case.label}"
+    if result.error:
+        return [title, "", f"{result.error} (max \\|module - {MODULE_BASELINE}\\| {format_diff(result.max_diff)})"]
+    baseline_row = [MODULE_CALLS[MODULE_BASELINE], format_microseconds(result.times.get(MODULE_BASELINE)), ""]
+    variant_rows = [
+        [MODULE_CALLS[name], format_microseconds(result.times.get(name)),
+         format_extra_microseconds(result.extra_microseconds(name, MODULE_BASELINE))]
+        for name in MODULE_VARIANTS
+    ]
+    return table_lines(title, ["call", "µs", f"over {MODULE_BASELINE} µs"], [baseline_row] + variant_rows)
+
+
+def slower_than_torch_lines(results):
+    slower = [r for r in results if (r.ratio("ours", "torch") or 0) > 1]
+    if not slower:
+        return []
+    return ["", "Slower than torch: " + "; ".join(
+        f"{r.section} {r.case.label} ({r.ratio('ours', 'torch'):.2f}x)" for r in slower)]
+
+
+def results_of(results, section):
+    return [result for result in results if result.section == section]
+
+
+def markdown_report(settings, loads, results, backward_note):
+    forward_results = results_of(results, "forward")
+    backward_results = results_of(results, "backward")
+    module_results = results_of(results, "module")
+    lines = header_lines(settings, *loads)
+    if forward_results:
+        lines += [""] + forward_table_lines(forward_results)
     if backward_results:
-        lines += backward_table_lines(backward_results)
-    else:
-        lines.append(f"## Backward: {backward_note}")
-    slower = [r for r in forward_results + backward_results if (r.ratio("ours", "torch") or 0) > 1]
-    if slower:
-        lines += ["", "Slower than torch: " + "; ".join(
-            f"{r.direction} {r.case.label} ({r.ratio('ours', 'torch'):.2f}x)" for r in slower)]
+        lines += [""] + backward_table_lines(backward_results)
+    elif backward_note:
+        lines += ["", f"## Backward: {backward_note}"]
+    for module_result in module_results:
+        lines += [""] + module_table_lines(module_result)
+    lines += slower_than_torch_lines(forward_results + backward_results)
+    lines += [""] + checklist_lines(forward_results + backward_results + module_results)
     return "\n".join(lines) + "\n"
 
 
-def write_plot(path, results, title):
-    """Horizontal bars of ours/torch per case, with lines at 1.0 (solid) and 0.5/0.9 (dotted)."""
+# ----------------------------------------------------------------------------- plot
+
+
+def import_pyplot():
+    """matplotlib.pyplot with the file-only Agg backend, or None when matplotlib is missing."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("matplotlib is not installed: skipping the plot (pip install matplotlib)", file=sys.stderr)
-        return
+        return None
+    return plt
+
+
+def plot_title(settings):
+    run = "quick run, " if settings is QUICK_SETTINGS else ""
+    return (f"layernorm time / torch time per call ({run}best of {settings['repetitions']})\n"
+            f"{cpu_model_name()}, {layernorm.get_num_threads()} threads, simd {layernorm.simd_level()},"
+            f" torch {torch.__version__}")
+
+
+def write_plot(path, results, title):
+    """Horizontal bars of ours/torch per case, green where the case meets its target, red where not."""
+    plt = import_pyplot()
     plotted = [r for r in results if r.ratio("ours", "torch") is not None]
+    if not plotted:
+        print("no ours/torch ratio was measured: no plot written", file=sys.stderr)
+        return
     labels = [r.short_label for r in plotted]
     ratios = [r.ratio("ours", "torch") for r in plotted]
-    colors = ["tab:green" if ratio <= 1.0 else "tab:red" for ratio in ratios]
+    colors = ["tab:green" if ratio <= torch_limit(r) else "tab:red" for r, ratio in zip(plotted, ratios)]
 
-    figure, axes = plt.subplots(figsize=(8, 1.2 + 0.35 * len(plotted)))
+    figure, axes = plt.subplots(figsize=(8, 1.6 + 0.32 * len(plotted)))
     positions = range(len(plotted))
-    axes.barh(positions, ratios, color=colors)
+    axes.barh(positions, ratios, color=colors, zorder=2)
     axes.set_yticks(list(positions), labels)
     axes.invert_yaxis()
+    forward_count = len(results_of(plotted, "forward"))
+    if 0 < forward_count < len(plotted):
+        axes.axhline(forward_count - 0.5, color="grey", linewidth=0.8)
     for position, ratio in zip(positions, ratios):
-        axes.text(ratio, position, f" {ratio:.2f}", va="center", fontsize=8)
-    axes.axvline(1.0, color="black", linewidth=1, label="1.0: as fast as torch")
-    axes.axvline(0.9, color="tab:blue", linestyle=":", linewidth=1.5, label="0.9 target")
-    axes.axvline(0.5, color="tab:purple", linestyle=":", linewidth=1.5, label="0.5 target")
-    axes.legend(loc="lower right", fontsize=8)
-    axes.set_xlim(0, max(ratios + [1.0]) * 1.15)
-    axes.set_xlabel("ours time / torch time (lower is better)")
+        axes.text(ratio, position, f" {ratio:.2f}", va="center", fontsize=8, zorder=4,
+                  bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.7, "pad": 0.5})
+    axes.axvline(1.0, color="black", linewidth=1, zorder=3, label="1.0: as fast as torch")
+    axes.axvline(TORCH_LIMIT, color="tab:blue", linestyle="--", linewidth=1.5, zorder=3,
+                 label=f"{TORCH_LIMIT} target (every other case)")
+    axes.axvline(SMALL_TORCH_LIMIT, color="tab:purple", linestyle="--", linewidth=1.5, zorder=3,
+                 label=f"{SMALL_TORCH_LIMIT} target (fwd {', '.join(case.label for case in SMALL_CASES)})")
+    axes.set_xlim(0, max(ratios + [1.0]) * 1.12)
+    axes.set_xlabel("ours time / torch time (lower is better; green: target met, red: not met)")
     axes.set_title(title, fontsize=9)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    axes.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, frameon=False)
+    figure.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(figure)
     print(f"plot written to {path}", file=sys.stderr)
+
+
+def check_plot_prerequisites():
+    """Exit before any timing if --plot cannot be honoured."""
+    if not torch:
+        sys.exit("--plot draws ours/torch ratios, and torch is not installed")
+    if import_pyplot() is None:
+        sys.exit('--plot needs matplotlib: python -m pip install ".[bench]" (from the repository root)')
 
 
 # ----------------------------------------------------------------------------- main
@@ -520,7 +811,8 @@ def parse_arguments(argv):
 
 def configure_libraries(arguments):
     layernorm.set_num_threads(arguments.threads)
-    torch.set_num_threads(arguments.threads)
+    if torch:
+        torch.set_num_threads(arguments.threads)
     if arguments.simd:
         try:
             layernorm.set_simd_level(arguments.simd)
@@ -529,66 +821,72 @@ def configure_libraries(arguments):
             sys.exit(f"--simd {arguments.simd}: {error} (available here: {available})")
 
 
-def selected_cases(substring):
-    return [case for case in CASES if substring in case.label]
+def planned_runs(substring, with_backward):
+    """(case, section) pairs to measure, in order; a case's sections run one after the other."""
+    runs = []
+    for case in CASES:
+        if substring in case.label:
+            runs.append((case, "forward"))
+            if with_backward and case.has_backward:
+                runs.append((case, "backward"))
+    if substring in MODULE_LABEL:
+        runs.append((MODULE_CASE, "module"))
+    return runs
 
 
-def run_case_safely(run, case, data, settings):
+def run_safely(case, section, data, settings):
     """Run one measurement; an exception becomes an error row instead of ending the benchmark."""
     try:
-        return run(case, data, settings)
+        return SECTION_RUNNERS[section](case, data, settings)
     except Exception as error:  # report and carry on with the other cases
-        direction = "forward" if run is run_forward_case else "backward"
         message = f"error: {type(error).__name__}: {error}".replace("|", "/").replace("\n", " ")
-        return Result(case, direction, error=message[:120])
+        return Result(case, section, error=message[:120])
 
 
-def run_all_cases(cases, settings, with_backward):
-    forward_results, backward_results = [], []
-    total = len(cases) + (sum(case.has_backward for case in cases) if with_backward else 0)
+def run_all(runs, settings):
+    """Results of the planned runs, printing a progress line after each one."""
     rng = np.random.default_rng(0)
-    done = 0
-    for case in cases:
-        data = make_case_data(case, rng)
-        forward_results.append(run_case_safely(run_forward_case, case, data, settings))
-        done += 1
-        print(progress_line(done, total, forward_results[-1]), file=sys.stderr, flush=True)
-        if with_backward and case.has_backward:
-            backward_results.append(run_case_safely(run_backward_case, case, data, settings))
-            done += 1
-            print(progress_line(done, total, backward_results[-1]), file=sys.stderr, flush=True)
-        del data
-    return forward_results, backward_results
+    results = []
+    data_case, data = None, None
+    for index, (case, section) in enumerate(runs, start=1):
+        if case != data_case:
+            data = None  # free the previous case's arrays first
+            data_case, data = case, make_case_data(case, rng)
+        results.append(run_safely(case, section, data, settings))
+        print(progress_line(index, len(runs), results[-1]), file=sys.stderr, flush=True)
+    return results
 
 
 def main(argv=None):
     arguments = parse_arguments(argv)
     configure_libraries(arguments)
     settings = QUICK_SETTINGS if arguments.quick else FULL_SETTINGS
-    cases = selected_cases(arguments.cases)
-    if not cases:
-        sys.exit(f"no case label contains {arguments.cases!r}; labels: {[c.label for c in CASES]}")
     with_backward = hasattr(layernorm, "layer_norm_backward")
     backward_note = "" if with_backward else "skipped (this layernorm has no layer_norm_backward)"
+    runs = planned_runs(arguments.cases, with_backward)
+    if not runs:
+        labels = [case.label for case in CASES] + [MODULE_LABEL]
+        sys.exit(f"no case label contains {arguments.cases!r}; labels: {labels}")
+    if arguments.plot:
+        check_plot_prerequisites()
 
     load_at_start = os.getloadavg()
     started = time.perf_counter()
-    with torch.no_grad():
-        forward_results, backward_results = run_all_cases(cases, settings, with_backward)
+    with torch.no_grad() if torch else contextlib.nullcontext():
+        results = run_all(runs, settings)
     print(f"finished in {time.perf_counter() - started:.0f} s", file=sys.stderr)
     loads = (load_at_start, os.getloadavg())
 
-    report = markdown_report(settings, loads, forward_results, backward_results, backward_note)
+    report = markdown_report(settings, loads, results, backward_note)
     sys.stdout.write(report)
     if arguments.markdown:
         with open(arguments.markdown, "w", encoding="utf-8") as markdown_file:
             markdown_file.write(report)
     if arguments.plot:
-        title = (f"layernorm vs torch, {cpu_model_name()}, {layernorm.get_num_threads()} threads,"
-                 f" simd {layernorm.simd_level()}")
-        write_plot(arguments.plot, forward_results + backward_results, title)
+        write_plot(arguments.plot, results_of(results, "forward") + results_of(results, "backward"),
+                   plot_title(settings))
 
-    if any(result.error for result in forward_results + backward_results):
+    if any(result.error for result in results):
         sys.exit(1)
 
 

@@ -23,9 +23,9 @@ def layer_norm(
 def native_layer_norm(
     input: npt.ArrayLike,
     normalized_shape: _Shape,
-    weight: npt.ArrayLike | None,
-    bias: npt.ArrayLike | None,
-    eps: SupportsFloat,
+    weight: npt.ArrayLike | None = None,
+    bias: npt.ArrayLike | None = None,
+    eps: SupportsFloat = 1e-5,
 ) -> tuple[_FloatArray, _FloatArray, _FloatArray]:
     """torch.native_layer_norm: (output, mean, rstd); mean/rstd in the compute dtype."""
 
@@ -41,11 +41,11 @@ def layer_norm_backward(
 ) -> tuple[_FloatArray | None, _FloatArray | None, _FloatArray | None]:
     """native_layer_norm_backward: (grad_input, grad_weight, grad_bias), None where masked off."""
 
-def set_num_threads(n: SupportsIndex) -> None: ...
+def set_num_threads(n: SupportsIndex, /) -> None: ...
 def get_num_threads() -> int: ...
 def simd_level() -> _SimdLevel: ...
 def available_simd_levels() -> tuple[_SimdLevel, ...]: ...
-def set_simd_level(name: _SimdLevel) -> None: ...
+def set_simd_level(name: _SimdLevel, /) -> None: ...
 def training_forward(
     input: npt.ArrayLike,
     normalized_shape: _Shape,
