@@ -224,12 +224,35 @@ as_array(PyObject *obj)
         Py_INCREF(obj);
         return (PyArrayObject *)obj;
     }
-    return (PyArrayObject *)PyArray_FromAny(obj, NULL, 0, 0, 0, NULL);
+    PyArrayObject *arr = (PyArrayObject *)PyArray_FromAny(obj, NULL, 0, 0, 0, NULL);
+    if (arr) {
+        return arr;
+    }
+    /* A torch tensor that requires grad refuses to become an array; its values, detached
+       from the autograd graph, are what we compute on (torch itself is never imported).
+       Anything else keeps the conversion's own error. */
+    PyObject *exc_type, *exc_value, *exc_tb, *detached = NULL;
+    PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
+    if (PyObject_HasAttrString(obj, "requires_grad") && PyObject_HasAttrString(obj, "detach")) {
+        detached = PyObject_CallMethod(obj, "detach", NULL);
+        arr = detached ? (PyArrayObject *)PyArray_FromAny(detached, NULL, 0, 0, 0, NULL) : NULL;
+        Py_XDECREF(detached);
+    }
+    if (arr) {
+        Py_XDECREF(exc_type);
+        Py_XDECREF(exc_value);
+        Py_XDECREF(exc_tb);
+    }
+    else {
+        PyErr_Clear();
+        PyErr_Restore(exc_type, exc_value, exc_tb);
+    }
+    return arr;
 }
 
 /* The kernel dtype of a float16/32/64 array; -1 with TypeError set otherwise. */
 static int
-kernel_dtype(PyArrayObject *arr, const char *what)
+kernel_dtype(PyArrayObject *arr, const char *kernel, const char *what)
 {
     switch (PyArray_TYPE(arr)) {
     case NPY_HALF:
@@ -243,9 +266,9 @@ kernel_dtype(PyArrayObject *arr, const char *what)
     const char *torch_name = torch_type_name(descr);
     if (torch_name) {
         PyErr_Format(PyExc_TypeError,
-                     "\"LayerNormKernelImpl\" not implemented for '%s': %s takes float16, float32 or "
+                     "\"%s\" not implemented for '%s': %s takes float16, float32 or "
                      "float64 arrays, got dtype %S; convert it first, e.g. x.astype(np.float32)",
-                     torch_name, what, (PyObject *)descr);
+                     kernel, torch_name, what, (PyObject *)descr);
     }
     else {
         PyErr_Format(PyExc_TypeError,
@@ -538,7 +561,7 @@ forward(const char *fname, PyObject *input_obj, PyObject *ns_obj, PyObject *weig
     if (!input) {
         goto done;
     }
-    const int dtype = kernel_dtype(input, fname);
+    const int dtype = kernel_dtype(input, "LayerNormKernelImpl", fname);
     if (dtype < 0 || param_array(weight_obj, "weight", &ns, param_type_num[dtype], &weight) < 0 ||
         param_array(bias_obj, "bias", &ns, param_type_num[dtype], &bias) < 0 ||
         check_trailing_shape(input, &ns) < 0) {
@@ -709,7 +732,7 @@ training_forward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyOb
     if (parse_args("training_forward", args, nargs, kwnames, names, 5, 5, 2, v) < 0) {
         return NULL;
     }
-    return forward("native_layer_norm", v[0], v[1], v[2], v[3], v[4], NULL, RETURN_SAVED_FOR_GRAD);
+    return forward("LayerNorm", v[0], v[1], v[2], v[3], v[4], NULL, RETURN_SAVED_FOR_GRAD);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -725,7 +748,15 @@ stats_input(PyObject *obj, const char *name, npy_intp rows, int type_num)
     if (!arr) {
         return NULL;
     }
-    if (PyArray_DESCR(arr)->kind != 'f' || PyArray_SIZE(arr) != rows) {
+    if (PyArray_DESCR(arr)->kind != 'f') {
+        PyErr_Format(PyExc_TypeError,
+                     "%s must be a float array, as native_layer_norm returns it; got %R of dtype %S",
+                     name, obj == Py_None ? Py_None : (PyObject *)Py_TYPE(obj),
+                     (PyObject *)PyArray_DESCR(arr));
+        Py_DECREF(arr);
+        return NULL;
+    }
+    if (PyArray_SIZE(arr) != rows) {
         PyErr_Format(PyExc_ValueError,
                      "%s must be a float array with one value per normalized row (%zd), as "
                      "native_layer_norm returns it; got dtype %S and %zd values",
@@ -756,7 +787,15 @@ parse_output_mask(PyObject *obj, int mask[3])
         status = -1;
     }
     for (int i = 0; status == 0 && i < 3; i++) {
-        mask[i] = PyObject_IsTrue(PySequence_Fast_GET_ITEM(seq, i));
+        /* bools and integers only: "False" or None taken by truth value would silently
+           compute gradients the caller did not ask for */
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+        if (!PyArray_IsScalar(item, Bool) && !PyIndex_Check(item)) {
+            PyErr_Format(PyExc_TypeError, "output_mask must be a sequence of three bools, got %R", obj);
+            status = -1;
+            break;
+        }
+        mask[i] = PyObject_IsTrue(item);
         if (mask[i] < 0) {
             status = -1;
         }
@@ -803,7 +842,7 @@ layer_norm_backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, P
     if (!input) {
         goto done;
     }
-    const int dtype = kernel_dtype(input, "layer_norm_backward");
+    const int dtype = kernel_dtype(input, "LayerNormBackwardKernelImpl", "layer_norm_backward");
     if (dtype < 0 || param_array(v[5], "weight", &ns, param_type_num[dtype], &weight) < 0 ||
         param_array(v[6], "bias", &ns, param_type_num[dtype], &bias) < 0 ||
         check_trailing_shape(input, &ns) < 0) {

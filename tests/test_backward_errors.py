@@ -2,8 +2,6 @@
 clear as the forward's": TypeError for types, ValueError for shapes and values).
 
 tests/test_backward.py covers the shape texts; this covers types and argument values.
-Tests marked xfail(strict=True) pin down known gaps in src/_layernorm.c: they start failing
-(XPASS) as soon as the C layer is fixed, so the marker gets removed then.
 """
 
 import numpy as np
@@ -80,8 +78,6 @@ def test_non_float_grad_output_or_param_raises_type_error(which, kind):
     assert which in str(info.value) and str(args[which].dtype) in str(info.value)
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError,
-                   reason="src/_layernorm.c: stats_input reports a non-float mean/rstd as ValueError")
 @pytest.mark.parametrize("kind", ["int64", "complex128", "str", "None"])
 @pytest.mark.parametrize("which", ["mean", "rstd"])
 def test_non_float_stats_raise_type_error(which, kind):
@@ -109,8 +105,6 @@ def test_output_mask_not_a_sequence_raises_type_error(mask):
         call(args)
 
 
-@pytest.mark.xfail(strict=True, reason="src/_layernorm.c: parse_output_mask takes any truthy object, "
-                                       "so ('False', 'False', 'False') and 'FFF' compute everything")
 @pytest.mark.parametrize("mask", [("False", "False", "False"), "FFF", (None, [], "x")],
                          ids=["str-False", "str-FFF", "mixed"])
 def test_output_mask_non_bool_entries_raise_type_error(mask):
@@ -168,3 +162,10 @@ def test_unknown_keyword_and_too_many_arguments():
         layernorm.layer_norm_backward(*args.values(), None)
     with pytest.raises(TypeError):
         layernorm.layer_norm_backward(*list(args.values())[:4])
+
+
+def test_integer_input_names_torch_backward_kernel():
+    args = good_args()
+    args["input"] = args["input"].astype(np.int64)
+    with pytest.raises(TypeError, match="\"LayerNormBackwardKernelImpl\" not implemented for 'Long'"):
+        call(args)

@@ -466,3 +466,23 @@ def test_published_torch_output():
     out = layernorm.layer_norm(x, 6)
     published = np.array([-1.4638, -0.8783, -0.2928, 0.2928, 0.8783, 1.4638], np.float32)
     np.testing.assert_allclose(out, np.broadcast_to(published, (3, 1, 6)), rtol=0, atol=5e-5)
+
+
+@pytest.mark.parametrize("entry", ["layer_norm", "LayerNorm", "layer_norm_backward"])
+def test_torch_tensor_that_requires_grad_is_read_detached(entry):
+    # A tensor that requires grad refuses tensor.numpy(); torch users pass them all the time.
+    x = torch.randn(3, 5, dtype=torch.float32, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    expected = torch.nn.functional.layer_norm(x, (5,))
+    if entry == "layer_norm":
+        got = layernorm.layer_norm(x, (5,))
+        np.testing.assert_allclose(got, expected.detach().numpy(), rtol=0, atol=1e-6)
+    elif entry == "LayerNorm":
+        got = layernorm.LayerNorm(5)(x)
+        np.testing.assert_allclose(got, expected.detach().numpy(), rtol=0, atol=1e-6)
+    else:
+        dy = torch.ones(3, 5, requires_grad=True) * torch.arange(5.0)
+        (expected * dy.detach()).sum().backward()
+        _, mean, rstd = layernorm.native_layer_norm(x, (5,))
+        grad_input, _, _ = layernorm.layer_norm_backward(dy, x, (5,), mean, rstd)
+        np.testing.assert_allclose(grad_input, x.grad.numpy(), rtol=0, atol=1e-5)
+    assert x.requires_grad and x.grad_fn is None  # the caller's tensor is untouched
