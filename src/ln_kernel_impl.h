@@ -633,20 +633,28 @@ static LN_ALWAYS_INLINE void LN_FN(grad_sums_single)(ln_dtype dtype, const void 
     GD g_sum = LN_FN(gd_splat)(0.0), gc_sum = LN_FN(gd_splat)(0.0);
     double g_lanes[16], gc_lanes[16];
     ptrdiff_t i = 0;
+    const GF zero_v = LN_FN(gf_splat)(0.0f);
     while (i + 16 <= n) {
-        GF block_g = LN_FN(gf_splat)(0.0f), block_gc = LN_FN(gf_splat)(0.0f);
+        /* even and odd groups in separate accumulators, so no add waits on the one before */
+        GF even_g = zero_v, even_gc = zero_v, odd_g = zero_v, odd_gc = zero_v;
         do {
             GF g = LN_FN(load_as_f32)(dtype, dy, i);
             if (weight) {
                 g = LN_FN(gf_mul)(g, LN_FN(gf_load)(weight + i));
             }
             const GF centred = LN_FN(gf_sub)(LN_FN(load_as_f32)(dtype, x, i), mean_v);
-            block_g = LN_FN(gf_add)(block_g, g);
-            block_gc = LN_FN(gf_add)(block_gc, LN_FN(gf_mul)(g, centred));
+            if ((i / 16) % 2 == 0) {
+                even_g = LN_FN(gf_add)(even_g, g);
+                even_gc = LN_FN(gf_fma)(g, centred, even_gc);
+            }
+            else {
+                odd_g = LN_FN(gf_add)(odd_g, g);
+                odd_gc = LN_FN(gf_fma)(g, centred, odd_gc);
+            }
             i += 16;
         } while (i + 16 <= n && (i / 16) % LN_BLOCK != 0);
-        g_sum = LN_FN(gd_add)(g_sum, LN_FN(gf_widen)(block_g));
-        gc_sum = LN_FN(gd_add)(gc_sum, LN_FN(gf_widen)(block_gc));
+        g_sum = LN_FN(gd_add)(g_sum, LN_FN(gf_widen)(LN_FN(gf_add)(even_g, odd_g)));
+        gc_sum = LN_FN(gd_add)(gc_sum, LN_FN(gf_widen)(LN_FN(gf_add)(even_gc, odd_gc)));
     }
     LN_FN(gd_store)(g_lanes, g_sum);
     LN_FN(gd_store)(gc_lanes, gc_sum);
@@ -705,85 +713,93 @@ static LN_ALWAYS_INLINE void LN_FN(grad_sums)(ln_dtype dtype, const void *dy, co
 }
 
 /* Pass 2 over one span of the rows of `group` (all pointers at the span's first column),
-   given each row's g_mean = mean(g) and gx_mean = mean(g * xhat):
-       dx_j       = rstd * ((g_j - g_mean) - xhat_j * gx_mean)     (float32 for float16/32 data)
-       dweight_j += dy_j * xhat_j,   dbias_j += dy_j               (float64, rows in order)
-   dx, dweight and dbias may each be NULL.  A group's rows pass over a column together, so
-   dweight and dbias go to memory once per group instead of once per row. */
+   given each row's g_mean = mean(g) and gx_mean = mean(g * xhat).  With xc = x - mean,
+       dx_j       = rstd * ((g_j - g_mean) - xhat_j * gx_mean)
+                  = fma(rstd, g_j, fma(-rstd^2 * gx_mean, xc_j, -rstd * g_mean))
+       dweight_j += dy_j * xhat_j = fma(dy_j * xc_j, rstd, ...),   dbias_j += dy_j
+   in float32 for float16/float32 data (the per-row constants rounded once from float64).
+   dx, dweight and dbias may each be NULL.  A group's rows pass over a column together:
+   their (at most LN_GRAD_ROWS) terms are summed in registers, and dweight and dbias, in
+   float64, go to memory once per group instead of once per row. */
 static LN_ALWAYS_INLINE void LN_FN(grad_apply_single)(ln_dtype dtype, const ln_grad_rows *group,
-                                                   const float *weight, ptrdiff_t n,
-                                                   double *dweight, double *dbias)
+                                                      const float *weight, ptrdiff_t n,
+                                                      double *dweight, double *dbias)
 {
-    GF mean_v[LN_GRAD_ROWS], rstd_v[LN_GRAD_ROWS], g_mean_v[LN_GRAD_ROWS], gx_mean_v[LN_GRAD_ROWS];
-    float mean[LN_GRAD_ROWS], rstd[LN_GRAD_ROWS], g_mean[LN_GRAD_ROWS], gx_mean[LN_GRAD_ROWS];
+    GF mean_v[LN_GRAD_ROWS], rstd_v[LN_GRAD_ROWS], xc_scale_v[LN_GRAD_ROWS], offset_v[LN_GRAD_ROWS];
+    float mean[LN_GRAD_ROWS], rstd[LN_GRAD_ROWS], xc_scale[LN_GRAD_ROWS], offset[LN_GRAD_ROWS];
     const int count = group->count;
     for (int k = 0; k < count; k++) {
         mean[k] = (float)group->mean[k];
         rstd[k] = (float)group->rstd[k];
-        g_mean[k] = (float)group->g_mean[k];
-        gx_mean[k] = (float)group->gx_mean[k];
+        xc_scale[k] = (float)(-group->rstd[k] * group->rstd[k] * group->gx_mean[k]);
+        offset[k] = (float)(-group->rstd[k] * group->g_mean[k]);
         mean_v[k] = LN_FN(gf_splat)(mean[k]);
         rstd_v[k] = LN_FN(gf_splat)(rstd[k]);
-        g_mean_v[k] = LN_FN(gf_splat)(g_mean[k]);
-        gx_mean_v[k] = LN_FN(gf_splat)(gx_mean[k]);
+        xc_scale_v[k] = LN_FN(gf_splat)(xc_scale[k]);
+        offset_v[k] = LN_FN(gf_splat)(offset[k]);
     }
     const int want_dx = group->dx[0] != NULL;
     ptrdiff_t j = 0;
     for (; j + 16 <= n; j += 16) {
         const GF w = weight ? LN_FN(gf_load)(weight + j) : LN_FN(gf_splat)(1.0f);
-        GD dweight_v = dweight ? LN_FN(gd_load)(dweight + j) : LN_FN(gd_splat)(0.0);
-        GD dbias_v = dbias ? LN_FN(gd_load)(dbias + j) : LN_FN(gd_splat)(0.0);
+        GF group_dweight = LN_FN(gf_splat)(0.0f), group_dbias = group_dweight;
         for (int k = 0; k < count; k++) {
             const GF dy_v = LN_FN(load_as_f32)(dtype, group->dy[k], j);
-            const GF xhat = LN_FN(gf_mul)(LN_FN(gf_sub)(LN_FN(load_as_f32)(dtype, group->x[k], j), mean_v[k]),
-                                          rstd_v[k]);
+            const GF xc = LN_FN(gf_sub)(LN_FN(load_as_f32)(dtype, group->x[k], j), mean_v[k]);
             if (want_dx) {
                 const GF g = weight ? LN_FN(gf_mul)(dy_v, w) : dy_v;
-                const GF inner = LN_FN(gf_sub)(LN_FN(gf_sub)(g, g_mean_v[k]), LN_FN(gf_mul)(xhat, gx_mean_v[k]));
-                LN_FN(store_from_f32)(dtype, group->dx[k], j, LN_FN(gf_mul)(inner, rstd_v[k]));
+                const GF dx = LN_FN(gf_fma)(rstd_v[k], g, LN_FN(gf_fma)(xc_scale_v[k], xc, offset_v[k]));
+                LN_FN(store_from_f32)(dtype, group->dx[k], j, dx);
             }
             if (dweight) {
-                dweight_v = LN_FN(gd_add)(dweight_v, LN_FN(gf_widen)(LN_FN(gf_mul)(dy_v, xhat)));
+                group_dweight = LN_FN(gf_fma)(LN_FN(gf_mul)(dy_v, xc), rstd_v[k], group_dweight);
             }
             if (dbias) {
-                dbias_v = LN_FN(gd_add)(dbias_v, LN_FN(gf_widen)(dy_v));
+                group_dbias = LN_FN(gf_add)(group_dbias, dy_v);
             }
         }
         if (dweight) {
-            LN_FN(gd_store)(dweight + j, dweight_v);
+            LN_FN(gd_store)(dweight + j, LN_FN(gd_add)(LN_FN(gd_load)(dweight + j), LN_FN(gf_widen)(group_dweight)));
         }
         if (dbias) {
-            LN_FN(gd_store)(dbias + j, dbias_v);
+            LN_FN(gd_store)(dbias + j, LN_FN(gd_add)(LN_FN(gd_load)(dbias + j), LN_FN(gf_widen)(group_dbias)));
         }
     }
     for (; j < n; j++) {
+        float group_dweight = 0.0f, group_dbias = 0.0f;
         for (int k = 0; k < count; k++) {
             const float dy_1 = (float)ln_load1_as_f64(dtype, group->dy[k], j);
-            const float xhat = ((float)ln_load1_as_f64(dtype, group->x[k], j) - mean[k]) * rstd[k];
+            const float xc = (float)ln_load1_as_f64(dtype, group->x[k], j) - mean[k];
             if (want_dx) {
                 const float g = weight ? dy_1 * weight[j] : dy_1;
-                ln_store1_from_f64(dtype, group->dx[k], j, ((g - g_mean[k]) - xhat * gx_mean[k]) * rstd[k]);
+                ln_store1_from_f64(dtype, group->dx[k], j, fmaf(rstd[k], g, fmaf(xc_scale[k], xc, offset[k])));
             }
-            if (dweight) {
-                dweight[j] += (double)(dy_1 * xhat);
-            }
-            if (dbias) {
-                dbias[j] += (double)dy_1;
-            }
+            group_dweight = fmaf(dy_1 * xc, rstd[k], group_dweight);
+            group_dbias += dy_1;
+        }
+        if (dweight) {
+            dweight[j] += (double)group_dweight;
+        }
+        if (dbias) {
+            dbias[j] += (double)group_dbias;
         }
     }
 }
 
+/* The same for float64 data, all in float64. */
 static LN_ALWAYS_INLINE void LN_FN(grad_apply_double)(const ln_grad_rows *group, const double *weight,
-                                                   ptrdiff_t n, double *dweight, double *dbias)
+                                                      ptrdiff_t n, double *dweight, double *dbias)
 {
-    GD mean_v[LN_GRAD_ROWS], rstd_v[LN_GRAD_ROWS], g_mean_v[LN_GRAD_ROWS], gx_mean_v[LN_GRAD_ROWS];
+    GD mean_v[LN_GRAD_ROWS], rstd_v[LN_GRAD_ROWS], xc_scale_v[LN_GRAD_ROWS], offset_v[LN_GRAD_ROWS];
+    double xc_scale[LN_GRAD_ROWS], offset[LN_GRAD_ROWS];
     const int count = group->count;
     for (int k = 0; k < count; k++) {
+        xc_scale[k] = -group->rstd[k] * group->rstd[k] * group->gx_mean[k];
+        offset[k] = -group->rstd[k] * group->g_mean[k];
         mean_v[k] = LN_FN(gd_splat)(group->mean[k]);
         rstd_v[k] = LN_FN(gd_splat)(group->rstd[k]);
-        g_mean_v[k] = LN_FN(gd_splat)(group->g_mean[k]);
-        gx_mean_v[k] = LN_FN(gd_splat)(group->gx_mean[k]);
+        xc_scale_v[k] = LN_FN(gd_splat)(xc_scale[k]);
+        offset_v[k] = LN_FN(gd_splat)(offset[k]);
     }
     const int want_dx = group->dx[0] != NULL;
     ptrdiff_t j = 0;
@@ -793,15 +809,14 @@ static LN_ALWAYS_INLINE void LN_FN(grad_apply_double)(const ln_grad_rows *group,
         GD dbias_v = dbias ? LN_FN(gd_load)(dbias + j) : LN_FN(gd_splat)(0.0);
         for (int k = 0; k < count; k++) {
             const GD dy_v = LN_FN(gd_load)((const double *)group->dy[k] + j);
-            const GD xhat = LN_FN(gd_mul)(LN_FN(gd_sub)(LN_FN(gd_load)((const double *)group->x[k] + j), mean_v[k]),
-                                          rstd_v[k]);
+            const GD xc = LN_FN(gd_sub)(LN_FN(gd_load)((const double *)group->x[k] + j), mean_v[k]);
             if (want_dx) {
                 const GD g = weight ? LN_FN(gd_mul)(dy_v, w) : dy_v;
-                const GD inner = LN_FN(gd_sub)(LN_FN(gd_sub)(g, g_mean_v[k]), LN_FN(gd_mul)(xhat, gx_mean_v[k]));
-                LN_FN(gd_store)((double *)group->dx[k] + j, LN_FN(gd_mul)(inner, rstd_v[k]));
+                LN_FN(gd_store)((double *)group->dx[k] + j,
+                                LN_FN(gd_fma)(rstd_v[k], g, LN_FN(gd_fma)(xc_scale_v[k], xc, offset_v[k])));
             }
             if (dweight) {
-                dweight_v = LN_FN(gd_add)(dweight_v, LN_FN(gd_mul)(dy_v, xhat));
+                dweight_v = LN_FN(gd_fma)(LN_FN(gd_mul)(dy_v, xc), rstd_v[k], dweight_v);
             }
             if (dbias) {
                 dbias_v = LN_FN(gd_add)(dbias_v, dy_v);
@@ -817,13 +832,13 @@ static LN_ALWAYS_INLINE void LN_FN(grad_apply_double)(const ln_grad_rows *group,
     for (; j < n; j++) {
         for (int k = 0; k < count; k++) {
             const double dy_1 = ((const double *)group->dy[k])[j];
-            const double xhat = (((const double *)group->x[k])[j] - group->mean[k]) * group->rstd[k];
+            const double xc = ((const double *)group->x[k])[j] - group->mean[k];
             if (want_dx) {
                 const double g = weight ? dy_1 * weight[j] : dy_1;
-                ((double *)group->dx[k])[j] = ((g - group->g_mean[k]) - xhat * group->gx_mean[k]) * group->rstd[k];
+                ((double *)group->dx[k])[j] = fma(group->rstd[k], g, fma(xc_scale[k], xc, offset[k]));
             }
             if (dweight) {
-                dweight[j] += dy_1 * xhat;
+                dweight[j] = fma(dy_1 * xc, group->rstd[k], dweight[j]);
             }
             if (dbias) {
                 dbias[j] += dy_1;
