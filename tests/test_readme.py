@@ -1,0 +1,122 @@
+"""The README's examples run, and print what the README says they print.
+
+Every number in the README comes from a command in the repo; these tests re-run those
+commands (`python -m layernorm`, the scripts, the quickstart session) so that a change to
+the package that moves a number makes the README wrong loudly.  Numbers are compared to
+10% (they are printed with 2 to 5 digits, and torch's own error depends on its kernels);
+all other text must match exactly, up to white space.
+"""
+
+import contextlib
+import doctest
+import io
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import layernorm
+
+README = os.path.join(os.path.dirname(__file__), os.pardir, "README.md")
+NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
+
+
+def read_readme():
+    with open(README, encoding="utf-8") as f:
+        return f.read()
+
+
+def fenced_blocks(text):
+    """[(info string, body)] of the README's top-level ``` blocks, in order."""
+    return [(m.group(1), m.group(2))
+            for m in re.finditer(r"^```(\w*)\n(.*?)^```$", text, flags=re.S | re.M)]
+
+
+def same_text(got, want):
+    """Equal up to white space, numbers within 10% of each other."""
+    got_words, want_words = NUMBER.split(" ".join(got.split())), NUMBER.split(" ".join(want.split()))
+    got_numbers, want_numbers = NUMBER.findall(got), NUMBER.findall(want)
+    if got_words != want_words or len(got_numbers) != len(want_numbers):
+        return False
+    return all(abs(float(g) - float(w)) <= 0.1 * abs(float(w)) + 1e-12
+               for g, w in zip(got_numbers, want_numbers))
+
+
+def assert_same_text(got, want):
+    assert same_text(got, want), f"README says:\n{want}\nbut the code printed:\n{got}"
+
+
+@pytest.fixture
+def restore_runtime():
+    threads, level = layernorm.get_num_threads(), layernorm.simd_level()
+    yield
+    layernorm.set_num_threads(threads)
+    layernorm.set_simd_level(level)
+
+
+def demo_output():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LAYERNORM_")}
+    proc = subprocess.run([sys.executable, "-m", "layernorm"], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_demo_output_is_the_readmes():
+    text = read_readme()
+    start = text.index("<summary>What <code>python -m layernorm</code>")
+    shown = next(body for _, body in fenced_blocks(text[start:]))
+    # The first two lines name the versions, the SIMD level and the thread count of the machine.
+    assert_same_text("\n".join(demo_output().splitlines()[2:]), "\n".join(shown.splitlines()[2:]))
+
+
+def test_pitfall_numbers_in_why_come_from_the_demo():
+    text = read_readme()
+    why = text[text.index("## Why"):text.index("## Set-up")]
+    quoted = re.findall(r"^  ```\n(.*?)\n  ```$", why, flags=re.M | re.S)
+    assert len(quoted) == 2
+    demo_lines = demo_output().splitlines()
+    for line in quoted:
+        assert any(same_text(demo_line, line.strip()) for demo_line in demo_lines), line
+
+
+def test_scripts_print_what_the_readme_shows(restore_runtime):
+    """Each ```python block that is not a session runs, in order, in one namespace (the training
+    check continues the training script); a plain ``` block right after it is its output."""
+    blocks = fenced_blocks(read_readme())
+    namespace = {"__name__": "__readme__"}
+    checked = 0
+    for index, (info, body) in enumerate(blocks):
+        if info != "python" or body.lstrip().startswith(">>>"):
+            continue
+        stdout = io.StringIO()
+        with contextlib.redirect_stdout(stdout):
+            exec(compile(body, f"README block {index}", "exec"), namespace)
+        following = blocks[index + 1] if index + 1 < len(blocks) else None
+        if following and following[0] == "" and stdout.getvalue():
+            assert_same_text(stdout.getvalue(), following[1])
+            checked += 1
+    assert checked >= 3  # the accuracy comparison and the two training scripts
+
+
+class _TolerantChecker(doctest.OutputChecker):
+    def check_output(self, want, got, optionflags):
+        return super().check_output(want, got, optionflags) or same_text(got, want)
+
+
+def test_quickstart_session(restore_runtime):
+    sessions = [body for info, body in fenced_blocks(read_readme())
+                if info == "python" and body.lstrip().startswith(">>>")]
+    assert sessions
+    parser, runner = doctest.DocTestParser(), doctest.DocTestRunner(
+        checker=_TolerantChecker(), optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    namespace = {"np": np}
+    for number, session in enumerate(sessions):
+        test = parser.get_doctest(session, namespace, f"README session {number}", README, 0)
+        report = io.StringIO()
+        result = runner.run(test, out=report.write, clear_globs=False)
+        assert result.failed == 0, report.getvalue()
+        namespace = test.globs  # the next session continues this one
