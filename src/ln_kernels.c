@@ -385,9 +385,12 @@ static void ln_pool_after_fork_child(void)
 
 static pthread_once_t ln_pool_once = PTHREAD_ONCE_INIT;
 
+static void ln_scratch_after_fork_child(void);
+
 static void ln_pool_register_fork_handler(void)
 {
     pthread_atfork(NULL, NULL, ln_pool_after_fork_child);
+    pthread_atfork(NULL, NULL, ln_scratch_after_fork_child);
 }
 
 /* Starts workers until `wanted` exist (the busy lock is held); returns how many exist. */
@@ -575,6 +578,63 @@ int ln_forward(const ln_forward_args *a)
 }
 
 /* ------------------------------------------------------------------------ */
+/* Scratch memory                                                            */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * The backward partial sums take a few hundred KiB on mid-sized inputs.  A fresh calloc
+ * of that size is an mmap, and its page faults cost more than the kernel itself
+ * (512x768 float32 backward, 2 threads: 185 -> 155 us without them).  So one zeroed
+ * buffer of up to LN_SCRATCH_MAX bytes is kept between calls; a call that finds it in
+ * use by another thread, or needs more, allocates its own.
+ */
+#define LN_SCRATCH_MAX ((size_t)16 << 20)
+
+static struct {
+    pthread_mutex_t lock;  /* held by the call using the buffer */
+    double *data;
+    size_t count;          /* doubles allocated */
+} ln_scratch = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+/* A thread that held the buffer at fork() does not exist in the child. */
+static void ln_scratch_after_fork_child(void)
+{
+    pthread_mutex_init(&ln_scratch.lock, NULL);
+}
+
+/* count zeroed doubles, or NULL when out of memory; *kept says whether they are the kept
+   buffer.  Give them back with ln_scratch_give. */
+static double *ln_scratch_take(size_t count, int *kept)
+{
+    *kept = 0;
+    if (count * sizeof(double) > LN_SCRATCH_MAX || pthread_mutex_trylock(&ln_scratch.lock) != 0) {
+        return calloc(count, sizeof(double));
+    }
+    if (ln_scratch.count < count) {
+        free(ln_scratch.data);
+        ln_scratch.data = malloc(count * sizeof(double));
+        ln_scratch.count = ln_scratch.data ? count : 0;
+        if (!ln_scratch.data) {
+            pthread_mutex_unlock(&ln_scratch.lock);
+            return NULL;
+        }
+    }
+    memset(ln_scratch.data, 0, count * sizeof(double));
+    *kept = 1;
+    return ln_scratch.data;
+}
+
+static void ln_scratch_give(double *data, int kept)
+{
+    if (kept) {
+        pthread_mutex_unlock(&ln_scratch.lock);
+    }
+    else {
+        free(data);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
 /* Backward driver                                                           */
 /* ------------------------------------------------------------------------ */
 
@@ -706,6 +766,7 @@ int ln_backward(const ln_backward_args *a)
         .blocks = 1,
     };
     const int want_params = a->grad_weight || a->grad_bias;
+    int dparams_kept = 0;
     const double elements = (double)a->rows * (double)a->row_len;
     int status = -1;
     if (!a->grad_input && !want_params) {
@@ -723,7 +784,7 @@ int ln_backward(const ln_backward_args *a)
     }
     if (want_params) {
         /* +1 so that row_len == 0 still allocates */
-        job.dparams = calloc((size_t)(2 * job.blocks * a->row_len + 1), sizeof(double));
+        job.dparams = ln_scratch_take((size_t)(2 * job.blocks * a->row_len + 1), &dparams_kept);
         if (!job.dparams) {
             goto done;
         }
@@ -753,6 +814,6 @@ int ln_backward(const ln_backward_args *a)
     }
     status = 0;
 done:
-    free(job.dparams);
+    ln_scratch_give(job.dparams, dparams_kept);
     return status;
 }
