@@ -67,6 +67,14 @@ typedef float LN_FN(vf) __attribute__((vector_size(64)));    /* __m512 */
 #define LN_VF_PER_GROUP 1
 #endif
 
+#if LN_ISA_LEVEL == 1
+#define LN_STREAM_PS(p, v) _mm256_stream_ps((p), (__m256)(v))
+#define LN_STREAM_PD(p, v) _mm256_stream_pd((p), (__m256d)(v))
+#elif LN_ISA_LEVEL == 2
+#define LN_STREAM_PS(p, v) _mm512_stream_ps((p), (__m512)(v))
+#define LN_STREAM_PD(p, v) _mm512_stream_pd((p), (__m512d)(v))
+#endif
+
 typedef struct { LN_FN(vd) v[LN_VD_PER_GROUP]; } LN_FN(gd);
 typedef struct { LN_FN(vf) v[LN_VF_PER_GROUP]; } LN_FN(gf);
 #define GD LN_FN(gd)
@@ -459,22 +467,44 @@ static LN_ALWAYS_INLINE LN_FN(row_norm) LN_FN(row_norm_of)(ln_dtype dtype, doubl
     return k;
 }
 /* y[i .. i + 16) from x[i .. i + 16). */
-static LN_ALWAYS_INLINE void LN_FN(normalize_group)(ln_dtype dtype, const LN_FN(row_norm) *k, const void *x,
-                                                    void *y, ptrdiff_t i, const void *weight, const void *bias)
+static LN_ALWAYS_INLINE void LN_FN(normalize_group_to)(ln_dtype dtype, const LN_FN(row_norm) *k, const void *x,
+                                                       void *y, ptrdiff_t i, const void *weight, const void *bias,
+                                                       int streaming)
 {
     if (dtype == LN_F64) {
         const GD centred = LN_FN(gd_sub)(LN_FN(gd_load)((const double *)x + i), k->mean_v);
         const GD a = weight ? LN_FN(gd_mul)(LN_FN(gd_load)((const double *)weight + i), k->rstd_v) : k->rstd_v;
         const GD b = bias ? LN_FN(gd_load)((const double *)bias + i) : LN_FN(gd_splat)(0.0);
-        LN_FN(gd_store)((double *)y + i, LN_FN(gd_fma)(centred, a, b));
+        const GD value = LN_FN(gd_fma)(centred, a, b);
+#if LN_ISA_LEVEL > 0
+        if (streaming) {
+            FOR_VD(j) { LN_STREAM_PD((double *)y + i + LN_VD_LANES * j, value.v[j]); }
+            return;
+        }
+#endif
+        LN_FN(gd_store)((double *)y + i, value);
     }
     else {
         const GF centred = LN_FN(gf_sub)(LN_FN(gf_sub)(LN_FN(load_as_f32)(dtype, x, i), k->mean_hi_v), k->mean_lo_v);
         const GF a = weight ? LN_FN(gf_mul)(LN_FN(gf_load)((const float *)weight + i), k->scale_v) : k->scale_v;
         const GF b = bias ? LN_FN(gf_load)((const float *)bias + i) : LN_FN(gf_splat)(0.0f);
-        LN_FN(store_from_f32)(dtype, y, i, LN_FN(gf_fma)(centred, a, b));
+        const GF value = LN_FN(gf_fma)(centred, a, b);
+#if LN_ISA_LEVEL > 0
+        if (streaming && dtype == LN_F32) {
+            FOR_VF(j) { LN_STREAM_PS((float *)y + i + LN_VF_LANES * j, value.v[j]); }
+            return;
+        }
+#endif
+        LN_FN(store_from_f32)(dtype, y, i, value);
     }
 }
+
+static LN_ALWAYS_INLINE void LN_FN(normalize_group)(ln_dtype dtype, const LN_FN(row_norm) *k, const void *x,
+                                                    void *y, ptrdiff_t i, const void *weight, const void *bias)
+{
+    LN_FN(normalize_group_to)(dtype, k, x, y, i, weight, bias, 0);
+}
+
 /* y[i] from x[i]: the same arithmetic, one element. */
 static LN_ALWAYS_INLINE void LN_FN(normalize_one)(ln_dtype dtype, const LN_FN(row_norm) *k, const void *x,
                                                   void *y, ptrdiff_t i, const void *weight, const void *bias)
@@ -497,6 +527,31 @@ static LN_ALWAYS_INLINE void LN_FN(normalize)(ln_dtype dtype, const void *x, voi
     ptrdiff_t i = 0;
     for (; i + 16 <= n; i += 16) { LN_FN(normalize_group)(dtype, &k, x, y, i, weight, bias); }
     for (; i < n; i++) { LN_FN(normalize_one)(dtype, &k, x, y, i, weight, bias); }
+}
+
+/* normalize() with non-temporal stores: for rows too long to stay in cache, the output
+   bypasses the caches, so it does not evict the input that the loop is about to read
+   again, and costs no read for ownership.  The head up to a 64-byte boundary and the
+   tail go one element at a time; the values are normalize()'s. */
+static LN_ALWAYS_INLINE void LN_FN(normalize_streaming)(ln_dtype dtype, const void *x, void *y, ptrdiff_t n,
+                                                        double mean, double rstd, const void *weight,
+                                                        const void *bias)
+{
+    const LN_FN(row_norm) k = LN_FN(row_norm_of)(dtype, mean, rstd);
+    const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(dtype);
+    ptrdiff_t i = 0;
+    for (; i < n && ((uintptr_t)((char *)y + i * elsize) & 63) != 0; i++) {
+        LN_FN(normalize_one)(dtype, &k, x, y, i, weight, bias);
+    }
+    for (; i + 16 <= n; i += 16) {
+        LN_FN(normalize_group_to)(dtype, &k, x, y, i, weight, bias, 1);
+    }
+    for (; i < n; i++) {
+        LN_FN(normalize_one)(dtype, &k, x, y, i, weight, bias);
+    }
+#if LN_ISA_LEVEL > 0
+    _mm_sfence();  /* streaming stores are weakly ordered: finish them before y is handed on */
+#endif
 }
 
 /* The weight/bias branches are hoisted out of the loops by compiling one copy per
@@ -547,6 +602,33 @@ static void LN_FN(normalize_row_f64)(const void *x, void *y, ptrdiff_t n, double
     LN_NORMALIZE_CASES(LN_CALL, weight, bias);
 #undef LN_CALL
 }
+
+static void LN_FN(normalize_row_streaming_f16)(const void *x, void *y, ptrdiff_t n, double mean, double rstd,
+                                               const void *weight, const void *bias)
+{
+#define LN_CALL(w, b) LN_FN(normalize_streaming)(LN_F16, x, y, n, mean, rstd, w, b)
+    LN_NORMALIZE_CASES(LN_CALL, weight, bias);
+#undef LN_CALL
+}
+
+static void LN_FN(normalize_row_streaming_f32)(const void *x, void *y, ptrdiff_t n, double mean, double rstd,
+                                               const void *weight, const void *bias)
+{
+#define LN_CALL(w, b) LN_FN(normalize_streaming)(LN_F32, x, y, n, mean, rstd, w, b)
+    LN_NORMALIZE_CASES(LN_CALL, weight, bias);
+#undef LN_CALL
+}
+
+static void LN_FN(normalize_row_streaming_f64)(const void *x, void *y, ptrdiff_t n, double mean, double rstd,
+                                               const void *weight, const void *bias)
+{
+#define LN_CALL(w, b) LN_FN(normalize_streaming)(LN_F64, x, y, n, mean, rstd, w, b)
+    LN_NORMALIZE_CASES(LN_CALL, weight, bias);
+#undef LN_CALL
+}
+
+static const ln_normalize_fn LN_FN(kernels_normalize_streaming)[3] = {
+    LN_FN(normalize_row_streaming_f16), LN_FN(normalize_row_streaming_f32), LN_FN(normalize_row_streaming_f64)};
 
 static const ln_normalize_fn LN_FN(normalize_rows_by_dtype)[3] = {
     LN_FN(normalize_row_f16), LN_FN(normalize_row_f32), LN_FN(normalize_row_f64)};
@@ -674,7 +756,9 @@ static LN_ALWAYS_INLINE void LN_FN(forward_rows)(ln_dtype dtype, const ln_forwar
                                                  ptrdiff_t begin, ptrdiff_t end)
 {
     const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(dtype);
-    const ln_normalize_fn normalize = LN_FN(normalize_rows_by_dtype)[dtype];
+    const ln_normalize_fn normalize = a->row_len * elsize >= LN_STREAM_MIN_BYTES
+                                          ? LN_FN(kernels_normalize_streaming)[dtype]
+                                          : LN_FN(normalize_rows_by_dtype)[dtype];
     if (a->row_len < 16) {
         LN_FN(forward_short_rows)(dtype, a, begin, end);
         return;
@@ -1088,12 +1172,16 @@ static const ln_kernel_table LN_FN(kernels) = {
     .forward_rows = {LN_FN(forward_rows_f16), LN_FN(forward_rows_f32), LN_FN(forward_rows_f64)},
     .chunk_moments = {LN_FN(chunk_moments_of_f16), LN_FN(chunk_moments_of_f32), LN_FN(chunk_moments_of_f64)},
     .normalize_row = {LN_FN(normalize_row_f16), LN_FN(normalize_row_f32), LN_FN(normalize_row_f64)},
+    .normalize_row_streaming = {LN_FN(normalize_row_streaming_f16), LN_FN(normalize_row_streaming_f32),
+                                LN_FN(normalize_row_streaming_f64)},
     .backward_rows = {LN_FN(backward_rows_f16), LN_FN(backward_rows_f32), LN_FN(backward_rows_f64)},
     .grad_sums = {LN_FN(grad_sums_f16), LN_FN(grad_sums_f32), LN_FN(grad_sums_f64)},
     .grad_apply = {LN_FN(grad_apply_f16), LN_FN(grad_apply_f32), LN_FN(grad_apply_f64)},
 };
 
 #undef LN_NORMALIZE_CASES
+#undef LN_STREAM_PS
+#undef LN_STREAM_PD
 #undef FOR_VD
 #undef FOR_VF
 #undef GD

@@ -258,3 +258,31 @@ def test_defaults_without_env():
     best = [name for name in ALL_LEVEL_NAMES if name in LEVELS][-1]
     assert level == best
     assert int(threads) == len(os.sched_getaffinity(0))
+
+
+# Rows of 1 MiB and more are written with non-temporal stores, from a 64-byte boundary on:
+# in place, into an output that starts off that boundary, and split across threads or not,
+# the bits are those of the plain stores (the scalar level has none).
+STREAMED_SHAPES = [(1, 1 << 18), (2, (1 << 18) + 5), (9, (1 << 17) + 3)]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("shape", STREAMED_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=dtype_id)
+def test_streamed_rows_same_bits_in_place_and_unaligned(dtype, shape, threads, restore_runtime):
+    n = shape[-1]
+    x = make_input(shape, dtype, seed=n, offset=5.0)
+    w, b = make_params((n,), param_dtype(dtype), "weight+bias")
+    layernorm.set_num_threads(threads)
+    layernorm.set_simd_level("scalar")
+    expected = layernorm.layer_norm(x, (n,), w, b)
+    layernorm.set_simd_level(LEVELS[-1])
+    assert np.array_equal(layernorm.layer_norm(x, (n,), w, b), expected)
+    buf = np.zeros(x.size + 3, dtype)
+    unaligned = buf[3:].reshape(shape)  # 3 elements past the allocation: off any 64-byte boundary
+    assert layernorm.layer_norm(x, (n,), w, b, out=unaligned) is unaligned
+    assert np.array_equal(unaligned, expected) and (buf[:3] == 0).all()
+    in_place = x.copy()
+    assert layernorm.layer_norm(in_place, (n,), w, b, out=in_place) is in_place
+    assert np.array_equal(in_place, expected)
+    assert_matches_reference(expected, x, (n,), w, b)
