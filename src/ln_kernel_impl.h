@@ -579,53 +579,33 @@ static ln_moments LN_FN(chunk_moments_of_f64)(const void *x, ptrdiff_t n)
     return LN_FN(chunk_moments)(LN_F64, x, n);
 }
 
-static void LN_FN(normalize_row_f16)(const void *x, void *y, ptrdiff_t n, double mean, double rstd,
-                                     const void *weight, const void *bias)
-{
-#define LN_CALL(w, b) LN_FN(normalize)(LN_F16, x, y, n, mean, rstd, w, b)
-    LN_NORMALIZE_CASES(LN_CALL, weight, bias);
-#undef LN_CALL
-}
+/* The row functions of the table, one per dtype and store kind, each with the
+   weight/bias cases compiled apart. */
+#define LN_NORMALIZE_ROW(name, normalize_fn, DTYPE)                                             \
+    static void LN_FN(name)(const void *x, void *y, ptrdiff_t n, double mean, double rstd,      \
+                            const void *weight, const void *bias)                               \
+    {                                                                                           \
+        if (weight && bias) {                                                                   \
+            LN_FN(normalize_fn)(DTYPE, x, y, n, mean, rstd, weight, bias);                      \
+        }                                                                                       \
+        else if (weight) {                                                                      \
+            LN_FN(normalize_fn)(DTYPE, x, y, n, mean, rstd, weight, NULL);                      \
+        }                                                                                       \
+        else if (bias) {                                                                        \
+            LN_FN(normalize_fn)(DTYPE, x, y, n, mean, rstd, NULL, bias);                        \
+        }                                                                                       \
+        else {                                                                                  \
+            LN_FN(normalize_fn)(DTYPE, x, y, n, mean, rstd, NULL, NULL);                        \
+        }                                                                                       \
+    }
 
-static void LN_FN(normalize_row_f32)(const void *x, void *y, ptrdiff_t n, double mean, double rstd,
-                                     const void *weight, const void *bias)
-{
-#define LN_CALL(w, b) LN_FN(normalize)(LN_F32, x, y, n, mean, rstd, w, b)
-    LN_NORMALIZE_CASES(LN_CALL, weight, bias);
-#undef LN_CALL
-}
-
-static void LN_FN(normalize_row_f64)(const void *x, void *y, ptrdiff_t n, double mean, double rstd,
-                                     const void *weight, const void *bias)
-{
-#define LN_CALL(w, b) LN_FN(normalize)(LN_F64, x, y, n, mean, rstd, w, b)
-    LN_NORMALIZE_CASES(LN_CALL, weight, bias);
-#undef LN_CALL
-}
-
-static void LN_FN(normalize_row_streaming_f16)(const void *x, void *y, ptrdiff_t n, double mean, double rstd,
-                                               const void *weight, const void *bias)
-{
-#define LN_CALL(w, b) LN_FN(normalize_streaming)(LN_F16, x, y, n, mean, rstd, w, b)
-    LN_NORMALIZE_CASES(LN_CALL, weight, bias);
-#undef LN_CALL
-}
-
-static void LN_FN(normalize_row_streaming_f32)(const void *x, void *y, ptrdiff_t n, double mean, double rstd,
-                                               const void *weight, const void *bias)
-{
-#define LN_CALL(w, b) LN_FN(normalize_streaming)(LN_F32, x, y, n, mean, rstd, w, b)
-    LN_NORMALIZE_CASES(LN_CALL, weight, bias);
-#undef LN_CALL
-}
-
-static void LN_FN(normalize_row_streaming_f64)(const void *x, void *y, ptrdiff_t n, double mean, double rstd,
-                                               const void *weight, const void *bias)
-{
-#define LN_CALL(w, b) LN_FN(normalize_streaming)(LN_F64, x, y, n, mean, rstd, w, b)
-    LN_NORMALIZE_CASES(LN_CALL, weight, bias);
-#undef LN_CALL
-}
+LN_NORMALIZE_ROW(normalize_row_f16, normalize, LN_F16)
+LN_NORMALIZE_ROW(normalize_row_f32, normalize, LN_F32)
+LN_NORMALIZE_ROW(normalize_row_f64, normalize, LN_F64)
+LN_NORMALIZE_ROW(normalize_row_streaming_f16, normalize_streaming, LN_F16)
+LN_NORMALIZE_ROW(normalize_row_streaming_f32, normalize_streaming, LN_F32)
+LN_NORMALIZE_ROW(normalize_row_streaming_f64, normalize_streaming, LN_F64)
+#undef LN_NORMALIZE_ROW
 
 static const ln_normalize_fn LN_FN(kernels_normalize_streaming)[3] = {
     LN_FN(normalize_row_streaming_f16), LN_FN(normalize_row_streaming_f32), LN_FN(normalize_row_streaming_f64)};

@@ -208,6 +208,15 @@ def test_memory_flat_over_error_calls():
 # ---------------------------------------------------------------------------
 
 
+def _run_in_threads(worker, count):
+    """worker(0) .. worker(count - 1), each on its own thread, all joined."""
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+
+
 def _workload(seed):
     rng = np.random.default_rng(seed)
     jobs = []
@@ -245,11 +254,7 @@ def test_concurrent_calls_match_serial(kernel_threads, restore_runtime):
         except BaseException as exc:  # reported in the main thread
             errors.append(exc)
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
+    _run_in_threads(worker, 4)
     assert not errors, errors
     assert all(r is not None for r in results)
 
@@ -470,9 +475,5 @@ def test_concurrent_backward_calls_match_serial(kernel_threads, restore_runtime)
         except BaseException as exc:  # reported in the main thread
             errors.append(exc)
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
+    _run_in_threads(worker, 4)
     assert not errors, errors
