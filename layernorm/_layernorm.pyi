@@ -52,5 +52,5 @@ def training_forward(
     weight: npt.ArrayLike | None = None,
     bias: npt.ArrayLike | None = None,
     eps: SupportsFloat = 1e-5,
-) -> tuple[_FloatArray, _FloatArray, _FloatArray, _FloatArray]:
-    """native_layer_norm plus a private C-contiguous copy of the input: (output, input, mean, rstd)."""
+) -> tuple[_FloatArray, tuple[_FloatArray, _FloatArray, _FloatArray]]:
+    """native_layer_norm plus a private C-contiguous copy of the input: (output, (input, mean, rstd))."""

@@ -213,10 +213,9 @@ class LayerNorm:
         self._saved = None
         # The input comes back as a private copy: the caller may change its own array
         # before backward(), which must not change the gradients (torch raises there).
-        output, saved_input, mean, rstd = _training_forward(
+        output, self._saved = _training_forward(
             input, self.normalized_shape, self.weight, self.bias, self.eps
         )
-        self._saved = (saved_input, mean, rstd)
         return output
 
     forward = __call__

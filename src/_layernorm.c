@@ -524,7 +524,7 @@ stats_array(PyArrayObject *input, int ns_ndim, int type_num)
 typedef enum {
     RETURN_OUTPUT,          /* output */
     RETURN_STATS,           /* (output, mean, rstd) */
-    RETURN_SAVED_FOR_GRAD,  /* (output, input, mean, rstd), input a private C-contiguous array */
+    RETURN_SAVED_FOR_GRAD,  /* (output, (input, mean, rstd)), input a private C-contiguous array */
 } forward_returns;
 
 /* New reference: input's data in an array nobody else holds (for backward to read after the
@@ -637,10 +637,12 @@ forward(const char *fname, PyObject *input_obj, PyObject *ns_obj, PyObject *weig
     case RETURN_STATS:
         result = PyTuple_Pack(3, (PyObject *)output, (PyObject *)mean, (PyObject *)rstd);
         break;
-    case RETURN_SAVED_FOR_GRAD:
-        result = PyTuple_Pack(4, (PyObject *)output, (PyObject *)saved_input, (PyObject *)mean,
-                              (PyObject *)rstd);
+    case RETURN_SAVED_FOR_GRAD: {
+        PyObject *saved = PyTuple_Pack(3, (PyObject *)saved_input, (PyObject *)mean, (PyObject *)rstd);
+        result = saved ? PyTuple_Pack(2, (PyObject *)output, saved) : NULL;
+        Py_XDECREF(saved);
         break;
+    }
     }
 done:
     Py_XDECREF(saved_input);
@@ -719,7 +721,7 @@ PyDoc_STRVAR(training_forward_doc,
 "--\n"
 "\n"
 "native_layer_norm that also returns what layer_norm_backward needs to read later:\n"
-"(output, input, mean, rstd), where input holds the input's values in a C-contiguous\n"
+"(output, (input, mean, rstd)), where input holds the input's values in a C-contiguous\n"
 "array that nothing else refers to (the array made from a list or a strided view\n"
 "when there is one, else a copy), so that changing the caller's array afterwards\n"
 "cannot change the gradients.  Used by LayerNorm in training mode.\n");
