@@ -228,10 +228,13 @@ as_array(PyObject *obj)
     if (arr) {
         return arr;
     }
-    /* A torch tensor that requires grad refuses to become an array; its values, detached
-       from the autograd graph, are what we compute on (torch itself is never imported).
-       Anything else keeps the conversion's own error. */
+    /* A torch tensor that requires grad refuses to become an array with a RuntimeError; its
+       values, detached from the autograd graph, are what we compute on (torch itself is never
+       imported). Any other error, KeyboardInterrupt and MemoryError included, stands. */
     PyObject *exc_type, *exc_value, *exc_tb, *detached = NULL;
+    if (!PyErr_ExceptionMatches(PyExc_RuntimeError)) {
+        return NULL;
+    }
     PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
     if (PyObject_HasAttrString(obj, "requires_grad") && PyObject_HasAttrString(obj, "detach")) {
         detached = PyObject_CallMethod(obj, "detach", NULL);
@@ -531,11 +534,12 @@ typedef enum {
    caller may have changed its own), C-contiguous and native: `rows` itself when it is a
    copy made here, else a new copy. */
 static PyArrayObject *
-private_input(PyObject *input_obj, PyArrayObject *input, PyArrayObject *rows)
+private_input(PyArrayObject *input, PyArrayObject *rows)
 {
-    const int made_here = rows != input ||
-                          ((PyObject *)input != input_obj && PyArray_CHKFLAGS(input, NPY_ARRAY_OWNDATA));
-    if (made_here && PyArray_IS_C_CONTIGUOUS(rows)) {
+    /* Only a copy made here is known to be private: an array that came out of the caller's
+       object, even one owning its data, may be that object's own buffer (an __array__ that
+       returns a kept array). */
+    if (rows != input && PyArray_IS_C_CONTIGUOUS(rows)) {
         Py_INCREF(rows);
         return rows;
     }
@@ -602,7 +606,7 @@ forward(const char *fname, PyObject *input_obj, PyObject *ns_obj, PyObject *weig
         }
     }
     if (returns == RETURN_SAVED_FOR_GRAD) {
-        saved_input = private_input(input_obj, input, rows);
+        saved_input = private_input(input, rows);
         if (!saved_input) {
             goto done;
         }
@@ -792,7 +796,8 @@ parse_output_mask(PyObject *obj, int mask[3])
         /* bools and integers only: "False" or None taken by truth value would silently
            compute gradients the caller did not ask for */
         PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
-        if (!PyArray_IsScalar(item, Bool) && !PyIndex_Check(item)) {
+        if (!PyBool_Check(item) && !PyLong_Check(item) && !PyArray_IsScalar(item, Bool) &&
+            !PyArray_IsScalar(item, Integer)) {
             PyErr_Format(PyExc_TypeError, "output_mask must be a sequence of three bools, got %R", obj);
             status = -1;
             break;

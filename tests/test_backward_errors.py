@@ -105,8 +105,11 @@ def test_output_mask_not_a_sequence_raises_type_error(mask):
         call(args)
 
 
-@pytest.mark.parametrize("mask", [("False", "False", "False"), "FFF", (None, [], "x")],
-                         ids=["str-False", "str-FFF", "mixed"])
+@pytest.mark.parametrize("mask", [("False", "False", "False"), "FFF", (None, [], "x"),
+                                  (True, 0.5, True), (True, np.array(0.5), True),
+                                  (True, np.array([0]), True)],
+                         ids=["str-False", "str-FFF", "mixed", "float", "0-d-float-array",
+                              "1-element-int-array"])
 def test_output_mask_non_bool_entries_raise_type_error(mask):
     # torch: output_mask must be a List[bool].  A string "False" is true in Python: taking
     # it silently would return gradients the caller asked not to compute.
@@ -116,8 +119,9 @@ def test_output_mask_non_bool_entries_raise_type_error(mask):
         call(args)
 
 
-@pytest.mark.parametrize("mask", [(1, 0, 1), (np.True_, np.False_, np.True_), [True, False, True]],
-                         ids=["ints", "numpy-bools", "list"])
+@pytest.mark.parametrize("mask", [(1, 0, 1), (np.True_, np.False_, np.True_), [True, False, True],
+                                  (np.int64(1), np.uint8(0), np.int32(1))],
+                         ids=["ints", "numpy-bools", "list", "numpy-ints"])
 def test_output_mask_bool_likes_accepted(mask):
     args = good_args()
     args["output_mask"] = mask

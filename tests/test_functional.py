@@ -486,3 +486,38 @@ def test_torch_tensor_that_requires_grad_is_read_detached(entry):
         grad_input, _, _ = layernorm.layer_norm_backward(dy, x, (5,), mean, rstd)
         np.testing.assert_allclose(grad_input, x.grad.numpy(), rtol=0, atol=1e-5)
     assert x.requires_grad and x.grad_fn is None  # the caller's tensor is untouched
+
+
+class ArrayThatRaises:
+    """Array-like whose conversion fails with `error`; it also looks like a tensor (has
+    requires_grad and detach), so only the kind of error decides whether detach() is tried."""
+
+    requires_grad = True
+
+    def __init__(self, error):
+        self.error = error
+        self.detached = False
+
+    def __array__(self, dtype=None, copy=None):
+        raise self.error
+
+    def detach(self):
+        self.detached = True
+        return np.ones((2, 3), np.float32)
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt, MemoryError, ValueError],
+                         ids=["KeyboardInterrupt", "MemoryError", "ValueError"])
+def test_conversion_errors_other_than_runtime_error_stand(error):
+    # Only torch's RuntimeError for a tensor that requires grad leads to detach(); a Ctrl-C or
+    # an out-of-memory during the conversion must reach the caller as it was raised.
+    obj = ArrayThatRaises(error("from __array__"))
+    with pytest.raises(error, match="from __array__"):
+        layernorm.layer_norm(obj, 3)
+    assert not obj.detached
+
+
+def test_runtime_error_of_a_tensor_like_tries_detach():
+    obj = ArrayThatRaises(RuntimeError("requires grad"))
+    np.testing.assert_array_equal(layernorm.layer_norm(obj, 3), np.zeros((2, 3), np.float32))
+    assert obj.detached

@@ -687,11 +687,25 @@ def _overwrite(kind, x):
     if kind == "fortran":
         arg = np.asfortranarray(x)
         return arg, lambda: arg.fill(0.0)
+    if kind == "array_interface":  # an object whose __array__ hands out an array it keeps
+        arg = KeepsItsArray(x.copy())
+        return arg, lambda: arg.kept.fill(0.0)
     arg = torch.from_numpy(x.copy())  # torch_tensor: np.asarray shares its memory
     return arg, lambda: arg.zero_()
 
 
-@pytest.mark.parametrize("kind", ["ndarray", "read_only_view", "fortran", "torch_tensor"])
+class KeepsItsArray:
+    """Array-like whose __array__ returns the very (data-owning) array it holds."""
+
+    def __init__(self, kept):
+        self.kept = kept
+
+    def __array__(self, dtype=None, copy=None):
+        return self.kept
+
+
+@pytest.mark.parametrize("kind", ["ndarray", "read_only_view", "fortran", "torch_tensor",
+                                  "array_interface"])
 def test_input_changed_after_training_forward_does_not_change_backward(kind):
     # torch's autograd refuses a backward through a modified saved tensor; a silently different
     # gradient would be worse than both: backward must use the input as it was at forward time.
