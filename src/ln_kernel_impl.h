@@ -16,14 +16,14 @@
  *
  * Forward, per row of N elements (statistics in float64):
  *
- *     chunk c (<= LN_CHUNK elements):  mean_c = sum(x) / n_c
- *                                      s1 = sum(x - mean_c),  s2 = sum((x - mean_c)^2)
- *                                      moments_c = (n_c, mean_c + s1/n_c, s2 - s1^2/n_c)
+ *     chunk c (<= LN_CHUNK elements, K = its first element, one pass):
+ *            s1 = sum(x - K),  s2 = sum((x - K)^2)
+ *            moments_c = (n_c, K + s1/n_c, s2 - s1^2/n_c)
  *     row:   moments = chan_merge(moments_0, moments_1, ...)      (left to right)
  *            rstd = 1 / sqrt(m2 / N + eps)
  *     float32/float16 output, computed in float32 with a two-part mean:
  *            mean_hi = float(mean),  mean_lo = float(mean - mean_hi)
- *            a_j = float(rstd * weight_j)           (one rounding)
+ *            a_j = float(rstd) * weight_j
  *            y_j = fma((x_j - mean_hi) - mean_lo, a_j, bias_j)
  *     float64 output:  y_j = fma(x_j - mean, rstd * weight_j, bias_j)
  *
@@ -345,22 +345,6 @@ static LN_ALWAYS_INLINE GD LN_FN(load_as_f64)(ln_dtype dtype, const void *p, ptr
     return LN_FN(gf_widen)(LN_FN(gf_load_f16)((const uint16_t *)p + i));
 }
 
-static LN_ALWAYS_INLINE void LN_FN(store_from_f64)(ln_dtype dtype, void *p, ptrdiff_t i, GD v)
-{
-    if (dtype == LN_F64) {
-        LN_FN(gd_store)((double *)p + i, v);
-    }
-    else {
-        LN_FN(store_from_f32)(dtype, p, i, LN_FN(gd_narrow)(v));
-    }
-}
-
-/* Params (weight, bias, mean, rstd) are float32 unless the input is float64. */
-static LN_ALWAYS_INLINE GD LN_FN(load_param_as_f64)(ln_dtype dtype, const void *p, ptrdiff_t i)
-{
-    return LN_FN(load_as_f64)(dtype == LN_F64 ? LN_F64 : LN_F32, p, i);
-}
-
 /* ------------------------------------------------------------------------ */
 /* Forward                                                                   */
 /* ------------------------------------------------------------------------ */
@@ -532,7 +516,8 @@ static LN_ALWAYS_INLINE void LN_FN(normalize)(ln_dtype dtype, const void *x, voi
 /* normalize() with non-temporal stores: for rows too long to stay in cache, the output
    bypasses the caches, so it does not evict the input that the loop is about to read
    again, and costs no read for ownership.  The head up to a 64-byte boundary and the
-   tail go one element at a time; the values are normalize()'s. */
+   tail go one element at a time; the values are normalize()'s.  float16 output is stored
+   as usual (its 32-byte groups are half a cache line): only float32 and float64 stream. */
 static LN_ALWAYS_INLINE void LN_FN(normalize_streaming)(ln_dtype dtype, const void *x, void *y, ptrdiff_t n,
                                                         double mean, double rstd, const void *weight,
                                                         const void *bias)
@@ -696,9 +681,11 @@ static LN_ALWAYS_INLINE void LN_FN(forward_rows_pipelined)(ln_dtype dtype, const
     LN_FN(row_norm) previous = LN_FN(row_norm_of)(dtype, 0.0, 0.0);
     for (ptrdiff_t r = begin; r <= end; r++) {
         const int gather = r < end, emit = r > begin;
-        const char *x = (const char *)a->input + r * a->input_row_step * elsize;
-        const char *x_previous = (const char *)a->input + (r - 1) * a->input_row_step * elsize;
-        char *y_previous = (char *)a->output + (r - 1) * n * elsize;
+        /* pointers only to rows that exist: row end and row begin - 1 may lie outside */
+        const char *x = gather ? (const char *)a->input + r * a->input_row_step * elsize : NULL;
+        const char *x_previous =
+            emit ? (const char *)a->input + (r - 1) * a->input_row_step * elsize : NULL;
+        char *y_previous = emit ? (char *)a->output + (r - 1) * n * elsize : NULL;
         LN_FN(moments_acc) acc = {0};
         if (gather) {
             LN_FN(moments_start)(&acc, dtype, x);
@@ -1037,14 +1024,21 @@ static LN_ALWAYS_INLINE void LN_FN(backward_short_rows)(ln_dtype dtype, const ln
         double dy_t[16][16], x_t[16][16], dx_t[16][16];   /* [column][row slot] */
         double means[16], rstds[16];
         for (ptrdiff_t k = 0; k < 16; k++) {
+            if (k >= rows) {   /* padding slots past the last row: zeros */
+                means[k] = rstds[k] = 0.0;
+                for (ptrdiff_t i = 0; i < n; i++) {
+                    dy_t[i][k] = x_t[i][k] = 0.0;
+                }
+                continue;
+            }
             const ptrdiff_t r = block + k;
             const char *dy = (const char *)a->grad_output + r * a->grad_output_row_step * elsize;
             const char *x = (const char *)a->input + r * a->input_row_step * elsize;
-            means[k] = k < rows ? ln_load1_param_as_f64(dtype, a->mean, r) : 0.0;
-            rstds[k] = k < rows ? ln_load1_param_as_f64(dtype, a->rstd, r) : 0.0;
+            means[k] = ln_load1_param_as_f64(dtype, a->mean, r);
+            rstds[k] = ln_load1_param_as_f64(dtype, a->rstd, r);
             for (ptrdiff_t i = 0; i < n; i++) {
-                dy_t[i][k] = k < rows ? ln_load1_as_f64(dtype, dy, i) : 0.0;
-                x_t[i][k] = k < rows ? ln_load1_as_f64(dtype, x, i) : 0.0;
+                dy_t[i][k] = ln_load1_as_f64(dtype, dy, i);
+                x_t[i][k] = ln_load1_as_f64(dtype, x, i);
             }
         }
         const GD mean_v = LN_FN(gd_load)(means), rstd_v = LN_FN(gd_load)(rstds);

@@ -33,8 +33,8 @@
    between its two passes. */
 #define LN_CHUNK 2048
 /* Rows of at least this many bytes do not stay in L2 between the statistics pass and
-   the normalize pass: their output is written with non-temporal stores, which keep it
-   from evicting the input about to be read again and need no read for ownership
+   the normalize pass: their float32/float64 output is written with non-temporal stores,
+   which keep it from evicting the input about to be read again and need no read for ownership
    (8x1000000 float32, 2 threads: ours/torch 0.91-1.07 -> 0.75-0.83). */
 #define LN_STREAM_MIN_BYTES ((ptrdiff_t)1 << 20)
 /* Below this many elements a call runs on the calling thread alone. */
@@ -389,11 +389,12 @@ static void ln_pool_after_fork_child(void)
     ln_pool.workers = 0;
 }
 
-static pthread_once_t ln_pool_once = PTHREAD_ONCE_INIT;
-
 static void ln_scratch_after_fork_child(void);
 
-static void ln_pool_register_fork_handler(void)
+/* Both the pool and the scratch buffer (below) register before their first use. */
+static pthread_once_t ln_fork_handlers_once = PTHREAD_ONCE_INIT;
+
+static void ln_register_fork_handlers(void)
 {
     pthread_atfork(NULL, NULL, ln_pool_after_fork_child);
     pthread_atfork(NULL, NULL, ln_scratch_after_fork_child);
@@ -402,7 +403,7 @@ static void ln_pool_register_fork_handler(void)
 /* Starts workers until `wanted` exist (the busy lock is held); returns how many exist. */
 static int ln_pool_grow(int wanted)
 {
-    pthread_once(&ln_pool_once, ln_pool_register_fork_handler);
+    pthread_once(&ln_fork_handlers_once, ln_register_fork_handlers);
     ln_pool.grow_generation = atomic_load(&ln_pool.generation);
     while (ln_pool.workers < wanted) {
         pthread_t thread;
@@ -616,7 +617,8 @@ static void ln_scratch_after_fork_child(void)
 static double *ln_scratch_take(size_t count, int *kept)
 {
     *kept = 0;
-    if (count * sizeof(double) > LN_SCRATCH_MAX || pthread_mutex_trylock(&ln_scratch.lock) != 0) {
+    pthread_once(&ln_fork_handlers_once, ln_register_fork_handlers);
+    if (count > LN_SCRATCH_MAX / sizeof(double) || pthread_mutex_trylock(&ln_scratch.lock) != 0) {
         return calloc(count, sizeof(double));
     }
     if (ln_scratch.count < count) {
