@@ -3,8 +3,8 @@
 Every number in the README comes from a command in the repo; these tests re-run those
 commands (`python -m layernorm`, the scripts, the quickstart session) so that a change to
 the package that moves a number makes the README wrong loudly.  Numbers are compared to
-10% (they are printed with 2 to 5 digits, and torch's own error depends on its kernels);
-all other text must match exactly, up to white space.
+10% (they are printed with 2 to 5 digits), differences from torch to a factor of 2 (torch's
+rounding depends on the CPU); all other text must match exactly, up to white space.
 """
 
 import contextlib
@@ -35,14 +35,32 @@ def fenced_blocks(text):
             for m in re.finditer(r"^```(\w*)\n(.*?)^```$", text, flags=re.S | re.M)]
 
 
+def _numbers_agree(got, want, factor):
+    g, w = float(got), float(want)
+    if factor:
+        return g == w == 0 or (g * w > 0 and 1 / factor <= g / w <= factor)
+    return abs(g - w) <= 0.1 * abs(w) + 1e-12
+
+
 def same_text(got, want):
-    """Equal up to white space, numbers within 10% of each other."""
-    got_words, want_words = NUMBER.split(" ".join(got.split())), NUMBER.split(" ".join(want.split()))
-    got_numbers, want_numbers = NUMBER.findall(got), NUMBER.findall(want)
-    if got_words != want_words or len(got_numbers) != len(want_numbers):
+    """Equal up to white space, line by line, numbers within 10% of each other -- except a
+    difference from torch (a number in e-notation on a line that mentions torch): torch's
+    float32 rounding depends on which of its kernels the CPU runs (AVX2 or AVX-512), so those
+    agree to within a factor of 2, the same order of magnitude."""
+    got_lines = [line for line in got.splitlines() if line.strip()]
+    want_lines = [line for line in want.splitlines() if line.strip()]
+    if len(got_lines) != len(want_lines):
         return False
-    return all(abs(float(g) - float(w)) <= 0.1 * abs(float(w)) + 1e-12
-               for g, w in zip(got_numbers, want_numbers))
+    for got_line, want_line in zip(got_lines, want_lines):
+        got_words, want_words = NUMBER.split(" ".join(got_line.split())), NUMBER.split(" ".join(want_line.split()))
+        got_numbers, want_numbers = NUMBER.findall(got_line), NUMBER.findall(want_line)
+        if got_words != want_words or len(got_numbers) != len(want_numbers):
+            return False
+        about_torch = "torch" in want_line
+        if not all(_numbers_agree(g, w, 2.0 if about_torch and "e" in w.lower() else None)
+                   for g, w in zip(got_numbers, want_numbers)):
+            return False
+    return True
 
 
 def assert_same_text(got, want):
