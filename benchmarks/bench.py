@@ -33,7 +33,9 @@ torch is optional. Without it the torch columns show "—", the backward section
 and every result is checked against a float64 NumPy reference instead of torch.
 
 Method: the functions of a case run interleaved, round-robin (ours, torch, numpy, copy, ours, ...).
-Each turn is a loop of k calls, k calibrated so one loop takes about 30 ms (2 ms with --quick);
+Each turn is a loop of k calls, k calibrated so one loop takes about 30 ms (2 ms with --quick),
+after 20 ms idle (torch's OpenMP workers spin for milliseconds after a call and would take a
+core from the next turn);
 the reported time per call is the best turn out of R repetitions. Before timing a case its result
 is compared with torch's (or the float64 reference); a case whose answer is wrong is reported as
 WRONG and not timed, and the script then exits with status 1. The report ends with the targets
@@ -273,6 +275,14 @@ def calibrate_loop_calls(function, loop_seconds):
     return max(1, round(calls * loop_seconds / elapsed))
 
 
+# Idle time before each turn.  After a parallel region torch's OpenMP workers (libgomp) keep
+# spinning for milliseconds, and on 2 cores a spinning worker takes a core from whatever runs
+# next: measured on an AMD EPYC, ours right after torch's turn was 1.2x slower than ours after
+# a pause (1024x1024 float64 backward).  With the gap each turn starts on an idle machine;
+# within its own turn torch still gets the benefit of its spinning workers.
+TURN_GAP_SECONDS = 0.02
+
+
 def best_times_round_robin(functions, settings):
     """Best seconds-per-call of each function, running them interleaved round-robin."""
     loop_seconds = settings["loop_seconds"]
@@ -280,6 +290,7 @@ def best_times_round_robin(functions, settings):
     best = {name: math.inf for name in functions}
     for _ in range(settings["repetitions"]):
         for name, function in functions.items():
+            time.sleep(TURN_GAP_SECONDS)
             seconds_per_call = time_loop(function, calls[name]) / calls[name]
             best[name] = min(best[name], seconds_per_call)
     return best
@@ -621,7 +632,8 @@ def header_lines(settings, load_at_start, load_at_end):
         f"- load average (1, 5, 15 min): {load_average_text(load_at_start)} before the run (other processes:"
         f" above ~0.5 the timings are noisy), {load_average_text(load_at_end)} after it (includes this benchmark)",
         f"- method: best of {settings['repetitions']} interleaved repetitions, each a loop of calls lasting"
-        f" ~{settings['loop_seconds'] * 1e3:.0f} ms; eps={EPS}; ratios below 1 mean ours is faster",
+        f" ~{settings['loop_seconds'] * 1e3:.0f} ms after {TURN_GAP_SECONDS * 1e3:.0f} ms idle; eps={EPS};"
+        f" ratios below 1 mean ours is faster",
     ]
 
 
