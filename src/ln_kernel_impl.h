@@ -310,6 +310,39 @@ static LN_ALWAYS_INLINE void LN_FN(gf_store_f16)(uint16_t *p, GF a)
 
 #endif
 
+#if LN_ISA_LEVEL > 0
+/* A group stored by 16-byte non-temporal stores (SSE2 movntpd/movntps): p must be 16-byte
+   aligned, which NumPy's allocations and rows of a multiple of 16 bytes guarantee where a
+   32- or 64-byte alignment would not.  The caller ends with _mm_sfence(). */
+static LN_ALWAYS_INLINE void LN_FN(stream16_256)(char *p, __m256 v)
+{
+    _mm_stream_ps((float *)p, _mm256_castps256_ps128(v));
+    _mm_stream_ps((float *)(p + 16), _mm256_extractf128_ps(v, 1));
+}
+static LN_ALWAYS_INLINE void LN_FN(gd_stream16)(double *p, GD a)
+{
+#if LN_ISA_LEVEL == 1
+    FOR_VD(k) { LN_FN(stream16_256)((char *)(p + 4 * k), _mm256_castpd_ps((__m256d)a.v[k])); }
+#else
+    FOR_VD(k) {
+        const __m512d v = (__m512d)a.v[k];
+        LN_FN(stream16_256)((char *)(p + 8 * k), _mm256_castpd_ps(_mm512_castpd512_pd256(v)));
+        LN_FN(stream16_256)((char *)(p + 8 * k + 4), _mm256_castpd_ps(_mm512_extractf64x4_pd(v, 1)));
+    }
+#endif
+}
+static LN_ALWAYS_INLINE void LN_FN(gf_stream16)(float *p, GF a)
+{
+#if LN_ISA_LEVEL == 1
+    FOR_VF(k) { LN_FN(stream16_256)((char *)(p + 8 * k), (__m256)a.v[k]); }
+#else
+    const __m512d v = _mm512_castps_pd((__m512)a.v[0]);
+    LN_FN(stream16_256)((char *)p, _mm256_castpd_ps(_mm512_castpd512_pd256(v)));
+    LN_FN(stream16_256)((char *)(p + 8), _mm256_castpd_ps(_mm512_extractf64x4_pd(v, 1)));
+#endif
+}
+#endif
+
 /* ------------------------------------------------------------------------ */
 /* Loads and stores by element type (dtype is a constant after inlining)     */
 /* ------------------------------------------------------------------------ */
@@ -895,6 +928,12 @@ static LN_ALWAYS_INLINE void LN_FN(grad_apply_single)(ln_dtype dtype, const ln_g
             if (want_dx) {
                 const GF g = weight ? LN_FN(gf_mul)(dy_v, w) : dy_v;
                 const GF dx = LN_FN(gf_fma)(rstd_v[k], g, LN_FN(gf_fma)(xc_scale_v[k], xc, offset_v[k]));
+#if LN_ISA_LEVEL > 0
+                if (dtype == LN_F32 && group->stream_dx) {
+                    LN_FN(gf_stream16)((float *)group->dx[k] + j, dx);
+                }
+                else
+#endif
                 LN_FN(store_from_f32)(dtype, group->dx[k], j, dx);
             }
             if (dweight) {
@@ -958,8 +997,14 @@ static LN_ALWAYS_INLINE void LN_FN(grad_apply_double)(const ln_grad_rows *group,
             const GD xc = LN_FN(gd_sub)(LN_FN(gd_load)((const double *)group->x[k] + j), mean_v[k]);
             if (want_dx) {
                 const GD g = weight ? LN_FN(gd_mul)(dy_v, w) : dy_v;
-                LN_FN(gd_store)((double *)group->dx[k] + j,
-                                LN_FN(gd_fma)(rstd_v[k], g, LN_FN(gd_fma)(xc_scale_v[k], xc, offset_v[k])));
+                const GD dx = LN_FN(gd_fma)(rstd_v[k], g, LN_FN(gd_fma)(xc_scale_v[k], xc, offset_v[k]));
+#if LN_ISA_LEVEL > 0
+                if (group->stream_dx) {
+                    LN_FN(gd_stream16)((double *)group->dx[k] + j, dx);
+                }
+                else
+#endif
+                LN_FN(gd_store)((double *)group->dx[k] + j, dx);
             }
             if (dweight) {
                 dweight_v = LN_FN(gd_fma)(LN_FN(gd_mul)(dy_v, xc), rstd_v[k], dweight_v);
@@ -1099,8 +1144,10 @@ static LN_ALWAYS_INLINE void LN_FN(backward_rows)(ln_dtype dtype, const ln_backw
         LN_FN(backward_short_rows)(dtype, a, begin, end, dweight, dbias);
         return;
     }
+    const int stream_dx = ln_backward_streams_dx(a);
     for (ptrdiff_t first = begin; first < end; first += LN_GRAD_ROWS) {
-        ln_grad_rows group = {.count = (int)(end - first < LN_GRAD_ROWS ? end - first : LN_GRAD_ROWS)};
+        ln_grad_rows group = {.count = (int)(end - first < LN_GRAD_ROWS ? end - first : LN_GRAD_ROWS),
+                              .stream_dx = stream_dx};
         for (int k = 0; k < group.count; k++) {
             const ptrdiff_t r = first + k;
             group.dy[k] = (const char *)a->grad_output + r * a->grad_output_row_step * elsize;
@@ -1117,6 +1164,11 @@ static LN_ALWAYS_INLINE void LN_FN(backward_rows)(ln_dtype dtype, const ln_backw
         }
         LN_FN(grad_apply)(dtype, &group, a->weight, n, dweight, dbias);
     }
+#if LN_ISA_LEVEL > 0
+    if (stream_dx) {
+        _mm_sfence();
+    }
+#endif
 }
 
 /* One concrete function per dtype for the table; dtype is a constant inside each. */

@@ -286,3 +286,30 @@ def test_streamed_rows_same_bits_in_place_and_unaligned(dtype, shape, threads, r
     assert layernorm.layer_norm(in_place, (n,), w, b, out=in_place) is in_place
     assert np.array_equal(in_place, expected)
     assert_matches_reference(expected, x, (n,), w, b)
+
+
+# Backward writes dx of 4 MiB and more with non-temporal stores when its rows are a multiple
+# of 16 bytes: through row blocks and through column spans, the bits are those of the plain
+# stores (scalar level), at one thread or two; rows of another length keep plain stores.
+BACKWARD_STREAMED_CASES = [((1024, 1024), np.float32), ((512, 1024), np.float64),
+                           ((4, 1 << 18), np.float32), ((3, (1 << 18) + 2), np.float64),
+                           ((1025, 1023), np.float32)]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("shape,dtype", BACKWARD_STREAMED_CASES,
+                         ids=[f"{s[0]}x{s[1]}-{dtype_id(d)}" for s, d in BACKWARD_STREAMED_CASES])
+def test_backward_streamed_dx_same_bits(shape, dtype, threads, restore_runtime):
+    n = shape[-1]
+    x = make_input(shape, dtype, seed=n, offset=5.0)
+    dy = make_input(shape, dtype, seed=n + 1)
+    w, b = make_params((n,), param_dtype(dtype), "weight+bias")
+    _, mean, rstd = layernorm.native_layer_norm(x, (n,), w, b, 1e-5)
+    layernorm.set_num_threads(threads)
+    layernorm.set_simd_level("scalar")
+    expected = layernorm.layer_norm_backward(dy, x, (n,), mean, rstd, w, b)
+    layernorm.set_simd_level(LEVELS[-1])
+    got = layernorm.layer_norm_backward(dy, x, (n,), mean, rstd, w, b)
+    for name, g, e in zip(("dx", "dweight", "dbias"), got, expected):
+        assert np.array_equal(g, e), name
+    _assert_backward_close(got, dy, x, n, mean, rstd, w, dtype)
