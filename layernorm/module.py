@@ -209,13 +209,16 @@ class LayerNorm:
         """
         if not self.training:
             return _layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
-        # A failed call must not leave the previous call's values for backward() to use.
-        self._saved = None
         # The input comes back as a private copy: the caller may change its own array
         # before backward(), which must not change the gradients (torch raises there).
-        output, self._saved = _training_forward(
-            input, self.normalized_shape, self.weight, self.bias, self.eps
-        )
+        try:
+            output, self._saved = _training_forward(
+                input, self.normalized_shape, self.weight, self.bias, self.eps
+            )
+        except BaseException:
+            # A failed call must not leave the previous call's values for backward() to use.
+            self._saved = None
+            raise
         return output
 
     forward = __call__
