@@ -52,5 +52,17 @@ def training_forward(
     weight: npt.ArrayLike | None = None,
     bias: npt.ArrayLike | None = None,
     eps: SupportsFloat = 1e-5,
-) -> tuple[_FloatArray, tuple[_FloatArray, _FloatArray, _FloatArray]]:
-    """native_layer_norm plus a private C-contiguous copy of the input: (output, (input, mean, rstd))."""
+) -> tuple[_FloatArray, tuple[_FloatArray, bytes]]:
+    """native_layer_norm for LayerNorm's training mode: (output, (input, stats)), input a private
+    C-contiguous copy, stats the rows' mean then rstd as bytes; saved_backward reads them."""
+
+def saved_backward(
+    grad_output: npt.ArrayLike,
+    input: npt.ArrayLike,
+    stats: bytes,
+    normalized_shape: _Shape,
+    weight: npt.ArrayLike | None = None,
+    bias: npt.ArrayLike | None = None,
+    output_mask: Sequence[bool] = (True, True, True),
+) -> tuple[_FloatArray | None, _FloatArray | None, _FloatArray | None]:
+    """layer_norm_backward from what training_forward saved."""

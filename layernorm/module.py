@@ -9,8 +9,8 @@ from typing import Any, Iterable, NamedTuple, SupportsIndex, cast
 
 import numpy as np
 
-from . import _layernorm
 from ._layernorm import layer_norm as _layer_norm
+from ._layernorm import saved_backward as _saved_backward
 from ._layernorm import training_forward as _training_forward
 
 __all__ = ["LayerNorm"]
@@ -258,16 +258,11 @@ class LayerNorm:
                 "backward() needs a training-mode forward first: put the module in training "
                 "mode with .train() and call it on an input before calling backward()."
             )
-        layer_norm_backward = getattr(_layernorm, "layer_norm_backward", None)
-        if layer_norm_backward is None:
-            raise NotImplementedError(
-                "this build of layernorm._layernorm has no layer_norm_backward; rebuild the extension"
-            )
-        input, mean, rstd = saved
+        input, stats = saved
         weight, bias = self.weight, self.bias
         output_mask = (True, weight is not None, bias is not None)
-        grad_input, grad_weight, grad_bias = layer_norm_backward(
-            grad_output, input, self.normalized_shape, mean, rstd, weight, bias, output_mask
+        grad_input, grad_weight, grad_bias = _saved_backward(
+            grad_output, input, stats, self.normalized_shape, weight, bias, output_mask
         )
         if weight is not None:
             self.weight_grad = _accumulate(self.weight_grad, grad_weight, weight.dtype)

@@ -283,6 +283,7 @@ kernel_dtype(PyArrayObject *arr, const char *kernel, const char *what)
 }
 
 static const int param_type_num[] = {NPY_FLOAT, NPY_FLOAT, NPY_DOUBLE};
+static const npy_intp param_size[] = {4, 4, 8};
 static const int elem_type_num[] = {NPY_HALF, NPY_FLOAT, NPY_DOUBLE};
 
 /* Checks that arr's trailing dims equal the normalized shape (torch's message). */
@@ -527,7 +528,8 @@ stats_array(PyArrayObject *input, int ns_ndim, int type_num)
 typedef enum {
     RETURN_OUTPUT,          /* output */
     RETURN_STATS,           /* (output, mean, rstd) */
-    RETURN_SAVED_FOR_GRAD,  /* (output, (input, mean, rstd)), input a private C-contiguous array */
+    RETURN_SAVED_FOR_GRAD,  /* (output, (input, stats)): input a private C-contiguous array,
+                               stats a bytes object holding mean then rstd (see saved_backward) */
 } forward_returns;
 
 /* New reference: input's data in an array nobody else holds (for backward to read after the
@@ -564,6 +566,7 @@ forward(const char *fname, PyObject *input_obj, PyObject *ns_obj, PyObject *weig
     PyObject *result = NULL;
     PyArrayObject *input = NULL, *rows = NULL, *weight = NULL, *bias = NULL;
     PyArrayObject *output = NULL, *mean = NULL, *rstd = NULL, *saved_input = NULL;
+    PyObject *saved_stats = NULL;
     shape_t ns;
     double eps;
     npy_intp row_step;
@@ -608,7 +611,9 @@ forward(const char *fname, PyObject *input_obj, PyObject *ns_obj, PyObject *weig
             goto done;
         }
     }
-    if (returns != RETURN_OUTPUT) {
+    const npy_intp batch = batch_size(input, ns.ndim);
+    char *stats_data = NULL;   /* mean (batch values) then rstd (batch values) */
+    if (returns == RETURN_STATS) {
         mean = stats_array(input, ns.ndim, param_type_num[dtype]);
         rstd = mean ? stats_array(input, ns.ndim, param_type_num[dtype]) : NULL;
         if (!rstd) {
@@ -616,15 +621,19 @@ forward(const char *fname, PyObject *input_obj, PyObject *ns_obj, PyObject *weig
         }
     }
     if (returns == RETURN_SAVED_FOR_GRAD) {
-        saved_input = private_input(input, rows);
+        /* One bytes object instead of two arrays: a third of a small training-mode call
+           went into making the mean and rstd arrays, which only saved_backward reads. */
+        saved_stats = PyBytes_FromStringAndSize(NULL, 2 * batch * param_size[dtype]);
+        saved_input = saved_stats ? private_input(input, rows) : NULL;
         if (!saved_input) {
             goto done;
         }
+        stats_data = PyBytes_AS_STRING(saved_stats);
     }
 
     const ln_forward_args args = {
         .dtype = (ln_dtype)dtype,
-        .rows = batch_size(input, ns.ndim),
+        .rows = batch,
         .row_len = ns.size,
         .input = PyArray_DATA(rows),
         .input_row_step = row_step,
@@ -632,8 +641,8 @@ forward(const char *fname, PyObject *input_obj, PyObject *ns_obj, PyObject *weig
         .weight = weight ? PyArray_DATA(weight) : NULL,
         .bias = bias ? PyArray_DATA(bias) : NULL,
         .eps = eps,
-        .mean = mean ? PyArray_DATA(mean) : NULL,
-        .rstd = rstd ? PyArray_DATA(rstd) : NULL,
+        .mean = mean ? PyArray_DATA(mean) : stats_data,
+        .rstd = rstd ? PyArray_DATA(rstd) : stats_data ? stats_data + batch * param_size[dtype] : NULL,
     };
     int status;
     Py_BEGIN_ALLOW_THREADS
@@ -652,7 +661,7 @@ forward(const char *fname, PyObject *input_obj, PyObject *ns_obj, PyObject *weig
         result = PyTuple_Pack(3, (PyObject *)output, (PyObject *)mean, (PyObject *)rstd);
         break;
     case RETURN_SAVED_FOR_GRAD: {
-        PyObject *saved = PyTuple_Pack(3, (PyObject *)saved_input, (PyObject *)mean, (PyObject *)rstd);
+        PyObject *saved = PyTuple_Pack(2, (PyObject *)saved_input, saved_stats);
         result = saved ? PyTuple_Pack(2, (PyObject *)output, saved) : NULL;
         Py_XDECREF(saved);
         break;
@@ -660,6 +669,7 @@ forward(const char *fname, PyObject *input_obj, PyObject *ns_obj, PyObject *weig
     }
 done:
     Py_XDECREF(saved_input);
+    Py_XDECREF(saved_stats);
     Py_XDECREF(input);
     Py_XDECREF(rows);
     Py_XDECREF(weight);
@@ -734,11 +744,12 @@ PyDoc_STRVAR(training_forward_doc,
 "training_forward($module, input, normalized_shape, weight=None, bias=None, eps=1e-05)\n"
 "--\n"
 "\n"
-"native_layer_norm that also returns what layer_norm_backward needs to read later:\n"
-"(output, (input, mean, rstd)), where input holds the input's values in a C-contiguous\n"
+"native_layer_norm that also returns what saved_backward needs to read later:\n"
+"(output, (input, stats)), where input holds the input's values in a C-contiguous\n"
 "array that nothing else refers to (the array made from a list or a strided view\n"
 "when there is one, else a copy), so that changing the caller's array afterwards\n"
-"cannot change the gradients.  Used by LayerNorm in training mode.\n");
+"cannot change the gradients, and stats is a bytes object holding the mean and then\n"
+"the rstd of every row.  Used by LayerNorm in training mode.\n");
 
 static PyObject *
 training_forward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
@@ -837,35 +848,33 @@ PyDoc_STRVAR(layer_norm_backward_doc,
 "    without a weight and grad_bias None without a bias.  grad_weight and\n"
 "    grad_bias have shape normalized_shape.\n");
 
+/* New reference: (grad_input, grad_weight, grad_bias), or NULL with an exception set.
+   The statistics come either as the mean and rstd objects of layer_norm_backward or, with
+   mean_obj NULL, as the bytes that training_forward saved. */
 static PyObject *
-layer_norm_backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+backward(PyObject *grad_output_obj, PyObject *input_obj, const shape_t *ns_arg, PyObject *mean_obj,
+         PyObject *rstd_obj, PyObject *saved_stats, PyObject *weight_obj, PyObject *bias_obj,
+         const int mask[3])
 {
-    static const char *const names[] = {"grad_output", "input", "normalized_shape", "mean",
-                                        "rstd", "weight", "bias", "output_mask"};
-    PyObject *v[8];
     PyObject *result = NULL;
     PyArrayObject *input = NULL, *grad_out = NULL, *input_rows = NULL, *grad_rows = NULL;
     PyArrayObject *mean = NULL, *rstd = NULL, *weight = NULL, *bias = NULL;
     PyArrayObject *grad_input = NULL, *grad_weight = NULL, *grad_bias = NULL;
-    shape_t ns;
-    int mask[3];
+    const shape_t ns = *ns_arg;
     npy_intp input_step, grad_step;
+    const char *mean_data, *rstd_data;
 
-    if (parse_args("layer_norm_backward", args, nargs, kwnames, names, 8, 8, 5, v) < 0 ||
-        parse_normalized_shape(v[2], &ns) < 0 || parse_output_mask(v[7], mask) < 0) {
-        goto done;
-    }
-    input = as_array(v[1]);
+    input = as_array(input_obj);
     if (!input) {
         goto done;
     }
     const int dtype = kernel_dtype(input, "LayerNormBackwardKernelImpl", "layer_norm_backward");
-    if (dtype < 0 || param_array(v[5], "weight", &ns, param_type_num[dtype], &weight) < 0 ||
-        param_array(v[6], "bias", &ns, param_type_num[dtype], &bias) < 0 ||
+    if (dtype < 0 || param_array(weight_obj, "weight", &ns, param_type_num[dtype], &weight) < 0 ||
+        param_array(bias_obj, "bias", &ns, param_type_num[dtype], &bias) < 0 ||
         check_trailing_shape(input, &ns) < 0) {
         goto done;
     }
-    grad_out = as_array(v[0]);
+    grad_out = as_array(grad_output_obj);
     if (!grad_out) {
         goto done;
     }
@@ -894,9 +903,25 @@ layer_norm_backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, P
         }
     }
     const npy_intp rows = batch_size(input, ns.ndim);
-    mean = stats_input(v[3], "mean", rows, param_type_num[dtype]);
-    rstd = mean ? stats_input(v[4], "rstd", rows, param_type_num[dtype]) : NULL;
-    input_rows = rstd ? readable_rows(input, ns.ndim, ns.size, &input_step) : NULL;
+    if (mean_obj) {
+        mean = stats_input(mean_obj, "mean", rows, param_type_num[dtype]);
+        rstd = mean ? stats_input(rstd_obj, "rstd", rows, param_type_num[dtype]) : NULL;
+        if (!rstd) {
+            goto done;
+        }
+        mean_data = PyArray_DATA(mean);
+        rstd_data = PyArray_DATA(rstd);
+    }
+    else {
+        if (!PyBytes_Check(saved_stats) || PyBytes_GET_SIZE(saved_stats) != 2 * rows * param_size[dtype]) {
+            PyErr_SetString(PyExc_ValueError,
+                            "stats must be the bytes that training_forward returned with this input");
+            goto done;
+        }
+        mean_data = PyBytes_AS_STRING(saved_stats);
+        rstd_data = mean_data + rows * param_size[dtype];
+    }
+    input_rows = readable_rows(input, ns.ndim, ns.size, &input_step);
     grad_rows = input_rows ? readable_rows(grad_out, ns.ndim, ns.size, &grad_step) : NULL;
     if (!grad_rows) {
         goto done;
@@ -928,8 +953,8 @@ layer_norm_backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, P
         .grad_output_row_step = grad_step,
         .input = PyArray_DATA(input_rows),
         .input_row_step = input_step,
-        .mean = PyArray_DATA(mean),
-        .rstd = PyArray_DATA(rstd),
+        .mean = mean_data,
+        .rstd = rstd_data,
         .weight = weight ? PyArray_DATA(weight) : NULL,
         .grad_input = grad_input ? PyArray_DATA(grad_input) : NULL,
         .grad_weight = grad_weight ? PyArray_DATA(grad_weight) : NULL,
@@ -959,6 +984,44 @@ done:
     Py_XDECREF(grad_weight);
     Py_XDECREF(grad_bias);
     return result;
+}
+
+static PyObject *
+layer_norm_backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"grad_output", "input", "normalized_shape", "mean",
+                                        "rstd", "weight", "bias", "output_mask"};
+    PyObject *v[8];
+    shape_t ns;
+    int mask[3];
+    if (parse_args("layer_norm_backward", args, nargs, kwnames, names, 8, 8, 5, v) < 0 ||
+        parse_normalized_shape(v[2], &ns) < 0 || parse_output_mask(v[7], mask) < 0) {
+        return NULL;
+    }
+    return backward(v[0], v[1], &ns, v[3], v[4], NULL, v[5], v[6], mask);
+}
+
+PyDoc_STRVAR(saved_backward_doc,
+"saved_backward($module, grad_output, input, stats, normalized_shape, weight=None, bias=None,\n"
+"               output_mask=(True, True, True))\n"
+"--\n"
+"\n"
+"layer_norm_backward from what training_forward saved: (input, stats), stats the bytes\n"
+"holding the mean and then the rstd of every row.  Used by LayerNorm.backward.\n");
+
+static PyObject *
+saved_backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"grad_output", "input", "stats", "normalized_shape",
+                                        "weight", "bias", "output_mask"};
+    PyObject *v[7];
+    shape_t ns;
+    int mask[3];
+    if (parse_args("saved_backward", args, nargs, kwnames, names, 7, 7, 4, v) < 0 ||
+        parse_normalized_shape(v[3], &ns) < 0 || parse_output_mask(v[6], mask) < 0) {
+        return NULL;
+    }
+    return backward(v[0], v[1], &ns, NULL, NULL, v[2], v[4], v[5], mask);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1075,6 +1138,8 @@ static PyMethodDef layernorm_methods[] = {
      native_layer_norm_doc},
     {"layer_norm_backward", (PyCFunction)(void (*)(void))layer_norm_backward,
      METH_FASTCALL | METH_KEYWORDS, layer_norm_backward_doc},
+    {"saved_backward", (PyCFunction)(void (*)(void))saved_backward, METH_FASTCALL | METH_KEYWORDS,
+     saved_backward_doc},
     {"set_num_threads", set_num_threads, METH_O, set_num_threads_doc},
     {"get_num_threads", get_num_threads, METH_NOARGS, get_num_threads_doc},
     {"simd_level", simd_level, METH_NOARGS, simd_level_doc},

@@ -173,3 +173,42 @@ def test_integer_input_names_torch_backward_kernel():
     args["input"] = args["input"].astype(np.int64)
     with pytest.raises(TypeError, match="\"LayerNormBackwardKernelImpl\" not implemented for 'Long'"):
         call(args)
+
+
+# The module's private route: training_forward saves (input, stats bytes), saved_backward reads
+# them.  Statistics that do not belong to the input are an error, never a read past the end.
+def _saved(x, n):
+    from layernorm._layernorm import training_forward
+    return training_forward(x, (n,), None, None, 1e-5)[1]
+
+
+def test_saved_backward_matches_layer_norm_backward():
+    from layernorm._layernorm import saved_backward
+    x = np.random.default_rng(5).standard_normal((6, 9)).astype(np.float32)
+    dy = np.random.default_rng(6).standard_normal((6, 9)).astype(np.float32)
+    w, b = np.linspace(0.5, 2, 9, dtype=np.float32), np.zeros(9, np.float32)
+    input_copy, stats = _saved(x, 9)
+    assert isinstance(stats, bytes) and len(stats) == 2 * 6 * 4
+    _, mean, rstd = layernorm.native_layer_norm(x, (9,), w, b)
+    np.testing.assert_array_equal(np.frombuffer(stats, np.float32), np.concatenate([mean.ravel(), rstd.ravel()]))
+    got = saved_backward(dy, input_copy, stats, (9,), w, b)
+    want = layernorm.layer_norm_backward(dy, x, (9,), mean, rstd, w, b)
+    for g, e in zip(got, want):
+        np.testing.assert_array_equal(g, e)
+
+
+@pytest.mark.parametrize("stats", [b"", b"\0" * 47, b"\0" * 49, bytearray(48), None],
+                         ids=["empty", "short", "long", "bytearray", "None"])
+def test_saved_backward_rejects_stats_of_another_input(stats):
+    from layernorm._layernorm import saved_backward
+    x = np.ones((6, 9), np.float32)
+    with pytest.raises(ValueError, match="training_forward"):
+        saved_backward(x, x, stats, (9,))
+
+
+def test_saved_backward_rejects_stats_of_another_dtype():
+    from layernorm._layernorm import saved_backward
+    x32 = np.ones((6, 9), np.float32)
+    _, stats64 = _saved(x32.astype(np.float64), 9)
+    with pytest.raises(ValueError, match="training_forward"):
+        saved_backward(x32, x32, stats64, (9,))

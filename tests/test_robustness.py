@@ -163,7 +163,8 @@ def _rss_bytes():
 LEAK_LIMIT = 4 * 2**20
 
 
-@pytest.mark.parametrize("kind", ["layer_norm", "native_layer_norm", "out", "fortran-f16-params"])
+@pytest.mark.parametrize("kind", ["layer_norm", "native_layer_norm", "out", "fortran-f16-params",
+                                  "module-training-step"])
 def test_memory_flat_over_many_calls(kind, restore_runtime):
     # The threaded path once (its per-call scratch is what a leak would most likely be).
     layernorm.set_num_threads(2 if kind == "layer_norm" else 1)
@@ -176,6 +177,13 @@ def test_memory_flat_over_many_calls(kind, restore_runtime):
         call = lambda: layernorm.native_layer_norm(x, (256,), w, b, 1e-5)  # noqa: E731
     elif kind == "out":
         call = lambda: layernorm.layer_norm(x, (256,), w, b, out=out)  # noqa: E731
+    elif kind == "module-training-step":
+        # forward saves a 512 KB input copy and the statistics' bytes; backward frees them
+        module = layernorm.LayerNorm(256)
+
+        def call():
+            module(x)
+            module.backward(x)
     else:
         xf, w16 = np.asfortranarray(x), w.astype(np.float16)
         call = lambda: layernorm.layer_norm(xf, (256,), w16, b)  # noqa: E731
