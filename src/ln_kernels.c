@@ -172,6 +172,21 @@ static inline void ln_store1_param(ln_dtype dtype, void *p, ptrdiff_t i, double 
     }
 }
 
+/* n float64 sums out as parameters (float32, or float64 for float64 data); p may be NULL. */
+static void ln_store_params(ln_dtype dtype, void *p, const double *sums, ptrdiff_t n)
+{
+    if (!p) {
+        return;
+    }
+    if (dtype == LN_F64) {
+        memcpy(p, sums, (size_t)n * sizeof(double));
+        return;
+    }
+    for (ptrdiff_t i = 0; i < n; i++) {
+        ((float *)p)[i] = (float)sums[i];
+    }
+}
+
 /* Chan et al.'s pairwise update: the moments of two parts' union. */
 static ln_moments ln_merge(ln_moments a, ln_moments b)
 {
@@ -832,18 +847,20 @@ int ln_backward(const ln_backward_args *a)
             ln_parallel_for(job.blocks, 1, ln_backward_blocks, &job);
         }
     }
-    for (ptrdiff_t j = 0; want_params && j < a->row_len; j++) {
-        double dweight = job.dparams[j], dbias = job.dparams[a->row_len + j];
+    if (want_params) {
+        /* Block 0's sums take the other blocks' in block order, column by column (contiguous,
+           so the compiler vectorizes it), then go out in the parameters' dtype. */
+        double *const dweight = job.dparams, *const dbias = job.dparams + a->row_len;
         for (ptrdiff_t block = 1; block < job.blocks; block++) {
-            dweight += job.dparams[2 * block * a->row_len + j];
-            dbias += job.dparams[(2 * block + 1) * a->row_len + j];
+            const double *const block_dweight = job.dparams + 2 * block * a->row_len;
+            const double *const block_dbias = block_dweight + a->row_len;
+            for (ptrdiff_t j = 0; j < a->row_len; j++) {
+                dweight[j] += block_dweight[j];
+                dbias[j] += block_dbias[j];
+            }
         }
-        if (a->grad_weight) {
-            ln_store1_param(a->dtype, a->grad_weight, j, dweight);
-        }
-        if (a->grad_bias) {
-            ln_store1_param(a->dtype, a->grad_bias, j, dbias);
-        }
+        ln_store_params(a->dtype, a->grad_weight, dweight, a->row_len);
+        ln_store_params(a->dtype, a->grad_bias, dbias, a->row_len);
     }
     status = 0;
 done:
