@@ -138,3 +138,17 @@ def test_quickstart_session(restore_runtime):
         result = runner.run(test, out=report.write, clear_globs=False)
         assert result.failed == 0, report.getvalue()
         namespace = test.globs  # the next session continues this one
+
+
+def test_ci_runs_both_setup_commands_verbatim():
+    # CI proves the README's two set-up commands work from a fresh clone only if it runs them
+    # as written (a plain `pip install .` once passed review but failed from the clone).
+    text = read_readme()
+    setup = text[text.index("## Set-up"):]
+    commands = [body.strip() for info, body in fenced_blocks(setup)[:2]]
+    assert commands[0].startswith("python -m pip install") and "python -m layernorm" in commands[0]
+    assert commands[1].endswith("python -m pytest")
+    with open(os.path.join(os.path.dirname(__file__), os.pardir, ".ci", "run"), encoding="utf-8") as f:
+        ci_lines = [line.strip() for line in f]
+    for command in commands:
+        assert any(line.startswith(command) for line in ci_lines), command
