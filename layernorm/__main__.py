@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 import numpy as np
 import numpy.typing as npt
 
@@ -113,4 +116,10 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except BrokenPipeError:
+        # `python -m layernorm | head`: the reader left; no traceback for that (the Python
+        # documentation's recipe: point stdout at devnull so the exit flush does not fail again)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(1)

@@ -152,3 +152,14 @@ def test_ci_runs_both_setup_commands_verbatim():
         ci_lines = [line.strip() for line in f]
     for command in commands:
         assert any(line.startswith(command) for line in ci_lines), command
+
+
+def test_demo_piped_into_a_reader_that_leaves_early_prints_no_traceback():
+    # `python -m layernorm | head -2`: the demo's later prints find the pipe closed.
+    proc = subprocess.Popen([sys.executable, "-m", "layernorm"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().startswith("layernorm ")
+    proc.stdout.close()
+    stderr = proc.stderr.read()
+    proc.wait(timeout=120)
+    assert "Traceback" not in stderr and proc.returncode in (0, 1)
