@@ -799,9 +799,8 @@ static LN_ALWAYS_INLINE void LN_FN(forward_rows)(ln_dtype dtype, const ln_forwar
                                                  ptrdiff_t begin, ptrdiff_t end)
 {
     const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(dtype);
-    const ln_normalize_fn normalize = a->row_len * elsize >= LN_STREAM_MIN_BYTES
-                                          ? LN_FN(kernels_normalize_streaming)[dtype]
-                                          : LN_FN(normalize_rows_by_dtype)[dtype];
+    const ln_normalize_fn normalize = ln_forward_streams(a) ? LN_FN(kernels_normalize_streaming)[dtype]
+                                                           : LN_FN(normalize_rows_by_dtype)[dtype];
     if (a->row_len < 16) {
         LN_FN(forward_short_rows)(dtype, a, begin, end);
         return;

@@ -260,10 +260,11 @@ def test_defaults_without_env():
     assert int(threads) == len(os.sched_getaffinity(0))
 
 
-# Rows of 1 MiB and more are written with non-temporal stores, from a 64-byte boundary on:
-# in place, into an output that starts off that boundary, and split across threads or not,
-# the bits are those of the plain stores (the scalar level has none).
-STREAMED_SHAPES = [(1, 1 << 18), (2, (1 << 18) + 5), (9, (1 << 17) + 3)]
+# Rows of 1 MiB and more, and rows longer than 2048 elements in an output of 16 MiB and more,
+# are written with non-temporal stores, from a 64-byte boundary on: in place, into an output
+# that starts off that boundary, and split across threads or not, the bits are those of the
+# plain stores (the scalar level has none).
+STREAMED_SHAPES = [(1, 1 << 18), (2, (1 << 18) + 5), (9, (1 << 17) + 3), (1025, 4099)]
 
 
 @pytest.mark.parametrize("threads", [1, 2])
