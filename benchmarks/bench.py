@@ -36,8 +36,9 @@ and every result is checked against a float64 NumPy reference instead of torch.
 Method: the functions of a case run interleaved, round-robin (ours, torch, numpy, copy, ours, ...).
 Each turn is a loop of k calls, k calibrated so one loop takes about 30 ms (2 ms with --quick),
 after 20 ms idle (torch's OpenMP workers spin for milliseconds after a call and would take a
-core from the next turn);
-the reported time per call is the best turn out of R repetitions. Before timing a case its result
+core from the next turn). The whole list of cases is run 3 times (rounds; 1 with --quick), 10
+turns per function per case and round (3 with --quick), so each case is measured at three moments
+of the run; the reported time per call is the best turn of all of them. Before timing a case its result
 is compared with torch's (or the float64 reference); a case whose answer is wrong is reported as
 WRONG and not timed, and the script then exits with status 1. The report ends with the targets
 of issue 4 as a checklist (met / NOT met); missing a target does not change the exit status.
@@ -67,8 +68,12 @@ except ImportError:  # torch is optional: without it ours is checked against flo
 
 EPS = 1e-5
 
-FULL_SETTINGS = {"repetitions": 25, "loop_seconds": 0.030}
-QUICK_SETTINGS = {"repetitions": 3, "loop_seconds": 0.002}
+# A round goes through every case once; each case gets `repetitions` turns per round.  The
+# machine is shared: another tenant's burst of memory traffic can last seconds and slow every
+# turn of a case, whoever's turn it is.  Spreading a case's turns over rounds a minute or so
+# apart lets its best turn come from a quiet moment, for ours and torch alike.
+FULL_SETTINGS = {"rounds": 3, "repetitions": 10, "loop_seconds": 0.030}
+QUICK_SETTINGS = {"rounds": 1, "repetitions": 3, "loop_seconds": 0.002}
 
 # What results are checked against, and what the "max |ours-...|" columns name.
 FLOAT64_REFERENCE = "float64 numpy"
@@ -617,6 +622,13 @@ def torch_header_lines():
             " result is checked against a float64 NumPy reference"]
 
 
+def turns_text(settings):
+    """How many turns each time is the best of, e.g. "3 rounds x 10"."""
+    if settings["rounds"] == 1:
+        return f"{settings['repetitions']}"
+    return f"{settings['rounds']} rounds x {settings['repetitions']}"
+
+
 def header_lines(settings, load_at_start, load_at_end):
     torch_threads = f"torch {torch.get_num_threads()}" if torch else "torch not installed"
     torch_version = f"torch {torch.__version__}" if torch else "torch not installed"
@@ -633,7 +645,7 @@ def header_lines(settings, load_at_start, load_at_end):
         f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}",
         f"- load average (1, 5, 15 min): {load_average_text(load_at_start)} before the run (other processes:"
         f" above ~0.5 the timings are noisy), {load_average_text(load_at_end)} after it (includes this benchmark)",
-        f"- method: best of {settings['repetitions']} interleaved repetitions, each a loop of calls lasting"
+        f"- method: best of {turns_text(settings)} interleaved repetitions, each a loop of calls lasting"
         f" ~{settings['loop_seconds'] * 1e3:.0f} ms after {TURN_GAP_SECONDS * 1e3:.0f} ms idle; eps={EPS};"
         f" ratios below 1 mean ours is faster",
     ]
@@ -760,7 +772,7 @@ def import_pyplot():
 
 def plot_title(settings):
     run = "quick run, " if settings is QUICK_SETTINGS else ""
-    return (f"layernorm time / torch time per call ({run}best of {settings['repetitions']})\n"
+    return (f"layernorm time / torch time per call ({run}best of {turns_text(settings)})\n"
             f"{cpu_model_name()}, {layernorm.get_num_threads()} threads, simd {layernorm.simd_level()},"
             f" torch {torch.__version__}")
 
@@ -858,17 +870,35 @@ def run_safely(case, section, data, settings):
         return Result(case, section, error=message[:120])
 
 
+def merge_rounds(earlier, later):
+    """One result of a measurement made in two rounds: the best time of each function, the
+    larger difference, and an error if either round had one."""
+    if earlier.error:
+        return earlier
+    if later.error:
+        return later
+    for name, seconds in later.times.items():
+        earlier.times[name] = min(seconds, earlier.times.get(name, math.inf))
+    earlier.max_diff = max(earlier.max_diff, later.max_diff)
+    return earlier
+
+
 def run_all(runs, settings):
-    """Results of the planned runs, printing a progress line after each one."""
+    """Results of the planned runs, each the merge of its rounds, printing a progress line after
+    each measurement."""
     rng = np.random.default_rng(0)
-    results = []
-    data_case, data = None, None
-    for index, (case, section) in enumerate(runs, start=1):
-        if case != data_case:
-            data = None  # free the previous case's arrays first
-            data_case, data = case, make_case_data(case, rng)
-        results.append(run_safely(case, section, data, settings))
-        print(progress_line(index, len(runs), results[-1]), file=sys.stderr, flush=True)
+    results = [None] * len(runs)
+    rounds = settings["rounds"]
+    for round_number in range(1, rounds + 1):
+        data_case, data = None, None
+        for index, (case, section) in enumerate(runs):
+            if case != data_case:
+                data = None  # free the previous case's arrays first
+                data_case, data = case, make_case_data(case, rng)
+            result = run_safely(case, section, data, settings)
+            results[index] = result if results[index] is None else merge_rounds(results[index], result)
+            progress = progress_line(index + 1, len(runs), result)
+            print(f"round {round_number}/{rounds} {progress}", file=sys.stderr, flush=True)
     return results
 
 
