@@ -817,7 +817,7 @@ static LN_ALWAYS_INLINE void LN_FN(forward_rows)(ln_dtype dtype, const ln_forwar
         const ln_moments m = LN_FN(row_moments)(dtype, x, a->row_len);
         const double rstd = ln_rstd_of(m, a->eps);
         ln_store_stats(a, r, m.mean, rstd);
-        ln_normalize_chunks_backwards(normalize, dtype, x, y, 0, a->row_len, m.mean, rstd, a->weight, a->bias);
+        ln_normalize_spans_backwards(normalize, dtype, x, y, 0, a->row_len, m.mean, rstd, a->weight, a->bias);
     }
 }
 

@@ -219,15 +219,23 @@ static double ln_rstd_of(ln_moments m, double eps)
     return 1.0 / sqrt(var + eps);
 }
 
-/* normalize() over elements [begin, end) of a row, LN_CHUNK at a time from the end back:
-   the chunks the statistics pass read last are the ones still in cache. */
-static inline void ln_normalize_chunks_backwards(ln_normalize_fn normalize, ln_dtype dtype, const void *x,
-                                                 void *y, ptrdiff_t begin, ptrdiff_t end, double mean,
-                                                 double rstd, const void *weight, const void *bias)
+/* The normalize pass goes through a long row from the end back, so that the part the
+   statistics pass read last, still in cache, is used first, one span at a time, and through
+   each span forward.  A span of 16384 elements (64 KiB of float32) is long enough for the
+   hardware prefetchers to get going on x, weight and bias at each span; at 2048 elements
+   they restarted every 8 KiB (AMD EPYC Zen 4, 2 threads, float32 into out=: 8x1000000
+   2.19 -> 1.94 ms, 2048x4096 2.16 -> 1.82 ms). */
+#define LN_NORMALIZE_SPAN 16384
+
+/* normalize() over elements [begin, end) of a row, LN_NORMALIZE_SPAN at a time from the end
+   back. */
+static inline void ln_normalize_spans_backwards(ln_normalize_fn normalize, ln_dtype dtype, const void *x,
+                                                void *y, ptrdiff_t begin, ptrdiff_t end, double mean,
+                                                double rstd, const void *weight, const void *bias)
 {
     const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(dtype), param_elsize = dtype == LN_F64 ? 8 : 4;
     for (ptrdiff_t stop = end; stop > begin;) {
-        const ptrdiff_t start = stop - begin > LN_CHUNK ? stop - LN_CHUNK : begin;
+        const ptrdiff_t start = stop - begin > LN_NORMALIZE_SPAN ? stop - LN_NORMALIZE_SPAN : begin;
         normalize((const char *)x + start * elsize, (char *)y + start * elsize, stop - start, mean, rstd,
                   weight ? (const char *)weight + start * param_elsize : NULL,
                   bias ? (const char *)bias + start * param_elsize : NULL);
@@ -577,10 +585,10 @@ static void ln_forward_huge_row_normalize(void *ctx, ptrdiff_t begin, ptrdiff_t 
     const ln_forward_job *job = ctx;
     const ln_forward_args *a = job->args;
     const ptrdiff_t stop = end * LN_CHUNK < a->row_len ? end * LN_CHUNK : a->row_len;
-    ln_normalize_chunks_backwards(ln_forward_streams(a) ? job->kernels->normalize_row_streaming[a->dtype]
-                                                        : job->kernels->normalize_row[a->dtype],
-                                  a->dtype, job->row_in, job->row_out,
-                                  begin * LN_CHUNK, stop, job->mean, job->rstd, a->weight, a->bias);
+    ln_normalize_spans_backwards(ln_forward_streams(a) ? job->kernels->normalize_row_streaming[a->dtype]
+                                                       : job->kernels->normalize_row[a->dtype],
+                                 a->dtype, job->row_in, job->row_out,
+                                 begin * LN_CHUNK, stop, job->mean, job->rstd, a->weight, a->bias);
 }
 
 int ln_forward(const ln_forward_args *a)

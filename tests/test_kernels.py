@@ -289,6 +289,29 @@ def test_streamed_rows_same_bits_in_place_and_unaligned(dtype, shape, threads, r
     assert_matches_reference(expected, x, (n,), w, b)
 
 
+# The normalize pass goes through a long row from the end back, 16384 elements at a time:
+# rows of two whole spans and part of a third, not streamed, unaligned, through the row loop
+# (one thread) and split across threads, match the float64 reference at every level and the
+# bits of the scalar level.
+SPANNED_ROW_LEN = 2 * 16384 + 2048 + 5
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_rows_of_several_normalize_spans(dtype, threads, restore_runtime):
+    n = SPANNED_ROW_LEN
+    base = make_input((3, n), dtype, seed=n, offset=5.0)
+    buf = np.zeros(base.size + 1, dtype)
+    x = buf[1:].reshape(3, n)
+    x[...] = base
+    w, b = make_params((n,), param_dtype(dtype), "weight+bias")
+    layernorm.set_num_threads(threads)
+    results = _run_all_levels(lambda: layernorm.layer_norm(x, (n,), w, b))
+    for level, out in results.items():
+        assert np.array_equal(out, results[LEVELS[0]]), level
+    assert_matches_reference(results[LEVELS[-1]], base, (n,), w, b)
+
+
 # Backward writes dx of 4 MiB and more with non-temporal stores when its rows are a multiple
 # of 16 bytes: through row blocks and through column spans, the bits are those of the plain
 # stores (scalar level), at one thread or two; rows of another length keep plain stores.
