@@ -9,8 +9,8 @@ import os
 import numpy
 from setuptools import Extension, setup
 
-# No -march=native and no -ffast-math: the wheel must run on any x86-64 and keep
-# NaN semantics.  SIMD kernels are chosen at run time (see src/ln_kernels.c).
+# Baseline x86-64 code and strict IEEE semantics (no host-specific -march, no fast-math
+# flags): the wheel must run on any x86-64 and NaN must stay NaN.  SIMD kernels are chosen at run time (see src/ln_kernels.c).
 # -ffp-contract=off keeps every level doing the same roundings (bit-identical results).
 compile_args = ["-std=c11", "-O3", "-ffp-contract=off", "-fno-math-errno", "-Wall", "-Wextra",
                 "-Wno-unused-parameter", "-Wno-psabi", "-Wno-missing-field-initializers"]
