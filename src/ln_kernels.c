@@ -113,7 +113,8 @@ static inline size_t ln_dtype_size(ln_dtype dtype)
 static inline int ln_forward_streams(const ln_forward_args *a)
 {
     const ptrdiff_t row_bytes = a->row_len * (ptrdiff_t)ln_dtype_size(a->dtype);
-    return row_bytes >= LN_STREAM_MIN_BYTES || row_bytes * a->rows >= LN_STREAM_MIN_OUTPUT_BYTES;
+    return row_bytes >= LN_STREAM_MIN_BYTES ||
+           (a->row_len > LN_CHUNK && row_bytes * a->rows >= LN_STREAM_MIN_OUTPUT_BYTES);
 }
 
 /* IEEE binary16 <-> binary32, round to nearest even (the hardware's rounding). */
