@@ -1,0 +1,158 @@
+"""The cases measured, their data, and what ours computes on each.
+
+A case is rows x cols, normalized over the last axis of cols elements.  Each case has a forward
+section (layer_norm) and, unless it writes into out=, a backward one (layer_norm_backward); one
+more case times the LayerNorm module against the functional call it wraps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+import layernorm
+
+from .timing import Timed
+
+EPS = 1e-5
+
+
+@dataclass(frozen=True)
+class Case:
+    rows: int
+    cols: int
+    dtype: str = "float32"
+    use_out: bool = False
+
+    @property
+    def label(self):
+        text = f"{self.rows}x{self.cols} {self.dtype}"
+        return text + " out=" if self.use_out else text
+
+    @property
+    def has_backward(self):
+        return not self.use_out
+
+
+CASES = [
+    Case(4, 20),
+    Case(16, 768),
+    Case(512, 768),
+    Case(2048, 4096),
+    Case(1_000_000, 8),
+    Case(8, 1_000_000),
+    Case(1024, 1024, "float64"),
+    Case(2048, 1024, "float16"),
+    Case(2048, 4096, use_out=True),
+]
+
+# The module-overhead section's input, and what it times (name -> how the report writes the call):
+# each module call is compared with the baseline, the functional call it wraps.
+MODULE_CASE = Case(4, 20)
+MODULE_BASELINE = "layer_norm"
+MODULE_VARIANTS = ("module train", "module eval")
+MODULE_CALLS = {
+    MODULE_BASELINE: f"layer_norm(x, {MODULE_CASE.cols}, w, b)",
+    "module train": f"LayerNorm({MODULE_CASE.cols})(x) (training mode)",
+    "module eval": f"LayerNorm({MODULE_CASE.cols}).eval()(x)",
+}
+
+SECTION_PREFIXES = {"forward": "fwd", "backward": "bwd", "module": "module"}
+MODULE_LABEL = f"{SECTION_PREFIXES['module']} {MODULE_CASE.label}"  # what --cases matches for that section
+
+
+@dataclass
+class CaseData:
+    x: np.ndarray
+    weight: np.ndarray  # float32, the parameters ours gets
+    bias: np.ndarray
+    grad_output: np.ndarray
+
+
+def make_case_data(case, rng):
+    """Random input, weight, bias and grad_output for a case.
+
+    weight/bias are rounded through float16 so that they are exactly the same numbers
+    whether a library receives them as float16, float32 or float64.
+    """
+    shape = (case.rows, case.cols)
+    generate_dtype = np.float64 if case.dtype == "float64" else np.float32
+    x = rng.standard_normal(shape, dtype=generate_dtype).astype(case.dtype, copy=False)
+    weight = rng.standard_normal(case.cols).astype(np.float16).astype(np.float32)
+    bias = rng.standard_normal(case.cols).astype(np.float16).astype(np.float32)
+    grad_output = np.empty(0)
+    if case.has_backward:
+        grad_output = rng.standard_normal(shape, dtype=generate_dtype).astype(case.dtype, copy=False)
+    return CaseData(x, weight, bias, grad_output)
+
+
+# ----------------------------------------------------------------------------- what ours computes
+
+
+def ours_forward(case, data):
+    """layernorm.layer_norm(x, (cols,), weight, bias), into out= for the out= case."""
+    shape = (case.cols,)
+    if case.use_out:
+        def layer_norm_into(x, weight, bias, out):
+            return layernorm.layer_norm(x, shape, weight, bias, EPS, out=out)
+
+        return Timed(layer_norm_into, (data.x, data.weight, data.bias, np.empty_like(data.x)))
+    return Timed(layernorm.layer_norm, (data.x, shape, data.weight, data.bias, EPS))
+
+
+def ours_backward(case, data):
+    """layernorm.layer_norm_backward, fed the mean and rstd of layernorm's own forward pass."""
+    shape = (case.cols,)
+    _, mean, rstd = layernorm.native_layer_norm(data.x, shape, data.weight, data.bias, EPS)
+    return Timed(layernorm.layer_norm_backward, (data.grad_output, data.x, shape, mean, rstd, data.weight, data.bias))
+
+
+def module_calls(data):
+    """The calls of MODULE_CALLS on the same input, parameters and eps."""
+    x = data.x
+    size = x.shape[-1]
+    training_module = layernorm.LayerNorm(size)
+    eval_module = layernorm.LayerNorm(size).eval()
+    weight, bias = training_module.weight, training_module.bias
+    return {
+        MODULE_BASELINE: Timed(layernorm.layer_norm, (x, size, weight, bias)),
+        "module train": Timed(training_module, (x,)),
+        "module eval": Timed(eval_module, (x,)),
+    }
+
+
+# ----------------------------------------------------------------------------- bytes moved
+
+
+def compute_itemsize(dtype):
+    """Bytes per value of the compute dtype (mean, rstd, parameter gradients) for an input dtype."""
+    return 8 if dtype == "float64" else 4
+
+
+def forward_bytes(data):
+    """Bytes read and written by one forward call: input + output + weight + bias."""
+    return 2 * data.x.nbytes + data.weight.nbytes + data.bias.nbytes
+
+
+def backward_bytes(data, gradients):
+    """Bytes read (grad_output, input, mean, rstd, weight) and written (the three gradients)."""
+    rows = data.x.shape[0]
+    stats_bytes = 2 * rows * compute_itemsize(data.x.dtype)  # mean and rstd, one value per row each
+    read = data.grad_output.nbytes + data.x.nbytes + stats_bytes + data.weight.nbytes
+    written = sum(gradient.nbytes for gradient in gradients if gradient is not None)
+    return read + written
+
+
+def planned_runs(substring, with_backward):
+    """(case, section) pairs whose label contains `substring`, in order; a case's sections run
+    one after the other."""
+    runs = []
+    for case in CASES:
+        if substring in case.label:
+            runs.append((case, "forward"))
+            if with_backward and case.has_backward:
+                runs.append((case, "backward"))
+    if substring in MODULE_LABEL:
+        runs.append((MODULE_CASE, "module"))
+    return runs

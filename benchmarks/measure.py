@@ -1,0 +1,165 @@
+"""Measuring the cases: each section of a case is first checked against its reference, then its
+calls are timed together; a measurement's rounds merge into one result."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import cases, peers, references, timing
+from .cases import EPS, MODULE_BASELINE, SECTION_PREFIXES
+
+# What results are checked against, and what the "max |ours-...|" columns name.
+REFERENCE = "torch" if peers.torch_version() else references.NAME
+
+# Largest tolerated max|ours - reference| / max(1, max|reference|), per input dtype.
+# torch keeps float16 statistics in float16 (ours: float32), hence the loose float16 bounds.
+FORWARD_TOLERANCE = {"float16": 1e-2, "float32": 1e-4, "float64": 1e-10}
+BACKWARD_TOLERANCE = {"float16": 5e-2, "float32": 1e-3, "float64": 1e-8}
+
+
+@dataclass
+class Result:
+    """Timings (seconds per call) of one case in one section ("forward", "backward" or "module")."""
+
+    case: cases.Case
+    section: str
+    times: dict = field(default_factory=dict)  # name -> seconds; missing name = not available
+    max_diff: float = math.nan
+    reference: str = REFERENCE  # what max_diff was measured against
+    bytes_moved: int = 0
+    error: str = ""
+
+    @property
+    def label(self):
+        return f"{SECTION_PREFIXES[self.section]} {self.case.label}"
+
+    def ratio(self, numerator, denominator):
+        if numerator in self.times and denominator in self.times:
+            return self.times[numerator] / self.times[denominator]
+        return None
+
+    def extra_microseconds(self, name, baseline):
+        """How many µs more a call of `name` takes than one of `baseline` (None if not timed)."""
+        if name in self.times and baseline in self.times:
+            return (self.times[name] - self.times[baseline]) * 1e6
+        return None
+
+
+def scaled_max_diff(ours, reference):
+    """(max |ours - reference|, that divided by max(1, max |reference|)), in float64."""
+    ours = np.asarray(ours, dtype=np.float64)
+    reference = np.asarray(reference, dtype=np.float64)
+    if reference.size == 0:
+        return 0.0, 0.0
+    diff = float(np.max(np.abs(ours - reference)))
+    scale = max(1.0, float(np.max(np.abs(reference))))
+    return diff, diff / scale
+
+
+def worst_scaled_diff(ours_arrays, reference_arrays):
+    """Largest raw and scaled difference over pairs of arrays."""
+    pairs = [scaled_max_diff(o, r) for o, r in zip(ours_arrays, reference_arrays)]
+    return max(p[0] for p in pairs), max(p[1] for p in pairs)
+
+
+def time_checked(functions, result, settings):
+    """`result` with the times of every call of `functions` (name -> Timed), unless it failed its check."""
+    if not result.error:
+        result.times = timing.best_times_round_robin(functions, settings)
+    return result
+
+
+def measure_forward(case, data, settings):
+    """ours, torch (when installed), the NumPy formula and the copy of x; checked against torch,
+    or without it against the float64 reference."""
+    functions = {"ours": cases.ours_forward(case, data)}
+    torch_call = peers.torch_forward(case, data)
+    if torch_call:
+        functions["torch"] = torch_call
+        reference = torch_call.run().numpy()
+    else:
+        reference = references.forward(data.x, (case.cols,), data.weight, data.bias, EPS)
+    functions["numpy"] = peers.numpy_forward(data)
+    functions["copy"] = peers.copy(data.x)
+    result = Result(case, "forward", bytes_moved=cases.forward_bytes(data))
+    result.max_diff, scaled = scaled_max_diff(functions["ours"].run(), reference)
+    if not scaled <= FORWARD_TOLERANCE[case.dtype]:
+        result.error = "WRONG"
+    return time_checked(functions, result, settings)
+
+
+def measure_backward(case, data, settings):
+    """ours and torch (when installed and able to run the case); checked against torch, or else
+    against the float64 reference."""
+    functions = {"ours": cases.ours_backward(case, data)}
+    torch_call = peers.torch_backward(case, data)
+    if torch_call:
+        functions["torch"] = torch_call
+        reference = [tensor.numpy() for tensor in torch_call.run()]
+        reference_name = "torch"
+    else:
+        reference = references.backward(data.grad_output, data.x, (case.cols,), data.weight, data.bias, EPS)
+        reference_name = references.NAME
+    gradients = functions["ours"].run()
+    result = Result(case, "backward", reference=reference_name, bytes_moved=cases.backward_bytes(data, gradients))
+    _, scaled = worst_scaled_diff(gradients, reference)
+    result.max_diff = scaled  # the gradients differ in scale (grad_weight sums over rows): report scaled
+    if not scaled <= BACKWARD_TOLERANCE[case.dtype]:
+        result.error = "WRONG"
+    return time_checked(functions, result, settings)
+
+
+def measure_module(case, data, settings):
+    """The module calls and the functional call they wrap, which must give the same bits."""
+    functions = cases.module_calls(data)
+    outputs = {name: timed.run() for name, timed in functions.items()}
+    result = Result(case, "module", reference=MODULE_BASELINE)
+    result.max_diff = max(scaled_max_diff(output, outputs[MODULE_BASELINE])[0] for output in outputs.values())
+    if result.max_diff != 0:
+        result.error = "WRONG"
+    return time_checked(functions, result, settings)
+
+
+SECTION_MEASURES = {"forward": measure_forward, "backward": measure_backward, "module": measure_module}
+
+
+def measure_safely(case, section, data, settings):
+    """One measurement; an exception becomes an error row instead of ending the benchmark."""
+    try:
+        return SECTION_MEASURES[section](case, data, settings)
+    except Exception as error:  # report and carry on with the other cases
+        message = f"error: {type(error).__name__}: {error}".replace("|", "/").replace("\n", " ")
+        return Result(case, section, error=message[:120])
+
+
+def merge_rounds(earlier, later):
+    """One result of a measurement made in two rounds: the best time of each function, the
+    larger difference, and an error if either round had one."""
+    if earlier.error:
+        return earlier
+    if later.error:
+        return later
+    for name, seconds in later.times.items():
+        earlier.times[name] = min(seconds, earlier.times.get(name, math.inf))
+    earlier.max_diff = max(earlier.max_diff, later.max_diff)
+    return earlier
+
+
+def run_all(runs, settings, report_progress):
+    """Results of the planned (case, section) runs, each the merge of its rounds;
+    report_progress(round, index, total, result) is called after each measurement."""
+    rng = np.random.default_rng(0)
+    results = [None] * len(runs)
+    for round_number in range(1, settings.rounds + 1):
+        data_case, data = None, None
+        for index, (case, section) in enumerate(runs):
+            if case != data_case:
+                data = None  # free the previous case's arrays first
+                data_case, data = case, cases.make_case_data(case, rng)
+            result = measure_safely(case, section, data, settings)
+            results[index] = result if results[index] is None else merge_rounds(results[index], result)
+            report_progress(round_number, index + 1, len(runs), result)
+    return results

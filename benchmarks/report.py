@@ -1,0 +1,332 @@
+"""The Markdown report: a header, one table per section, and the performance targets as a
+checklist; also the progress line printed after each measurement."""
+
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+import layernorm
+
+from . import peers, timing
+from .cases import EPS, MODULE_BASELINE, MODULE_CALLS, MODULE_VARIANTS, SECTION_PREFIXES, Case
+from .measure import REFERENCE
+
+MISSING = "—"  # table cell of a time or ratio that was not measured
+
+# The performance targets.
+SMALL_CASES = (Case(4, 20), Case(16, 768))  # forward ours/torch <= SMALL_TORCH_LIMIT
+SMALL_TORCH_LIMIT = 0.5
+TORCH_LIMIT = 0.9  # ours/torch of every other forward case and of every backward case
+COPY_LIMIT = 1.3  # ours/copy of the out= case
+MODULE_OVERHEAD_LIMIT_US = 1.0  # each module call's time minus layer_norm's
+
+
+# ----------------------------------------------------------------------------- targets
+
+
+@dataclass(frozen=True)
+class Check:
+    """One target on one measured case."""
+
+    target: str  # e.g. "fwd 4x20 float32 ours/torch ≤ 0.5"
+    measured: str  # the measured value as printed, or MISSING
+    met: bool | None  # None: not measured
+    why_not_measured: str = ""
+
+
+def why_not_timed(result, name):
+    if result.error:
+        return result.error
+    if name == "torch" and not peers.torch_version():
+        return "torch not installed"
+    return f"no {name} time"
+
+
+def torch_limit(result):
+    """The bound on ours/torch for a forward or backward result."""
+    if result.section == "forward" and result.case in SMALL_CASES:
+        return SMALL_TORCH_LIMIT
+    return TORCH_LIMIT
+
+
+def ratio_check(result, numerator, denominator, limit):
+    target = f"{result.label} {numerator}/{denominator} ≤ {limit}"
+    ratio = result.ratio(numerator, denominator)
+    if ratio is None:
+        return Check(target, MISSING, None, why_not_timed(result, denominator))
+    return Check(target, f"{ratio:.2f}", ratio <= limit)
+
+
+def module_overhead_check(result, name):
+    target = f"{MODULE_CALLS[name]} − {MODULE_CALLS[MODULE_BASELINE]} < {MODULE_OVERHEAD_LIMIT_US:g} µs"
+    extra = result.extra_microseconds(name, MODULE_BASELINE)
+    if extra is None:
+        return Check(target, MISSING, None, why_not_timed(result, name))
+    return Check(target, f"{extra:+.2f} µs", extra < MODULE_OVERHEAD_LIMIT_US)
+
+
+def result_checks(result):
+    if result.section == "module":
+        return [module_overhead_check(result, name) for name in MODULE_VARIANTS]
+    if result.case.use_out:
+        # ours writes into a given array; torch (which has no allocation-free layer_norm)
+        # allocates as usual, so ours/torch is not like for like here: the target is the copy.
+        return [ratio_check(result, "ours", "copy", COPY_LIMIT)]
+    return [ratio_check(result, "ours", "torch", torch_limit(result))]
+
+
+def check_status(check):
+    if check.met is None:
+        return f"not measured ({check.why_not_measured})"
+    return "met" if check.met else "NOT met"
+
+
+def checklist_line(check):
+    box = "x" if check.met else " "
+    return f"- [{box}] {check.target}: measured {check.measured}, {check_status(check)}"
+
+
+def checklist_lines(results):
+    """The targets of every result: forward, backward, then module."""
+    sections = list(SECTION_PREFIXES)
+    ordered = sorted(results, key=lambda result: sections.index(result.section))
+    checks = [check for result in ordered for check in result_checks(result)]
+    met = sum(check.met is True for check in checks)
+    not_measured = sum(check.met is None for check in checks)
+    summary = f"{met} of {len(checks)} met" + (f", {not_measured} not measured" if not_measured else "")
+    return [f"## Targets (cases of this run): {summary}", ""] + [checklist_line(check) for check in checks]
+
+
+# ----------------------------------------------------------------------------- cells
+
+
+def format_microseconds(seconds):
+    if seconds is None:
+        return MISSING
+    microseconds = seconds * 1e6
+    if microseconds < 10:
+        return f"{microseconds:.2f}"
+    if microseconds < 100:
+        return f"{microseconds:.1f}"
+    return f"{microseconds:,.0f}"
+
+
+def format_ratio(ratio):
+    return MISSING if ratio is None else f"{ratio:.2f}"
+
+
+def format_extra_microseconds(microseconds):
+    return MISSING if microseconds is None else f"{microseconds:+.2f}"
+
+
+def format_gigabytes_per_second(result):
+    if "ours" not in result.times:
+        return MISSING
+    return f"{result.bytes_moved / result.times['ours'] / 1e9:.1f}"
+
+
+def format_diff(value):
+    return MISSING if math.isnan(value) else f"{value:.1e}"
+
+
+def format_diff_with_reference(result):
+    """max_diff, naming its reference when that is not the table's (torch could not run the case)."""
+    text = format_diff(result.max_diff)
+    return text if result.reference == REFERENCE else f"{text} (vs {result.reference})"
+
+
+# ----------------------------------------------------------------------------- progress
+
+
+def result_summary(result):
+    """The headline numbers of a result for the progress line."""
+    if result.section == "module":
+        extras = [f"{name} {format_extra_microseconds(result.extra_microseconds(name, MODULE_BASELINE))} us"
+                  for name in MODULE_VARIANTS]
+        return f"over {MODULE_BASELINE}: " + ", ".join(extras)
+    ratio = result.ratio("ours", "torch")
+    return "" if ratio is None else f"ours/torch {format_ratio(ratio)}"
+
+
+def progress_line(index, total, result):
+    """One stderr line summarising a finished case."""
+    head = f"[{index}/{total}] {result.label}:"
+    if result.error:
+        return f"{head} {result.error} (max |ours-{result.reference}| {format_diff(result.max_diff)})"
+    times = ", ".join(f"{name} {format_microseconds(seconds)} us" for name, seconds in result.times.items())
+    return f"{head} {times}  {result_summary(result)}".rstrip()
+
+
+# ----------------------------------------------------------------------------- header
+
+
+def cpu_model_name():
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
+def load_average_text(load_averages):
+    return ", ".join(f"{value:.2f}" for value in load_averages)
+
+
+def usable_cores():
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count()
+
+
+def turns_text(settings):
+    """How many turns each time is the best of, e.g. "3 rounds x 10"."""
+    if settings.rounds == 1:
+        return f"{settings.repetitions}"
+    return f"{settings.rounds} rounds x {settings.repetitions}"
+
+
+def torch_header_lines():
+    if peers.torch_version():
+        return []
+    return [f"- torch: not installed; its columns show {MISSING}, the backward section times ours only, and"
+            " every result is checked against a float64 reference"]
+
+
+def header_lines(settings, load_at_start, load_at_end):
+    torch_version = peers.torch_version()
+    torch_text = f"torch {torch_version}" if torch_version else "torch not installed"
+    torch_threads = f"torch {peers.torch_threads()}" if torch_version else "torch not installed"
+    return [
+        "# layernorm benchmark",
+        "",
+        f"- machine: {cpu_model_name()}, {usable_cores()} usable cores ({os.cpu_count()} logical CPUs)",
+        f"- simd level: {layernorm.simd_level()} (available: {', '.join(layernorm.available_simd_levels())})",
+        f"- threads: layernorm {layernorm.get_num_threads()}, {torch_threads}"
+        " (numpy formula and copy are single-threaded)",
+        f"- versions: numpy {np.__version__}, {torch_text}, layernorm {layernorm.__version__},"
+        f" python {sys.version.split()[0]}",
+        *torch_header_lines(),
+        f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}",
+        f"- load average (1, 5, 15 min): {load_average_text(load_at_start)} before the run (other processes:"
+        f" above ~0.5 the timings are noisy), {load_average_text(load_at_end)} after it (includes this benchmark)",
+        f"- method: best of {turns_text(settings)} interleaved repetitions, each a loop of calls lasting"
+        f" ~{settings.loop_seconds * 1e3:.0f} ms after {timing.TURN_GAP_SECONDS * 1e3:.0f} ms idle; eps={EPS};"
+        f" ratios below 1 mean ours is faster",
+    ]
+
+
+# ----------------------------------------------------------------------------- tables
+
+
+def table_lines(title, columns, rows):
+    """A Markdown table: the first column left-aligned, the others right-aligned."""
+    return [
+        title,
+        "",
+        "| " + " | ".join(columns) + " |",
+        "|---|" + "---:|" * (len(columns) - 1),
+        *("| " + " | ".join(cells) + " |" for cells in rows),
+    ]
+
+
+def error_row(result, width):
+    """A table row for a case that was not timed: its error, blanks, and the difference found."""
+    return [result.case.label, result.error] + [""] * (width - 3) + [format_diff_with_reference(result)]
+
+
+def forward_table_lines(results):
+    columns = ["case", "ours µs", "torch µs", "numpy µs", "copy µs", "ours GB/s", "ours/torch", "ours/copy",
+               f"max \\|ours-{REFERENCE}\\|"]
+
+    def row(result):
+        if result.error:
+            return error_row(result, len(columns))
+        return [
+            result.case.label,
+            format_microseconds(result.times.get("ours")),
+            format_microseconds(result.times.get("torch")),
+            format_microseconds(result.times.get("numpy")),
+            format_microseconds(result.times.get("copy")),
+            format_gigabytes_per_second(result),
+            format_ratio(result.ratio("ours", "torch")),
+            format_ratio(result.ratio("ours", "copy")),
+            format_diff_with_reference(result),
+        ]
+
+    return table_lines("## Forward: layer_norm(x, (cols,), weight, bias)", columns, map(row, results))
+
+
+def backward_table_lines(results):
+    columns = ["case", "ours µs", "torch µs", "ours/torch", "ours GB/s", f"max \\|ours-{REFERENCE}\\| scaled"]
+
+    def row(result):
+        if result.error:
+            return error_row(result, len(columns))
+        return [
+            result.case.label,
+            format_microseconds(result.times.get("ours")),
+            format_microseconds(result.times.get("torch")),
+            format_ratio(result.ratio("ours", "torch")),
+            format_gigabytes_per_second(result),
+            format_diff_with_reference(result),
+        ]
+
+    compared_with = " vs aten.native_layer_norm_backward" if peers.torch_version() else ""
+    title = f"## Backward: layer_norm_backward{compared_with} (all three gradients)"
+    note = f"scaled: max over the three gradients of max|ours-{REFERENCE}| / max(1, max|{REFERENCE}|)"
+    note += "; torch computes float16 statistics in float16, ours in float32." if peers.torch_version() else "."
+    return table_lines(title, columns, map(row, results)) + ["", note]
+
+
+def module_table_lines(result):
+    calls = f"LayerNorm({result.case.cols})(x) vs {MODULE_CALLS[MODULE_BASELINE]}"
+    title = f"## Module overhead: {calls}, {result.case.label}"
+    if result.error:
+        return [title, "", f"{result.error} (max \\|module - {MODULE_BASELINE}\\| {format_diff(result.max_diff)})"]
+    baseline_row = [MODULE_CALLS[MODULE_BASELINE], format_microseconds(result.times.get(MODULE_BASELINE)), ""]
+    variant_rows = [
+        [MODULE_CALLS[name], format_microseconds(result.times.get(name)),
+         format_extra_microseconds(result.extra_microseconds(name, MODULE_BASELINE))]
+        for name in MODULE_VARIANTS
+    ]
+    return table_lines(title, ["call", "µs", f"over {MODULE_BASELINE} µs"], [baseline_row] + variant_rows)
+
+
+def slower_than_torch_lines(results):
+    slower = [r for r in results if (r.ratio("ours", "torch") or 0) > 1]
+    if not slower:
+        return []
+    return ["", "Slower than torch: " + "; ".join(
+        f"{r.section} {r.case.label} ({r.ratio('ours', 'torch'):.2f}x)"
+        for r in slower)]
+
+
+def results_of(results, section):
+    return [result for result in results if result.section == section]
+
+
+def markdown_report(settings, loads, results, backward_note):
+    forward_results = results_of(results, "forward")
+    backward_results = results_of(results, "backward")
+    lines = header_lines(settings, *loads)
+    if forward_results:
+        lines += [""] + forward_table_lines(forward_results)
+    if backward_results:
+        lines += [""] + backward_table_lines(backward_results)
+    elif backward_note:
+        lines += ["", f"## Backward: {backward_note}"]
+    for module_result in results_of(results, "module"):
+        lines += [""] + module_table_lines(module_result)
+    lines += slower_than_torch_lines(forward_results + backward_results)
+    lines += [""] + checklist_lines(results)
+    return "\n".join(lines) + "\n"

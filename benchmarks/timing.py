@@ -1,0 +1,102 @@
+"""How a call is timed: interleaved turns, the best turn of all, an idle gap before each turn.
+
+The timed calls of a case take turns round-robin (ours, torch, numpy, copy, ours, ...).  A turn
+is a loop of k back-to-back calls, k calibrated so that the loop lasts about `loop_seconds`,
+started after TURN_GAP_SECONDS idle; the time per call is the best turn's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+@dataclass(frozen=True)
+class Settings:
+    rounds: int  # passes over the whole list of cases
+    repetitions: int  # turns of each timed call per case and round
+    loop_seconds: float  # how long one turn's loop of calls lasts
+
+
+# A round goes through every case once; each case gets `repetitions` turns per round.  The
+# machine is shared: another tenant's burst of memory traffic can last seconds and slow every
+# turn of a case, whoever's turn it is.  Spreading a case's turns over rounds a minute or so
+# apart lets its best turn come from a quiet moment, for ours and torch alike.
+FULL_SETTINGS = Settings(rounds=3, repetitions=10, loop_seconds=0.030)
+QUICK_SETTINGS = Settings(rounds=1, repetitions=3, loop_seconds=0.002)
+
+# Idle time before each turn.  After a parallel region torch's OpenMP workers (libgomp) keep
+# spinning for milliseconds, and on 2 cores a spinning worker takes a core from whatever runs
+# next: measured on an AMD EPYC, ours right after torch's turn was 1.2x slower than ours after
+# a pause (1024x1024 float64 backward).  With the gap each turn starts on an idle machine;
+# within its own turn torch still gets the benefit of its spinning workers.
+TURN_GAP_SECONDS = 0.02
+
+@dataclass(frozen=True)
+class Timed:
+    """One call to time: call(*args), the function under test called directly, without a wrapper."""
+
+    call: Callable[..., Any]
+    args: tuple[Any, ...]
+
+    def run(self):
+        """One untimed call: its result."""
+        return self.call(*self.args)
+
+
+# ----------------------------------------------------------------------------- timed loops
+
+
+@contextlib.contextmanager
+def garbage_collector_paused():
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def time_loop(timed, calls):
+    """Seconds taken by `calls` back-to-back calls on the same arguments."""
+    call, args = timed.call, timed.args
+    with garbage_collector_paused():
+        start = time.perf_counter()
+        for _ in range(calls):
+            call(*args)
+        return time.perf_counter() - start
+
+
+def calibrate_loop_calls(timed, loop_seconds):
+    """Number of calls that makes one timed loop last about loop_seconds.
+
+    Each trial loop is timed three times and the fastest counts, so one preemption (the machine
+    is shared) cannot stop the doubling early and leave every timed loop a single call long.
+    """
+    timed.run()  # warm-up
+
+    def fastest_loop(calls):
+        return min(time_loop(timed, calls) for _ in range(3))
+
+    calls = 1
+    elapsed = fastest_loop(calls)
+    while elapsed < loop_seconds / 10 and calls < 10_000_000:
+        calls *= 2
+        elapsed = fastest_loop(calls)
+    return max(1, round(calls * loop_seconds / elapsed))
+
+
+def best_times_round_robin(functions, settings):
+    """Best seconds per call of each Timed in `functions` (name -> Timed), taking turns round-robin."""
+    calls = {name: calibrate_loop_calls(timed, settings.loop_seconds) for name, timed in functions.items()}
+    best = dict.fromkeys(functions, math.inf)
+    for _ in range(settings.repetitions):
+        for name, timed in functions.items():
+            time.sleep(TURN_GAP_SECONDS)
+            best[name] = min(best[name], time_loop(timed, calls[name]) / calls[name])
+    return best
