@@ -24,14 +24,16 @@ What is timed, per case (rows x cols, normalized over the last axis of cols elem
     numpy  (x - x.mean(-1)) / np.sqrt(x.var(-1) + eps) * weight + bias, all in x's dtype
     copy   np.copyto(destination, x): the memory-bandwidth floor
 The "out=" case passes a preallocated output to ours (torch and numpy allocate as usual: torch
-has no allocation-free layer_norm), so its target is ours/copy, not ours/torch.
-Backward: layernorm.layer_norm_backward vs torch.ops.aten.native_layer_norm_backward,
-each fed the mean/rstd of its own forward pass.
+has no allocation-free layer_norm), so its target is its x floor, not ours/torch.
+Backward: layernorm.layer_norm_backward vs torch.ops.aten.native_layer_norm_backward, each fed
+the mean/rstd of its own forward pass, and a copy of 1.5 times x's bytes (read x and dy, write dx).
 Module overhead: layernorm.LayerNorm(20)(x), in training mode and after .eval(), vs
 layernorm.layer_norm(x, 20, weight, bias) on 4x20 float32.
+Each row reports ours GB/s (bytes read and written / time), ours/torch, and x floor: ours time /
+the copy's time.
 
-torch is optional. Without it the torch columns show "—", the backward section times ours only,
-and every result is checked against the float64 reference (layernorm._reference) instead of torch.
+torch is optional. Without it the torch columns show "n/a", and every result is checked against
+the float64 reference (layernorm._reference) instead of torch.
 
 Method: the functions of a case run interleaved, round-robin (ours, torch, numpy, copy, ours, ...).
 Each turn is a loop of k calls, k calibrated so one loop takes about 30 ms (2 ms with --quick),

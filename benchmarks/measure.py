@@ -83,7 +83,7 @@ def measure_forward(case, data, settings):
     else:
         reference = references.forward(data.x, (case.cols,), data.weight, data.bias, EPS)
     functions["numpy"] = peers.numpy_forward(data)
-    functions["copy"] = peers.copy(data.x)
+    functions["copy"] = peers.copy(cases.floor_array("forward", data))
     result = Result(case, "forward", bytes_moved=cases.forward_bytes(data))
     result.max_diff, scaled = scaled_max_diff(functions["ours"].run(), reference)
     if not scaled <= FORWARD_TOLERANCE[case.dtype]:
@@ -92,8 +92,8 @@ def measure_forward(case, data, settings):
 
 
 def measure_backward(case, data, settings):
-    """ours and torch (when installed and able to run the case); checked against torch, or else
-    against the float64 reference."""
+    """ours, torch (when installed and able to run the case) and the copy of 1.5 times x; checked
+    against torch, or else against the float64 reference."""
     functions = {"ours": cases.ours_backward(case, data)}
     torch_call = peers.torch_backward(case, data)
     if torch_call:
@@ -103,6 +103,7 @@ def measure_backward(case, data, settings):
     else:
         reference = references.backward(data.grad_output, data.x, (case.cols,), data.weight, data.bias, EPS)
         reference_name = references.NAME
+    functions["copy"] = peers.copy(cases.floor_array("backward", data))
     gradients = functions["ours"].run()
     result = Result(case, "backward", reference=reference_name, bytes_moved=cases.backward_bytes(data, gradients))
     _, scaled = worst_scaled_diff(gradients, reference)

@@ -2,7 +2,7 @@
 same bytes, the memory floor.
 
 Each peer is a function of the case that returns its Timed call, or None when the peer is not
-installed or cannot run the case; a report column of a peer that returned None says so.
+installed or cannot run the case; a report column of a peer that returned None says n/a.
 """
 
 from __future__ import annotations
