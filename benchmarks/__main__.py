@@ -1,17 +1,18 @@
 """Benchmark layernorm against torch's CPU LayerNorm, a plain NumPy formula and a memory copy.
 
 Usage, from the repository root:
-    python -m benchmarks [--threads N] [--quick] [--cases SUBSTRING] [--simd LEVEL]
+    python -m benchmarks [--threads N[,M...]] [--quick] [--cases SUBSTRING] [--simd LEVEL]
                          [--markdown PATH] [--plot PATH]
 
-    --threads N       thread count for both layernorm and torch (default 2)
-    --quick           few repetitions of short loops (smoke test, < 30 s)
+    --threads N[,M]   thread counts for layernorm and torch, each measured in its own tables
+                      (default: 1 and all usable cores)
+    --quick           few repetitions of short loops (smoke test, < 1 min)
     --cases SUBSTRING only run cases whose label contains SUBSTRING, e.g. "float16", "2048x" or
                       "module" (the module-overhead section is labelled "module 4x20 float32")
     --simd LEVEL      force layernorm.set_simd_level(LEVEL) ("scalar", "avx2", "avx512")
     --markdown PATH   also write the report to PATH
-    --plot PATH       write a PNG bar chart of the ours/torch time ratios (needs matplotlib:
-                      python -m pip install ".[bench]"; and torch)
+    --plot PATH       write a PNG bar chart of the ours/torch time ratios, one panel per thread
+                      count (needs matplotlib: python -m pip install ".[bench]"; and torch)
 
 Examples:
     python -m benchmarks --quick
@@ -35,14 +36,15 @@ the copy's time.
 torch is optional. Without it the torch columns show "n/a", and every result is checked against
 the float64 reference (layernorm._reference) instead of torch.
 
-Method: the functions of a case run interleaved, round-robin (ours, torch, numpy, copy, ours, ...).
-Each turn is a loop of k calls, k calibrated so one loop takes about 30 ms (2 ms with --quick),
-after 20 ms idle (torch's OpenMP workers spin for milliseconds after a call and would take a
-core from the next turn). The whole list of cases is run 3 times (rounds; 1 with --quick), 10
-turns per function per case and round (3 with --quick), so each case is measured at three moments
-of the run; the reported time per call is the best turn of all of them. Before timing a case its
-result is compared with torch's (or the float64 reference's); a case whose answer is wrong is
-reported as WRONG and not timed, and the script then exits with status 1. The report ends with the performance targets as
+Method: the functions of a case run interleaved, round-robin (ours, torch, numpy, copy, ours, ...;
+ours and torch once per thread count). Each turn is a loop of k calls, k calibrated so one loop
+takes about 30 ms (2 ms with --quick), after 20 ms idle (torch's OpenMP workers spin for
+milliseconds after a call and would take a core from the next turn). The whole list of cases is
+run 3 times (rounds; 1 with --quick), 6 turns per function per case and round (3 with --quick),
+so each case is measured at three moments of the run; the reported time per call is the best turn
+of all of them. Before timing a case its result is compared with torch's (or the float64
+reference's) at every thread count; a case whose answer is wrong is reported as WRONG and not
+timed, and the script then exits with status 1. The report ends with the performance targets as
 a checklist (met / NOT met); missing a target does not change the exit status.
 """
 
@@ -56,15 +58,27 @@ import time
 import layernorm
 
 from . import cases, peers, timing
-from .measure import run_all
-from .plot import check_plot_prerequisites, plot_title, write_plot
-from .report import markdown_report, progress_line, results_of
+from .measure import RunOptions, run_all
+from .plot import check_plot_prerequisites, write_plot
+from .report import markdown_report, progress_line
+
+
+def thread_counts(text):
+    """argparse type of --threads: "2" -> (2,), "1,2" -> (1, 2), in the order given, no repeats."""
+    try:
+        counts = tuple(dict.fromkeys(int(part) for part in text.split(",")))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N or N,M,... (thread counts), got {text!r}") from None
+    if min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"thread counts are at least 1, got {text!r}")
+    return counts
 
 
 def parse_arguments(argv):
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--threads", type=int, default=2, help="threads for layernorm and torch (default 2)")
+    parser.add_argument("--threads", type=thread_counts, default=timing.default_thread_counts(), metavar="N[,M]",
+                        help="thread counts for layernorm and torch, e.g. 1,2 (default: 1 and all usable cores)")
     parser.add_argument("--quick", action="store_true", help="few short repetitions (smoke test)")
     parser.add_argument("--cases", default="", help="only cases whose label contains this substring")
     parser.add_argument("--simd", help="force layernorm.set_simd_level(LEVEL)")
@@ -73,21 +87,19 @@ def parse_arguments(argv):
     return parser.parse_args(argv)
 
 
-def configure_libraries(arguments):
-    layernorm.set_num_threads(arguments.threads)
-    peers.set_torch_threads(arguments.threads)
-    if arguments.simd:
-        try:
-            layernorm.set_simd_level(arguments.simd)
-        except ValueError as error:
-            available = ", ".join(layernorm.available_simd_levels())
-            sys.exit(f"--simd {arguments.simd}: {error} (available here: {available})")
+def force_simd_level(level):
+    try:
+        layernorm.set_simd_level(level)
+    except ValueError as error:
+        available = ", ".join(layernorm.available_simd_levels())
+        sys.exit(f"--simd {level}: {error} (available here: {available})")
 
 
 def main(argv=None):
     arguments = parse_arguments(argv)
-    configure_libraries(arguments)
-    settings = timing.QUICK_SETTINGS if arguments.quick else timing.FULL_SETTINGS
+    if arguments.simd:
+        force_simd_level(arguments.simd)
+    options = RunOptions(timing.QUICK_SETTINGS if arguments.quick else timing.FULL_SETTINGS, arguments.threads)
     with_backward = hasattr(layernorm, "layer_norm_backward")
     backward_note = "" if with_backward else "skipped (this layernorm has no layer_norm_backward)"
     runs = cases.planned_runs(arguments.cases, with_backward)
@@ -98,24 +110,23 @@ def main(argv=None):
         check_plot_prerequisites()
 
     def print_progress(round_number, index, total, result):
-        print(f"round {round_number}/{settings.rounds} {progress_line(index, total, result)}",
-              file=sys.stderr, flush=True)
+        rounds = options.settings.rounds
+        print(f"round {round_number}/{rounds} {progress_line(index, total, result)}", file=sys.stderr, flush=True)
 
     load_at_start = os.getloadavg()
     started = time.perf_counter()
     with peers.torch_no_grad():
-        results = run_all(runs, settings, print_progress)
+        results = run_all(runs, options, print_progress)
     print(f"finished in {time.perf_counter() - started:.0f} s", file=sys.stderr)
     loads = (load_at_start, os.getloadavg())
 
-    report = markdown_report(settings, loads, results, backward_note)
+    report = markdown_report(options, loads, results, backward_note)
     sys.stdout.write(report)
     if arguments.markdown:
         with open(arguments.markdown, "w", encoding="utf-8") as markdown_file:
             markdown_file.write(report)
     if arguments.plot:
-        write_plot(arguments.plot, results_of(results, "forward") + results_of(results, "backward"),
-                   plot_title(settings))
+        write_plot(arguments.plot, results, options)
 
     if any(result.error for result in results):
         sys.exit(1)

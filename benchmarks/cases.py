@@ -97,15 +97,18 @@ def ours_forward(case, data):
         def layer_norm_into(x, weight, bias, out):
             return layernorm.layer_norm(x, shape, weight, bias, EPS, out=out)
 
-        return Timed(layer_norm_into, (data.x, data.weight, data.bias, np.empty_like(data.x)))
-    return Timed(layernorm.layer_norm, (data.x, shape, data.weight, data.bias, EPS))
+        return Timed(layer_norm_into, (data.x, data.weight, data.bias, np.empty_like(data.x)),
+                     set_num_threads=layernorm.set_num_threads)
+    return Timed(layernorm.layer_norm, (data.x, shape, data.weight, data.bias, EPS),
+                 set_num_threads=layernorm.set_num_threads)
 
 
 def ours_backward(case, data):
     """layernorm.layer_norm_backward, fed the mean and rstd of layernorm's own forward pass."""
     shape = (case.cols,)
     _, mean, rstd = layernorm.native_layer_norm(data.x, shape, data.weight, data.bias, EPS)
-    return Timed(layernorm.layer_norm_backward, (data.grad_output, data.x, shape, mean, rstd, data.weight, data.bias))
+    return Timed(layernorm.layer_norm_backward, (data.grad_output, data.x, shape, mean, rstd, data.weight, data.bias),
+                 set_num_threads=layernorm.set_num_threads)
 
 
 def module_calls(data):
@@ -115,10 +118,11 @@ def module_calls(data):
     training_module = layernorm.LayerNorm(size)
     eval_module = layernorm.LayerNorm(size).eval()
     weight, bias = training_module.weight, training_module.bias
+    threads = layernorm.set_num_threads
     return {
-        MODULE_BASELINE: Timed(layernorm.layer_norm, (x, size, weight, bias)),
-        "module train": Timed(training_module, (x,)),
-        "module eval": Timed(eval_module, (x,)),
+        MODULE_BASELINE: Timed(layernorm.layer_norm, (x, size, weight, bias), set_num_threads=threads),
+        "module train": Timed(training_module, (x,), set_num_threads=threads),
+        "module eval": Timed(eval_module, (x,), set_num_threads=threads),
     }
 
 

@@ -1,5 +1,6 @@
-"""Measuring the cases: each section of a case is first checked against its reference, then its
-calls are timed together; a measurement's rounds merge into one result."""
+"""Measuring the cases: each section of a case is first checked against its reference at every
+thread count, then its calls are timed together; a measurement's rounds merge into one result
+per thread count."""
 
 from __future__ import annotations
 
@@ -20,12 +21,20 @@ FORWARD_TOLERANCE = {"float16": 1e-2, "float32": 1e-4, "float64": 1e-10}
 BACKWARD_TOLERANCE = {"float16": 5e-2, "float32": 1e-3, "float64": 1e-8}
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    settings: timing.Settings
+    thread_counts: tuple[int, ...]  # each measured in its own tables
+
+
 @dataclass
 class Result:
-    """Timings (seconds per call) of one case in one section ("forward", "backward" or "module")."""
+    """Timings (seconds per call) of one case in one section ("forward", "backward" or "module")
+    at one thread count."""
 
     case: cases.Case
     section: str
+    threads: int
     times: dict = field(default_factory=dict)  # name -> seconds; missing name = not available
     max_diff: float = math.nan
     reference: str = REFERENCE  # what max_diff was measured against
@@ -65,14 +74,26 @@ def worst_scaled_diff(ours_arrays, reference_arrays):
     return max(p[0] for p in pairs), max(p[1] for p in pairs)
 
 
-def time_checked(functions, result, settings):
-    """`result` with the times of every call of `functions` (name -> Timed), unless it failed its check."""
-    if not result.error:
-        result.times = timing.best_times_round_robin(functions, settings)
-    return result
+def time_checked(functions, results, options):
+    """`results` (one per thread count) with the times of those that passed their check: every
+    call of `functions` (name -> Timed) timed in one round-robin, threaded calls at each passing
+    thread count, single-threaded ones once for all."""
+    passed = [result.threads for result in results if not result.error]
+    if not passed:
+        return results
+    timed_calls = {}
+    for name, timed in functions.items():
+        for threads in passed if timed.threaded else [None]:
+            timed_calls[name, threads] = timed if threads is None else timed.at(threads)
+    best = timing.best_times_round_robin(timed_calls, options.settings)
+    for result in results:
+        if not result.error:
+            result.times = {name: seconds for (name, threads), seconds in best.items()
+                            if threads in (None, result.threads)}
+    return results
 
 
-def measure_forward(case, data, settings):
+def measure_forward(case, data, options):
     """ours, torch (when installed), the NumPy formula and the copy of x; checked against torch,
     or without it against the float64 reference."""
     functions = {"ours": cases.ours_forward(case, data)}
@@ -84,14 +105,18 @@ def measure_forward(case, data, settings):
         reference = references.forward(data.x, (case.cols,), data.weight, data.bias, EPS)
     functions["numpy"] = peers.numpy_forward(data)
     functions["copy"] = peers.copy(cases.floor_array("forward", data))
-    result = Result(case, "forward", bytes_moved=cases.forward_bytes(data))
-    result.max_diff, scaled = scaled_max_diff(functions["ours"].run(), reference)
-    if not scaled <= FORWARD_TOLERANCE[case.dtype]:
-        result.error = "WRONG"
-    return time_checked(functions, result, settings)
+
+    def checked(threads):
+        result = Result(case, "forward", threads, bytes_moved=cases.forward_bytes(data))
+        result.max_diff, scaled = scaled_max_diff(functions["ours"].at(threads).run(), reference)
+        if not scaled <= FORWARD_TOLERANCE[case.dtype]:
+            result.error = "WRONG"
+        return result
+
+    return time_checked(functions, [checked(threads) for threads in options.thread_counts], options)
 
 
-def measure_backward(case, data, settings):
+def measure_backward(case, data, options):
     """ours, torch (when installed and able to run the case) and the copy of 1.5 times x; checked
     against torch, or else against the float64 reference."""
     functions = {"ours": cases.ours_backward(case, data)}
@@ -104,36 +129,45 @@ def measure_backward(case, data, settings):
         reference = references.backward(data.grad_output, data.x, (case.cols,), data.weight, data.bias, EPS)
         reference_name = references.NAME
     functions["copy"] = peers.copy(cases.floor_array("backward", data))
-    gradients = functions["ours"].run()
-    result = Result(case, "backward", reference=reference_name, bytes_moved=cases.backward_bytes(data, gradients))
-    _, scaled = worst_scaled_diff(gradients, reference)
-    result.max_diff = scaled  # the gradients differ in scale (grad_weight sums over rows): report scaled
-    if not scaled <= BACKWARD_TOLERANCE[case.dtype]:
-        result.error = "WRONG"
-    return time_checked(functions, result, settings)
+
+    def checked(threads):
+        gradients = functions["ours"].at(threads).run()
+        result = Result(case, "backward", threads, reference=reference_name,
+                        bytes_moved=cases.backward_bytes(data, gradients))
+        _, scaled = worst_scaled_diff(gradients, reference)
+        result.max_diff = scaled  # the gradients differ in scale (grad_weight sums over rows): report scaled
+        if not scaled <= BACKWARD_TOLERANCE[case.dtype]:
+            result.error = "WRONG"
+        return result
+
+    return time_checked(functions, [checked(threads) for threads in options.thread_counts], options)
 
 
-def measure_module(case, data, settings):
+def measure_module(case, data, options):
     """The module calls and the functional call they wrap, which must give the same bits."""
     functions = cases.module_calls(data)
-    outputs = {name: timed.run() for name, timed in functions.items()}
-    result = Result(case, "module", reference=MODULE_BASELINE)
-    result.max_diff = max(scaled_max_diff(output, outputs[MODULE_BASELINE])[0] for output in outputs.values())
-    if result.max_diff != 0:
-        result.error = "WRONG"
-    return time_checked(functions, result, settings)
+
+    def checked(threads):
+        outputs = {name: timed.at(threads).run() for name, timed in functions.items()}
+        result = Result(case, "module", threads, reference=MODULE_BASELINE)
+        result.max_diff = max(scaled_max_diff(output, outputs[MODULE_BASELINE])[0] for output in outputs.values())
+        if result.max_diff != 0:
+            result.error = "WRONG"
+        return result
+
+    return time_checked(functions, [checked(threads) for threads in options.thread_counts], options)
 
 
 SECTION_MEASURES = {"forward": measure_forward, "backward": measure_backward, "module": measure_module}
 
 
-def measure_safely(case, section, data, settings):
-    """One measurement; an exception becomes an error row instead of ending the benchmark."""
+def measure_safely(case, section, data, options):
+    """One result per thread count; an exception becomes an error row instead of ending the benchmark."""
     try:
-        return SECTION_MEASURES[section](case, data, settings)
+        return SECTION_MEASURES[section](case, data, options)
     except Exception as error:  # report and carry on with the other cases
         message = f"error: {type(error).__name__}: {error}".replace("|", "/").replace("\n", " ")
-        return Result(case, section, error=message[:120])
+        return [Result(case, section, threads, error=message[:120]) for threads in options.thread_counts]
 
 
 def merge_rounds(earlier, later):
@@ -149,18 +183,19 @@ def merge_rounds(earlier, later):
     return earlier
 
 
-def run_all(runs, settings, report_progress):
-    """Results of the planned (case, section) runs, each the merge of its rounds;
-    report_progress(round, index, total, result) is called after each measurement."""
+def run_all(runs, options, report_progress):
+    """Results of the planned (case, section) runs, one per thread count, each the merge of its
+    rounds; report_progress(round, index, total, result) is called after each measurement."""
     rng = np.random.default_rng(0)
-    results = [None] * len(runs)
-    for round_number in range(1, settings.rounds + 1):
+    merged = {}  # (index in runs, threads) -> Result
+    for round_number in range(1, options.settings.rounds + 1):
         data_case, data = None, None
         for index, (case, section) in enumerate(runs):
             if case != data_case:
                 data = None  # free the previous case's arrays first
                 data_case, data = case, cases.make_case_data(case, rng)
-            result = measure_safely(case, section, data, settings)
-            results[index] = result if results[index] is None else merge_rounds(results[index], result)
-            report_progress(round_number, index + 1, len(runs), result)
-    return results
+            for result in measure_safely(case, section, data, options):
+                key = (index, result.threads)
+                merged[key] = merge_rounds(merged[key], result) if key in merged else result
+                report_progress(round_number, index + 1, len(runs), result)
+    return list(merged.values())

@@ -27,17 +27,6 @@ def torch_version():
     return torch.__version__ if torch else None
 
 
-def set_torch_threads(threads):
-    """torch.set_num_threads(threads) when torch is installed."""
-    if torch:
-        torch.set_num_threads(threads)
-
-
-def torch_threads():
-    """torch.get_num_threads(), or None when torch is not installed."""
-    return torch.get_num_threads() if torch else None
-
-
 def torch_no_grad():
     """torch.no_grad() when torch is installed: no call records anything for autograd."""
     return torch.no_grad() if torch else contextlib.nullcontext()
@@ -53,7 +42,7 @@ def torch_forward(case, data):
         return None
     x = data.x
     args = (torch.from_numpy(x), (case.cols,), as_torch(data.weight, x.dtype), as_torch(data.bias, x.dtype), EPS)
-    return Timed(F.layer_norm, args)
+    return Timed(F.layer_norm, args, set_num_threads=torch.set_num_threads)
 
 
 def torch_backward(case, data):
@@ -66,7 +55,7 @@ def torch_backward(case, data):
     shape = [case.cols]
     _, mean_t, rstd_t = torch.ops.aten.native_layer_norm(x_t, shape, weight_t, bias_t, EPS)
     args = (torch.from_numpy(data.grad_output), x_t, shape, mean_t, rstd_t, weight_t, bias_t, [True, True, True])
-    timed = Timed(torch.ops.aten.native_layer_norm_backward, args)
+    timed = Timed(torch.ops.aten.native_layer_norm_backward, args, set_num_threads=torch.set_num_threads)
     try:
         timed.run()
     except RuntimeError as error:

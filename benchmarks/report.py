@@ -1,5 +1,5 @@
-"""The Markdown report: a header, one table per section, and the performance targets as a
-checklist; also the progress line printed after each measurement."""
+"""The Markdown report: a header, one table per section and thread count, and the performance
+targets as a checklist; also the progress line printed after each measurement."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import layernorm
 from . import peers, timing
 from .cases import EPS, MODULE_BASELINE, MODULE_CALLS, MODULE_VARIANTS, SECTION_PREFIXES, Case
 from .measure import REFERENCE
+from .timing import threads_text
 
 MISSING = "n/a"  # table cell of a time or ratio that was not measured
 
@@ -32,9 +33,9 @@ MODULE_OVERHEAD_LIMIT_US = 1.0  # each module call's time minus layer_norm's
 
 @dataclass(frozen=True)
 class Check:
-    """One target on one measured case."""
+    """One target on one measured case at one thread count."""
 
-    target: str  # e.g. "fwd 4x20 float32 ours/torch ≤ 0.5"
+    target: str  # e.g. "fwd 4x20 float32 (1 thread) ours/torch ≤ 0.5"
     measured: str  # the measured value as printed, or MISSING
     met: bool | None  # None: not measured
     why_not_measured: str = ""
@@ -56,7 +57,7 @@ def torch_limit(result):
 
 
 def ratio_check(result, quantity, denominator, limit):
-    target = f"{result.label} {quantity} ≤ {limit}"
+    target = f"{result.label} ({threads_text(result.threads)}) {quantity} ≤ {limit}"
     ratio = result.ratio("ours", denominator)
     if ratio is None:
         return Check(target, MISSING, None, why_not_timed(result, denominator))
@@ -64,7 +65,8 @@ def ratio_check(result, quantity, denominator, limit):
 
 
 def module_overhead_check(result, name):
-    target = f"{MODULE_CALLS[name]} − {MODULE_CALLS[MODULE_BASELINE]} < {MODULE_OVERHEAD_LIMIT_US:g} µs"
+    calls = f"{MODULE_CALLS[name]} − {MODULE_CALLS[MODULE_BASELINE]}"
+    target = f"{calls} ({threads_text(result.threads)}) < {MODULE_OVERHEAD_LIMIT_US:g} µs"
     extra = result.extra_microseconds(name, MODULE_BASELINE)
     if extra is None:
         return Check(target, MISSING, None, why_not_timed(result, name))
@@ -93,9 +95,9 @@ def checklist_line(check):
 
 
 def checklist_lines(results):
-    """The targets of every result: forward, backward, then module."""
+    """The targets of every result: by thread count, then forward, backward and module."""
     sections = list(SECTION_PREFIXES)
-    ordered = sorted(results, key=lambda result: sections.index(result.section))
+    ordered = sorted(results, key=lambda result: (result.threads, sections.index(result.section)))
     checks = [check for result in ordered for check in result_checks(result)]
     met = sum(check.met is True for check in checks)
     not_measured = sum(check.met is None for check in checks)
@@ -156,8 +158,8 @@ def result_summary(result):
 
 
 def progress_line(index, total, result):
-    """One stderr line summarising a finished case."""
-    head = f"[{index}/{total}] {result.label}:"
+    """One stderr line summarising a finished case at one thread count."""
+    head = f"[{index}/{total}] {result.label}, {threads_text(result.threads)}:"
     if result.error:
         return f"{head} {result.error} (max |ours-{result.reference}| {format_diff(result.max_diff)})"
     times = ", ".join(f"{name} {format_microseconds(seconds)} us" for name, seconds in result.times.items())
@@ -182,15 +184,14 @@ def load_average_text(load_averages):
     return ", ".join(f"{value:.2f}" for value in load_averages)
 
 
-def usable_cores():
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count()
+def thread_counts_text(thread_counts):
+    """e.g. "1 and 2", "1, 2 and 4"."""
+    names = [str(threads) for threads in thread_counts]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
 def turns_text(settings):
-    """How many turns each time is the best of, e.g. "3 rounds x 10"."""
+    """How many turns each time is the best of, e.g. "3 rounds x 6"."""
     if settings.rounds == 1:
         return f"{settings.repetitions}"
     return f"{settings.rounds} rounds x {settings.repetitions}"
@@ -203,17 +204,17 @@ def torch_header_lines():
             " a float64 reference"]
 
 
-def header_lines(settings, load_at_start, load_at_end):
+def header_lines(options, load_at_start, load_at_end):
     torch_version = peers.torch_version()
     torch_text = f"torch {torch_version}" if torch_version else "torch not installed"
-    torch_threads = f"torch {peers.torch_threads()}" if torch_version else "torch not installed"
+    settings = options.settings
     return [
         "# layernorm benchmark",
         "",
-        f"- machine: {cpu_model_name()}, {usable_cores()} usable cores ({os.cpu_count()} logical CPUs)",
+        f"- machine: {cpu_model_name()}, {timing.usable_cores()} usable cores ({os.cpu_count()} logical CPUs)",
         f"- simd level: {layernorm.simd_level()} (available: {', '.join(layernorm.available_simd_levels())})",
-        f"- threads: layernorm {layernorm.get_num_threads()}, {torch_threads}"
-        " (numpy formula and copy are single-threaded)",
+        f"- threads: {thread_counts_text(options.thread_counts)}, for layernorm and torch alike, each in its own"
+        " tables (numpy formula and copy are single-threaded)",
         f"- versions: numpy {np.__version__}, {torch_text}, layernorm {layernorm.__version__},"
         f" python {sys.version.split()[0]}",
         *torch_header_lines(),
@@ -248,7 +249,7 @@ def error_row(result, width):
     return [result.case.label, result.error] + [""] * (width - 3) + [format_diff_with_reference(result)]
 
 
-def forward_table_lines(results):
+def forward_table_lines(results, threads):
     columns = ["case", "ours µs", "torch µs", "numpy µs", "copy µs", "ours GB/s", "ours/torch", "x floor",
                f"max \\|ours-{REFERENCE}\\|"]
 
@@ -267,10 +268,11 @@ def forward_table_lines(results):
             format_diff_with_reference(result),
         ]
 
-    return table_lines("## Forward: layer_norm(x, (cols,), weight, bias)", columns, map(row, results))
+    title = f"## Forward, {threads_text(threads)}: layer_norm(x, (cols,), weight, bias)"
+    return table_lines(title, columns, map(row, results))
 
 
-def backward_table_lines(results):
+def backward_table_lines(results, threads):
     columns = ["case", "ours µs", "torch µs", "copy µs", "ours GB/s", "ours/torch", "x floor",
                f"max \\|ours-{REFERENCE}\\| scaled"]
 
@@ -289,7 +291,7 @@ def backward_table_lines(results):
         ]
 
     compared_with = " vs aten.native_layer_norm_backward" if peers.torch_version() else ""
-    title = f"## Backward: layer_norm_backward{compared_with} (all three gradients)"
+    title = f"## Backward, {threads_text(threads)}: layer_norm_backward{compared_with} (all three gradients)"
     note = f"scaled: max over the three gradients of max|ours-{REFERENCE}| / max(1, max|{REFERENCE}|)"
     note += "; torch computes float16 statistics in float16, ours in float32." if peers.torch_version() else "."
     return table_lines(title, columns, map(row, results)) + ["", note]
@@ -297,7 +299,7 @@ def backward_table_lines(results):
 
 def module_table_lines(result):
     calls = f"LayerNorm({result.case.cols})(x) vs {MODULE_CALLS[MODULE_BASELINE]}"
-    title = f"## Module overhead: {calls}, {result.case.label}"
+    title = f"## Module overhead, {threads_text(result.threads)}: {calls}, {result.case.label}"
     if result.error:
         return [title, "", f"{result.error} (max \\|module - {MODULE_BASELINE}\\| {format_diff(result.max_diff)})"]
     baseline_row = [MODULE_CALLS[MODULE_BASELINE], format_microseconds(result.times.get(MODULE_BASELINE)), ""]
@@ -314,26 +316,31 @@ def slower_than_torch_lines(results):
     if not slower:
         return []
     return ["", "Slower than torch: " + "; ".join(
-        f"{r.section} {r.case.label} ({r.ratio('ours', 'torch'):.2f}x)"
+        f"{r.section} {r.case.label} at {threads_text(r.threads)} ({r.ratio('ours', 'torch'):.2f}x)"
         for r in slower)]
 
 
-def results_of(results, section):
-    return [result for result in results if result.section == section]
+def results_of(results, section, threads=None):
+    """The results of one section, of one thread count unless threads is None."""
+    return [result for result in results
+            if result.section == section and threads in (None, result.threads)]
 
 
-def markdown_report(settings, loads, results, backward_note):
-    forward_results = results_of(results, "forward")
-    backward_results = results_of(results, "backward")
-    lines = header_lines(settings, *loads)
-    if forward_results:
-        lines += [""] + forward_table_lines(forward_results)
-    if backward_results:
-        lines += [""] + backward_table_lines(backward_results)
-    elif backward_note:
+def markdown_report(options, loads, results, backward_note):
+    lines = header_lines(options, *loads)
+    for threads in options.thread_counts:
+        forward_results = results_of(results, "forward", threads)
+        if forward_results:
+            lines += [""] + forward_table_lines(forward_results, threads)
+    for threads in options.thread_counts:
+        backward_results = results_of(results, "backward", threads)
+        if backward_results:
+            lines += [""] + backward_table_lines(backward_results, threads)
+    if backward_note:
         lines += ["", f"## Backward: {backward_note}"]
-    for module_result in results_of(results, "module"):
+    for module_result in sorted(results_of(results, "module"), key=lambda result: result.threads):
         lines += [""] + module_table_lines(module_result)
-    lines += slower_than_torch_lines(forward_results + backward_results)
+    timed_against_torch = results_of(results, "forward") + results_of(results, "backward")
+    lines += slower_than_torch_lines(timed_against_torch)
     lines += [""] + checklist_lines(results)
     return "\n".join(lines) + "\n"

@@ -1,15 +1,18 @@
 """How a call is timed: interleaved turns, the best turn of all, an idle gap before each turn.
 
-The timed calls of a case take turns round-robin (ours, torch, numpy, copy, ours, ...).  A turn
-is a loop of k back-to-back calls, k calibrated so that the loop lasts about `loop_seconds`,
-started after TURN_GAP_SECONDS idle; the time per call is the best turn's.
+The timed calls of a case take turns round-robin (ours, torch, numpy, copy, ours, ...), each call
+at each of its thread counts.  A turn is a loop of k back-to-back calls, k calibrated so that the
+loop lasts about `loop_seconds`, started after TURN_GAP_SECONDS idle; the time per call is the
+best turn's.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import math
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -26,7 +29,7 @@ class Settings:
 # machine is shared: another tenant's burst of memory traffic can last seconds and slow every
 # turn of a case, whoever's turn it is.  Spreading a case's turns over rounds a minute or so
 # apart lets its best turn come from a quiet moment, for ours and torch alike.
-FULL_SETTINGS = Settings(rounds=3, repetitions=10, loop_seconds=0.030)
+FULL_SETTINGS = Settings(rounds=3, repetitions=6, loop_seconds=0.030)
 QUICK_SETTINGS = Settings(rounds=1, repetitions=3, loop_seconds=0.002)
 
 # Idle time before each turn.  After a parallel region torch's OpenMP workers (libgomp) keep
@@ -38,14 +41,49 @@ TURN_GAP_SECONDS = 0.02
 
 @dataclass(frozen=True)
 class Timed:
-    """One call to time: call(*args), the function under test called directly, without a wrapper."""
+    """One call to time: call(*args), the function under test called directly, and how to set its
+    thread count when it has one."""
 
     call: Callable[..., Any]
     args: tuple[Any, ...]
+    set_num_threads: Callable[[int], None] | None = None  # None: the call is single-threaded
+    threads: int = 1  # what set_num_threads gets before each turn of this call
+
+    @property
+    def threaded(self):
+        return self.set_num_threads is not None
+
+    def at(self, threads):
+        """The same call run with `threads` threads."""
+        return dataclasses.replace(self, threads=threads)
+
+    def use_threads(self):
+        if self.set_num_threads is not None:
+            self.set_num_threads(self.threads)
 
     def run(self):
-        """One untimed call: its result."""
+        """One untimed call at this call's thread count: its result."""
+        self.use_threads()
         return self.call(*self.args)
+
+
+# ----------------------------------------------------------------------------- thread settings
+
+
+def usable_cores():
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def default_thread_counts():
+    """One thread, and every usable core."""
+    return tuple(sorted({1, usable_cores()}))
+
+
+def threads_text(threads):
+    return "1 thread" if threads == 1 else f"{threads} threads"
 
 
 # ----------------------------------------------------------------------------- timed loops
@@ -93,10 +131,14 @@ def calibrate_loop_calls(timed, loop_seconds):
 
 def best_times_round_robin(functions, settings):
     """Best seconds per call of each Timed in `functions` (name -> Timed), taking turns round-robin."""
-    calls = {name: calibrate_loop_calls(timed, settings.loop_seconds) for name, timed in functions.items()}
+    calls = {}
+    for name, timed in functions.items():
+        timed.use_threads()
+        calls[name] = calibrate_loop_calls(timed, settings.loop_seconds)
     best = dict.fromkeys(functions, math.inf)
     for _ in range(settings.repetitions):
         for name, timed in functions.items():
+            timed.use_threads()
             time.sleep(TURN_GAP_SECONDS)
             best[name] = min(best[name], time_loop(timed, calls[name]) / calls[name])
     return best
