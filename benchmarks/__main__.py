@@ -1,11 +1,13 @@
 """Benchmark layernorm against torch's CPU LayerNorm, a plain NumPy formula and a memory copy.
 
 Usage, from the repository root:
-    python -m benchmarks [--threads N[,M...]] [--quick] [--cases SUBSTRING] [--simd LEVEL]
+    python -m benchmarks [--threads N[,M...]] [--fresh] [--quick] [--cases SUBSTRING] [--simd LEVEL]
                          [--markdown PATH] [--plot PATH]
 
     --threads N[,M]   thread counts for layernorm and torch, each measured in its own tables
                       (default: 1 and all usable cores)
+    --fresh           every timed call gets arrays of its own (inputs, out= and the copy's
+                      destination, copied before its turn) instead of the same arrays every call
     --quick           few repetitions of short loops (smoke test, < 1 min)
     --cases SUBSTRING only run cases whose label contains SUBSTRING, e.g. "float16", "2048x" or
                       "module" (the module-overhead section is labelled "module 4x20 float32")
@@ -17,7 +19,7 @@ Usage, from the repository root:
 Examples:
     python -m benchmarks --quick
     python -m benchmarks --markdown benchmarks/results.md --plot benchmarks/results.png
-    python -m benchmarks --threads 1 --simd avx2 --cases float32
+    python -m benchmarks --threads 1 --simd avx2 --cases float32 --fresh
 
 What is timed, per case (rows x cols, normalized over the last axis of cols elements):
     ours   layernorm.layer_norm(x, (cols,), weight, bias)  (float32 weight/bias)
@@ -79,6 +81,7 @@ def parse_arguments(argv):
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=thread_counts, default=timing.default_thread_counts(), metavar="N[,M]",
                         help="thread counts for layernorm and torch, e.g. 1,2 (default: 1 and all usable cores)")
+    parser.add_argument("--fresh", action="store_true", help="newly allocated arrays for every timed call")
     parser.add_argument("--quick", action="store_true", help="few short repetitions (smoke test)")
     parser.add_argument("--cases", default="", help="only cases whose label contains this substring")
     parser.add_argument("--simd", help="force layernorm.set_simd_level(LEVEL)")
@@ -99,7 +102,8 @@ def main(argv=None):
     arguments = parse_arguments(argv)
     if arguments.simd:
         force_simd_level(arguments.simd)
-    options = RunOptions(timing.QUICK_SETTINGS if arguments.quick else timing.FULL_SETTINGS, arguments.threads)
+    options = RunOptions(timing.QUICK_SETTINGS if arguments.quick else timing.FULL_SETTINGS,
+                         arguments.threads, arguments.fresh)
     with_backward = hasattr(layernorm, "layer_norm_backward")
     backward_note = "" if with_backward else "skipped (this layernorm has no layer_norm_backward)"
     runs = cases.planned_runs(arguments.cases, with_backward)

@@ -25,6 +25,7 @@ BACKWARD_TOLERANCE = {"float16": 5e-2, "float32": 1e-3, "float64": 1e-8}
 class RunOptions:
     settings: timing.Settings
     thread_counts: tuple[int, ...]  # each measured in its own tables
+    fresh: bool  # every timed call gets newly allocated arrays
 
 
 @dataclass
@@ -85,7 +86,7 @@ def time_checked(functions, results, options):
     for name, timed in functions.items():
         for threads in passed if timed.threaded else [None]:
             timed_calls[name, threads] = timed if threads is None else timed.at(threads)
-    best = timing.best_times_round_robin(timed_calls, options.settings)
+    best = timing.best_times_round_robin(timed_calls, options.settings, options.fresh)
     for result in results:
         if not result.error:
             result.times = {name: seconds for (name, threads), seconds in best.items()

@@ -36,7 +36,8 @@ def check_plot_prerequisites():
 
 def plot_title(options):
     run = "quick run, " if options.settings is QUICK_SETTINGS else ""
-    return (f"layernorm time / torch time per call ({run}best of {turns_text(options.settings)})\n"
+    arrays = "fresh arrays, " if options.fresh else ""
+    return (f"layernorm time / torch time per call ({run}{arrays}best of {turns_text(options.settings)})\n"
             f"{cpu_model_name()}, simd {layernorm.simd_level()}, torch {peers.torch_version()}")
 
 

@@ -197,6 +197,15 @@ def turns_text(settings):
     return f"{settings.rounds} rounds x {settings.repetitions}"
 
 
+def arrays_line(fresh):
+    if not fresh:
+        return ("- arrays: every call of a case gets the same arrays, warm in cache where they fit"
+                " (--fresh: new ones for every call)")
+    return (f"- arrays (--fresh): every timed call gets arrays of its own (inputs, out= and the copy's"
+            f" destination), copied before its turn; a turn makes at most {timing.FRESH_MAX_CALLS} calls"
+            f" and {timing.FRESH_MAX_BYTES >> 20} MiB of arrays")
+
+
 def torch_header_lines():
     if peers.torch_version():
         return []
@@ -224,6 +233,7 @@ def header_lines(options, load_at_start, load_at_end):
         f"- method: best of {turns_text(settings)} interleaved repetitions, each a loop of calls lasting"
         f" ~{settings.loop_seconds * 1e3:.0f} ms after {timing.TURN_GAP_SECONDS * 1e3:.0f} ms idle; eps={EPS};"
         f" ratios below 1 mean ours is faster",
+        arrays_line(options.fresh),
         "- ours GB/s: bytes a call reads and writes / its time; x floor: ours time / the copy's time, the copy"
         " moving the bytes a call cannot avoid: x once for forward (read x, write y), 1.5 times x for backward"
         " (read x and dy, write dx)",

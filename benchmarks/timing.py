@@ -3,7 +3,9 @@
 The timed calls of a case take turns round-robin (ours, torch, numpy, copy, ours, ...), each call
 at each of its thread counts.  A turn is a loop of k back-to-back calls, k calibrated so that the
 loop lasts about `loop_seconds`, started after TURN_GAP_SECONDS idle; the time per call is the
-best turn's.
+best turn's.  With fresh arguments every call of a turn gets arrays of its own, copied before the
+turn starts, so none is warm from an earlier call; what a call allocates itself (its result) is
+freed right after it, in either mode.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import os
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,11 @@ QUICK_SETTINGS = Settings(rounds=1, repetitions=3, loop_seconds=0.002)
 # a pause (1024x1024 float64 backward).  With the gap each turn starts on an idle machine;
 # within its own turn torch still gets the benefit of its spinning workers.
 TURN_GAP_SECONDS = 0.02
+
+# With fresh arguments all the arrays of a turn's calls exist at once; these bound what a turn holds.
+FRESH_MAX_CALLS = 1000
+FRESH_MAX_BYTES = 256 * 2**20
+
 
 @dataclass(frozen=True)
 class Timed:
@@ -86,6 +95,30 @@ def threads_text(threads):
     return "1 thread" if threads == 1 else f"{threads} threads"
 
 
+# ----------------------------------------------------------------------------- fresh arguments
+
+
+def fresh_argument(value):
+    """A new copy of an array or torch tensor argument (an input, or a buffer the call writes
+    into); any other argument (shapes, eps) as it is."""
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    if hasattr(value, "clone"):  # a torch tensor
+        return value.clone()
+    return value
+
+
+def fresh_arguments(timed):
+    return tuple(fresh_argument(value) for value in timed.args)
+
+
+def fresh_call_count(timed, calls):
+    """How many of `calls` one fresh turn makes, within FRESH_MAX_CALLS and FRESH_MAX_BYTES."""
+    argument_bytes = sum(getattr(value, "nbytes", 0) for value in timed.args)
+    by_memory = FRESH_MAX_BYTES // max(1, argument_bytes)
+    return max(1, min(calls, FRESH_MAX_CALLS, by_memory))
+
+
 # ----------------------------------------------------------------------------- timed loops
 
 
@@ -110,6 +143,16 @@ def time_loop(timed, calls):
         return time.perf_counter() - start
 
 
+def time_fresh_loop(timed, argument_sets):
+    """Seconds taken by one call on each set of arguments."""
+    call = timed.call
+    with garbage_collector_paused():
+        start = time.perf_counter()
+        for args in argument_sets:
+            call(*args)
+        return time.perf_counter() - start
+
+
 def calibrate_loop_calls(timed, loop_seconds):
     """Number of calls that makes one timed loop last about loop_seconds.
 
@@ -129,16 +172,27 @@ def calibrate_loop_calls(timed, loop_seconds):
     return max(1, round(calls * loop_seconds / elapsed))
 
 
-def best_times_round_robin(functions, settings):
+def time_turn(timed, calls, fresh):
+    """Seconds per call in one turn: its thread count set and its fresh arguments made, then the
+    idle gap, then the timed loop."""
+    timed.use_threads()
+    if not fresh:
+        time.sleep(TURN_GAP_SECONDS)
+        return time_loop(timed, calls) / calls
+    argument_sets = [fresh_arguments(timed) for _ in range(calls)]
+    time.sleep(TURN_GAP_SECONDS)
+    return time_fresh_loop(timed, argument_sets) / calls
+
+
+def best_times_round_robin(functions, settings, fresh=False):
     """Best seconds per call of each Timed in `functions` (name -> Timed), taking turns round-robin."""
     calls = {}
     for name, timed in functions.items():
         timed.use_threads()
-        calls[name] = calibrate_loop_calls(timed, settings.loop_seconds)
+        loop_calls = calibrate_loop_calls(timed, settings.loop_seconds)
+        calls[name] = fresh_call_count(timed, loop_calls) if fresh else loop_calls
     best = dict.fromkeys(functions, math.inf)
     for _ in range(settings.repetitions):
         for name, timed in functions.items():
-            timed.use_threads()
-            time.sleep(TURN_GAP_SECONDS)
-            best[name] = min(best[name], time_loop(timed, calls[name]) / calls[name])
+            best[name] = min(best[name], time_turn(timed, calls[name], fresh))
     return best
