@@ -5,16 +5,20 @@
 tolerances for the output's dtype.  When they differ, the AssertionError gives the largest
 difference and where, then names each classic mistake the output matches, by a code in square
 brackets with its fix: each mistaken formula is computed in float64 on the same input and
-compared with the same tolerance::
+compared with the same tolerance.  ``diagnose`` calls a function or module on probe inputs
+whose rows tell the mistakes apart::
 
-    >>> from layernorm.testing import assert_layer_norm_close
+    >>> from layernorm.testing import assert_layer_norm_close, diagnose
     >>> assert_layer_norm_close(my_output, x, (768,), weight, bias)   # doctest: +SKIP
+    >>> print(diagnose(MyLayerNorm(768), 768))                         # doctest: +SKIP
 
-NumPy only: tensors given as arguments are read without importing torch.
+NumPy only: torch is imported when a parameter module needs its values set, or when ``fn``
+refuses a NumPy array; tensors given as arguments are read without importing it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import operator
@@ -24,7 +28,7 @@ import numpy as np
 
 from . import _reference as ref
 
-__all__ = ["assert_layer_norm_close", "assert_rms_norm_close"]
+__all__ = ["Diagnosis", "assert_layer_norm_close", "assert_rms_norm_close", "diagnose"]
 
 Axis = Union[None, int, Sequence[int]]
 
@@ -354,7 +358,8 @@ def _finding_lines(findings: Sequence[_Finding], codes: Sequence[str]) -> List[s
         lines += [f"  [{f.code}] {f.explanation}.", f"    fix: {f.fix}."]
     if len(findings) > 1:
         names = ", ".join(f"[{f.code}]" for f in findings[:-1]) + f" and [{findings[-1].code}]"
-        lines.append(f"The input cannot tell apart {names}: use rows of different scales and means.")
+        lines.append(f"The input cannot tell apart {names}: use rows of different scales and means"
+                     " (layernorm.testing.diagnose does).")
     return lines
 
 
@@ -436,3 +441,192 @@ def assert_rms_norm_close(actual: Any, input: Any, normalized_shape: Any, weight
     report = _compare(actual, _problem("rms_norm", input, normalized_shape, weight, None, eps, axis), rtol, atol)
     if not report.ok:
         raise AssertionError("\n".join(report.lines))
+
+
+# ---------------------------------------------------------------------------------- diagnose
+
+# Probe rows: standard deviations (the first two scale with sqrt(eps), where eps shows) and
+# means as multiples of them, all different, small enough for float32 statistics to be exact
+# to a few ulps so that correct float32 kernels pass.
+_PROBE_MEAN_RATIOS = (1.5, -2.0, 0.5, -1.0, 3.0, -0.25)
+_PROBE_SEED = 20240611
+
+
+def _probe_input(normalized_shape: Tuple[int, ...], axis: Axis, eps: float, dtype: np.dtype) -> np.ndarray:
+    """Rows of very different scales and means: (2, 3) + normalized_shape, or for an ``axis`` a
+    channels-first array of at least 4 dims with the normalized axes where ``axis`` puts them."""
+    if axis is None:
+        shape = [2, 3, *normalized_shape]
+        axes = tuple(range(2, len(shape)))
+    else:
+        given = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+        ndim = max([4, len(normalized_shape) + 2] + [a + 1 if a >= 0 else -a for a in given])
+        axes = ref.normalized_axes(ndim, normalized_shape, axis)
+        others = iter(range(2, 2 + ndim))
+        shape = [0] * ndim
+        for a in range(ndim):
+            shape[a] = normalized_shape[axes.index(a)] if a in axes else next(others)
+    root = math.sqrt(eps) if eps > 0 else math.sqrt(1e-5)
+    stds = (root, 4 * root, 0.3, 1.0, 6.0, 40.0)
+    other_shape = [n for a, n in enumerate(shape) if a not in axes]
+    rows, count = math.prod(other_shape), math.prod(normalized_shape)
+    rng = np.random.default_rng(_PROBE_SEED)
+    z = rng.standard_normal((rows, count))
+    z -= z.mean(axis=1, keepdims=True)
+    if count > 1:
+        z /= z.std(axis=1, keepdims=True)
+    std = np.resize(stds, rows)[:, None]
+    values = std * (np.resize(_PROBE_MEAN_RATIOS, rows)[:, None] + z)
+    # rows run over the other axes in order, the row's elements over the normalized ones
+    values = values.reshape(other_shape + [normalized_shape[axes.index(a)] for a in sorted(axes)])
+    values = np.moveaxis(values, range(len(other_shape), len(shape)), sorted(axes))
+    return values.astype(dtype)
+
+
+def _probe_params(normalized_shape: Tuple[int, ...]) -> Tuple[np.ndarray, np.ndarray]:
+    """A weight in [0.5, 1.5) and a bias in [-0.5, 0.5), multiples of 1/64 (exact in float16
+    and bfloat16 parameters)."""
+    rng = np.random.default_rng(_PROBE_SEED + 1)
+    weight = np.round(rng.uniform(0.5, 1.5, normalized_shape) * 64) / 64
+    bias = np.round(rng.uniform(-0.5, 0.5, normalized_shape) * 64) / 64
+    return weight, bias
+
+
+def _torch_or_none() -> Any:
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
+
+
+def _write(param: Any, values: Any) -> None:
+    """Set a parameter's values in place (an ndarray or a torch tensor)."""
+    if isinstance(param, np.ndarray):
+        param[...] = values
+        return
+    torch = _torch_or_none()
+    with torch.no_grad():
+        param.copy_(torch.as_tensor(values))
+
+
+def _writable(param: Any) -> bool:
+    if isinstance(param, np.ndarray):
+        return param.flags.writeable
+    return hasattr(param, "copy_") and hasattr(param, "detach") and _torch_or_none() is not None
+
+
+@contextlib.contextmanager
+def _parameters(fn: Any, kind: str, normalized_shape: Tuple[int, ...], weight: Any,
+                bias: Any) -> Iterator[Tuple[Optional[np.ndarray], Optional[np.ndarray], str]]:
+    """(weight, bias, how) for the probe.  Given ones are used as they are; otherwise a module's
+    ``.weight`` / ``.bias`` are set to probe values for the call and put back afterwards."""
+    names = ("weight", "bias") if kind == "layer_norm" else ("weight",)
+    given = {"weight": weight, "bias": bias}
+    probe = dict(zip(("weight", "bias"), _probe_params(normalized_shape)))
+    values: dict = {"weight": None, "bias": None}
+    hows: dict = {}
+    restore = []
+    try:
+        for name in names:
+            param = getattr(fn, name, None)
+            if not (isinstance(param, np.ndarray) or hasattr(param, "detach")):
+                param = None  # a method or a setting of that name, not a parameter
+            if given[name] is not None:
+                values[name] = _as_array(given[name])[0].astype(np.float64)
+                how = "as given"
+            elif param is None:
+                how = "none"
+            else:
+                if _writable(param):
+                    original = param.copy() if isinstance(param, np.ndarray) else param.detach().clone()
+                    _write(param, probe[name])
+                    restore.append((param, original))
+                    how = "probe values, set on fn for the call and restored after"
+                else:
+                    how = "fn's own"
+                values[name] = _as_array(param)[0].astype(np.float64)
+            hows.setdefault(how, []).append(name)
+        described = "; ".join(" and ".join(which) + ": " + how for how, which in hows.items())
+        yield values["weight"], values["bias"], described
+    finally:
+        for param, original in restore:
+            _write(param, original)
+
+
+def _call(fn: Callable[[Any], Any], x: np.ndarray) -> Any:
+    """fn(x); if fn refuses a NumPy array and torch is installed, fn on the tensor instead."""
+    try:
+        return fn(x.copy())
+    except Exception:
+        torch = _torch_or_none()
+        if torch is None:
+            raise
+        return fn(torch.from_numpy(x.copy()))
+
+
+class Diagnosis(NamedTuple):
+    """What :func:`diagnose` found: ``ok``, the ``findings`` (codes, most likely first; empty
+    when ok), the largest absolute error, and a readable ``str()``."""
+
+    ok: bool
+    findings: Tuple[str, ...]
+    max_error: float
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def diagnose(fn: Callable[[Any], Any], normalized_shape: Any, *, kind: str = "layer_norm", weight: Any = None,
+             bias: Any = None, eps: Optional[float] = None, axis: Axis = None, dtype: Any = np.float32) -> Diagnosis:
+    """Call ``fn`` on probe inputs that tell the classic mistakes apart, and say which it makes.
+
+    Parameters
+    ----------
+    fn : callable
+        A function or module taking one array; if it raises on a NumPy array and torch is
+        installed, it is called with a torch tensor instead (the result is converted back).
+    normalized_shape : int or sequence of int
+        What fn normalizes over.
+    kind : {"layer_norm", "rms_norm"}
+    weight, bias : array-like, optional
+        The parameters fn applies.  Omitted: if fn has ``.weight`` / ``.bias`` attributes (torch's
+        modules, ``layernorm.LayerNorm``), they are set to non-trivial probe values, different
+        from each other, for the call, then restored; a plain function gets none.
+    eps : float, optional
+        The eps fn should use; None is the op's default (1e-5 for LayerNorm, torch's dtype rule
+        for RMSNorm).
+    axis : int or tuple of int, optional
+        The normalized axes, NumPy's convention (``axis=1``: channels-first probes of 4 dims).
+    dtype : float16, float32 or float64
+        The probes' dtype.
+    """
+    if kind not in _CODES:
+        raise ValueError(f"kind must be 'layer_norm' or 'rms_norm', got {kind!r}")
+    if kind == "rms_norm" and bias is not None:
+        raise ValueError("RMSNorm has no bias")
+    dtype = np.dtype(dtype)
+    if dtype.kind != "f":
+        raise TypeError(f"dtype must be float16, float32 or float64, got {dtype}")
+    shape = _shape_tuple(normalized_shape)
+    if eps is None:
+        eps = 1e-5 if kind == "layer_norm" else ref.rms_norm_default_eps(dtype)
+    x = _probe_input(shape, axis, eps, dtype)
+    with _parameters(fn, kind, shape, weight, bias) as (probe_weight, probe_bias, how):
+        output = _call(fn, x)
+    p = _problem(kind, x, shape, probe_weight, probe_bias, eps, axis)
+    report = _compare(output, p, None, None)
+    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    deviation = x.astype(np.float64) - x.mean(axis=p.axes, keepdims=True, dtype=np.float64)
+    stds = np.sqrt(np.mean(deviation ** 2, axis=p.axes))
+    means = x.mean(axis=p.axes, dtype=np.float64)
+    lines = [f"diagnose({name}) as {p.op} over normalized_shape {shape}, eps={eps:.6g}",
+             f"  probe: {dtype} input {x.shape}, one row per {_slice(x.ndim, p.axes)}: standard deviations"
+             f" {stds.min():.2g} to {stds.max():.2g}, means {means.min():.3g} to {means.max():.3g}",
+             f"  {how}"]
+    if report.ok:
+        lines.append(f"  ok: {report.lines[0]}")
+    else:
+        lines += ["  wrong:"] + ["    " + line for line in report.lines]
+    return Diagnosis(report.ok, tuple(f.code for f in report.findings), report.max_error, "\n".join(lines))

@@ -6,6 +6,7 @@ and a different mistake must give a different code.  torch is optional here: the
 skip without it, and the rest runs in an environment that has no torch.
 """
 
+import functools
 import pathlib
 import re
 import subprocess
@@ -16,7 +17,7 @@ import pytest
 
 import layernorm
 from layernorm import _reference
-from layernorm.testing import assert_layer_norm_close, assert_rms_norm_close
+from layernorm.testing import assert_layer_norm_close, assert_rms_norm_close, diagnose
 
 try:
     import torch
@@ -24,6 +25,7 @@ except ImportError:
     torch = None
 
 needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed")
+no_torch_only = pytest.mark.skipif(torch is not None, reason="checks the path taken without torch")
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 ROW_LEN = 16
@@ -62,7 +64,7 @@ class NumpyOps:
 
 
 class TorchOps:
-    """The same in torch."""
+    """The same in torch: given a NumPy array these raise, so diagnose retries with a tensor."""
 
     name = "torch"
 
@@ -123,6 +125,21 @@ def rms_norm_by_hand(ops, x, weight, mistake=None):
     if mistake == "rms-one-plus-weight":
         return y * (1 + weight)
     return y * weight
+
+
+class ByHand:
+    """A module around the hand-written norms, with ``weight`` (and ``bias``) attributes."""
+
+    def __init__(self, ops, kind, mistake=None, size=ROW_LEN):
+        self.ops, self.kind, self.mistake = ops, kind, mistake
+        self.weight = ops.array(np.ones(size, np.float32))
+        if kind == "layer_norm":
+            self.bias = ops.array(np.zeros(size, np.float32))
+
+    def __call__(self, x):
+        if self.kind == "layer_norm":
+            return layer_norm_by_hand(self.ops, x, self.weight, self.bias, self.mistake)
+        return rms_norm_by_hand(self.ops, x, self.weight, self.mistake)
 
 
 def rows_of_different_scales(dtype=np.float32):
@@ -402,6 +419,151 @@ def test_extra_nan_fails():
     assert "NaN where the reference is not: 1 element, the first at index (0, 1, 3)" in message
 
 
+# ------------------------------------------------------------------------------- diagnose
+
+
+def correct_implementation(name, kind, dtype):
+    """The function or module ``name`` stands for, for probes of ``dtype``."""
+    if name == "numpy-by-hand":
+        return ByHand(NumpyOps, kind)
+    if name == "torch-by-hand":
+        return ByHand(TorchOps, kind)
+    if name == "reference":
+        if kind == "layer_norm":
+            return lambda x: _reference.layer_norm(x, ROW_LEN)[0]
+        return lambda x: _reference.rms_norm(x, ROW_LEN)[0]
+    if name == "layernorm.LayerNorm":
+        return layernorm.LayerNorm(ROW_LEN, dtype=dtype)
+    if name == "layernorm.layer_norm":
+        return functools.partial(layernorm.layer_norm, normalized_shape=ROW_LEN)
+    if name == "nn.Module":
+        module_class = torch.nn.LayerNorm if kind == "layer_norm" else torch.nn.RMSNorm
+        return numpy_dtype_as_torch(module_class, ROW_LEN, dtype=dtype)
+    if kind == "layer_norm":  # the functional form
+        return lambda x: torch.nn.functional.layer_norm(x, (ROW_LEN,))
+    return lambda x: torch.nn.functional.rms_norm(x, (ROW_LEN,))
+
+
+LAYER_NORM_IMPLEMENTATIONS = ["numpy-by-hand", "reference", "layernorm.LayerNorm", "layernorm.layer_norm",
+                              pytest.param("torch-by-hand", marks=needs_torch),
+                              pytest.param("nn.Module", marks=needs_torch),
+                              pytest.param("functional", marks=needs_torch)]
+RMS_NORM_IMPLEMENTATIONS = ["numpy-by-hand", "reference", pytest.param("torch-by-hand", marks=needs_torch),
+                            pytest.param("nn.Module", marks=needs_torch), pytest.param("functional", marks=needs_torch)]
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("name", LAYER_NORM_IMPLEMENTATIONS)
+def test_diagnose_finds_correct_layer_norms_ok(name, dtype):
+    if name.endswith("by-hand") and dtype == np.float16:
+        pytest.skip("by hand, float16 input gets float16 statistics and a float32 output (float32 weight): rightly not ok")
+    diagnosis = diagnose(correct_implementation(name, "layer_norm", dtype), ROW_LEN, dtype=dtype)
+    assert diagnosis.ok, str(diagnosis)
+    assert diagnosis.findings == ()
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("name", RMS_NORM_IMPLEMENTATIONS)
+def test_diagnose_finds_correct_rms_norms_ok(name, dtype):
+    if name.endswith("by-hand") and dtype == np.float16:
+        pytest.skip("by hand, float16 input gets float16 statistics and a float32 output (float32 weight): rightly not ok")
+    diagnosis = diagnose(correct_implementation(name, "rms_norm", dtype), ROW_LEN, kind="rms_norm", dtype=dtype)
+    assert diagnosis.ok, str(diagnosis)
+
+
+@pytest.mark.parametrize("mistake", LAYER_NORM_MISTAKES)
+@pytest.mark.parametrize("ops", OPS)
+def test_diagnose_names_the_layer_norm_mistake(ops, mistake):
+    diagnosis = diagnose(ByHand(ops, "layer_norm", mistake), ROW_LEN)
+    assert not diagnosis.ok
+    assert diagnosis.findings == (mistake,), str(diagnosis)
+
+
+@pytest.mark.parametrize("mistake", RMS_NORM_MISTAKES)
+@pytest.mark.parametrize("ops", OPS)
+def test_diagnose_names_the_rms_norm_mistake(ops, mistake):
+    diagnosis = diagnose(ByHand(ops, "rms_norm", mistake), ROW_LEN, kind="rms_norm")
+    assert diagnosis.findings == (mistake,), str(diagnosis)
+
+
+def test_diagnose_text_says_what_was_probed_and_what_was_found():
+    text = str(diagnose(ByHand(NumpyOps, "layer_norm", "eps-outside-sqrt"), ROW_LEN))
+    assert "diagnose(ByHand) as LayerNorm over normalized_shape (16,), eps=1e-05" in text
+    assert "probe: float32 input (2, 3, 16), one row per x[i, j]" in text
+    assert "\n  weight and bias: probe values, set on fn for the call and restored after\n" in text
+    assert "Greatest absolute difference" in text
+    assert "[eps-outside-sqrt] it divides by std + eps" in text
+    assert "fix: " in text
+    assert "ok: max abs error" in str(diagnose(ByHand(NumpyOps, "layer_norm"), ROW_LEN))
+
+
+@pytest.mark.parametrize("ops", OPS)
+def test_diagnose_puts_the_module_parameters_back(ops):
+    module = ByHand(ops, "layer_norm")
+    diagnose(module, ROW_LEN)
+    assert np.array_equal(np.asarray(module.weight.tolist()), np.ones(ROW_LEN))
+    assert np.array_equal(np.asarray(module.bias.tolist()), np.zeros(ROW_LEN))
+
+
+def test_diagnose_uses_the_parameters_it_is_given():
+    def with_params(x):
+        return layer_norm_by_hand(NumpyOps, x, WEIGHT, BIAS)
+
+    assert diagnose(with_params, ROW_LEN, weight=WEIGHT, bias=BIAS).ok
+    unknown = diagnose(with_params, ROW_LEN)  # it applies parameters diagnose is not told of
+    assert not unknown.ok and unknown.findings == ()
+
+
+class ChannelsFirst:
+    """LayerNorm over the channels of an (N, C, H, W) array, by hand; ``per_image`` takes one
+    mean and variance per image instead of one per pixel."""
+
+    def __init__(self, channels, per_image=False):
+        self.weight = np.ones(channels, np.float32)
+        self.bias = np.zeros(channels, np.float32)
+        self.axes = (1, 2, 3) if per_image else (1,)
+
+    def __call__(self, x):
+        centred = x - x.mean(axis=self.axes, keepdims=True)
+        xhat = centred / np.sqrt(x.var(axis=self.axes, keepdims=True) + 1e-5)
+        return xhat * self.weight[:, None, None] + self.bias[:, None, None]
+
+
+def test_diagnose_axis_1_probes_channels_first():
+    diagnosis = diagnose(ChannelsFirst(3), 3, axis=1)
+    assert diagnosis.ok, str(diagnosis)
+    assert "probe: float32 input (2, 3, 3, 4), one row per x[i, :, j, k]" in str(diagnosis)
+
+
+def test_diagnose_axis_1_finds_one_mean_per_image():
+    diagnosis = diagnose(ChannelsFirst(3, per_image=True), 3, axis=1)
+    assert diagnosis.findings == ("wrong-axes",)
+    assert "over axes (1, 2, 3) (statistics per x[i]), not over axes (1,)" in str(diagnosis)
+
+
+@needs_torch
+def test_diagnose_axis_1_on_torch_with_two_permutes():
+    module = torch.nn.LayerNorm(3)
+    assert diagnose(lambda x: module(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2), 3, axis=1).ok
+    assert diagnose(lambda x: module(x.permute(0, 3, 2, 1)).permute(0, 3, 2, 1), 3, axis=1).findings == ()
+
+
+def test_diagnose_checks_its_arguments():
+    with pytest.raises(ValueError, match="kind must be"):
+        diagnose(layernorm.LayerNorm(4), 4, kind="batch_norm")
+    with pytest.raises(ValueError, match="RMSNorm has no bias"):
+        diagnose(layernorm.LayerNorm(4), 4, kind="rms_norm", bias=np.zeros(4))
+
+
+@no_torch_only
+def test_without_torch_a_function_refusing_numpy_raises_its_own_error():
+    def refuses(x):
+        raise TypeError("wants a tensor")
+
+    with pytest.raises(TypeError, match="wants a tensor"):
+        diagnose(refuses, ROW_LEN)
+
+
 # ------------------------------------------------------------------------------- imports
 
 
@@ -415,8 +577,9 @@ def test_import_layernorm_does_not_import_the_testing_module():
 
 def test_the_testing_module_runs_on_numpy_without_importing_torch():
     code = ("import sys, numpy as np, layernorm\n"
-            "from layernorm.testing import assert_layer_norm_close\n"
+            "from layernorm.testing import assert_layer_norm_close, diagnose\n"
             "x = np.arange(12, dtype=np.float32).reshape(3, 4)\n"
             "assert_layer_norm_close(layernorm.layer_norm(x, 4), x, 4)\n"
+            "assert diagnose(layernorm.LayerNorm(4), 4).ok\n"
             "print('torch' in sys.modules)")
     assert run_python(code).strip() == "False"
