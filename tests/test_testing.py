@@ -583,3 +583,9 @@ def test_the_testing_module_runs_on_numpy_without_importing_torch():
             "assert diagnose(layernorm.LayerNorm(4), 4).ok\n"
             "print('torch' in sys.modules)")
     assert run_python(code).strip() == "False"
+
+
+def test_python_m_layernorm_shows_a_diagnosis():
+    output = subprocess.run([sys.executable, "-m", "layernorm"], cwd=ROOT, capture_output=True, text=True,
+                            check=True).stdout
+    assert "[eps-outside-sqrt]" in output
