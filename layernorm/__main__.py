@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import sys
+import textwrap
 
 import numpy as np
 import numpy.typing as npt
 
 import layernorm
 from layernorm import LayerNorm, layer_norm
+from layernorm.testing import diagnose
 
 # The (2, 3, 4) embedding batch that torch.manual_seed(42) + randint(0, 5) gives, and the output
 # nn.LayerNorm(4) printed for it in a public write-up (rounded to 4 decimals).
@@ -30,6 +32,19 @@ IMAGE_CHANNEL_STARTS = (1, 11, 31)
 IMAGE_PUBLISHED_FIRST_ROW = [-1.7584, -1.6890, -1.6196, -1.5502, -1.4808]
 IMAGE_PUBLISHED_LAST_ROW = [1.7122, 1.7816, 1.8510, 1.9204, 1.9898]
 IMAGE_PUBLISHED_PIXEL = [-1.0690, -0.2673, 1.3363]
+
+
+class StdPlusEpsLayerNorm:
+    """The hand-written module of two write-ups, in NumPy: it divides by std + eps."""
+
+    def __init__(self, size: int, eps: float = 1e-5) -> None:
+        self.weight = np.ones(size, np.float32)
+        self.bias = np.zeros(size, np.float32)
+        self.eps = eps
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        std = x.std(axis=-1, keepdims=True)
+        return (x - x.mean(axis=-1, keepdims=True)) / (std + self.eps) * self.weight + self.bias
 
 
 def fmt(values: np.ndarray) -> str:
@@ -88,6 +103,8 @@ def main() -> int:
     std_eps = (u - u.mean(-1, keepdims=True)) / (u.std(-1, keepdims=True) + 1e-5)
     print(f"   dividing by std + eps instead of sqrt(var + eps) on (4, 20) uniform:"
           f" max diff {maxdiff(std_eps, layer_norm(u, 20))} (about |xhat| * eps / std)")
+    print("   layernorm.testing.diagnose on such a module, rows of other scales make it obvious:")
+    print(textwrap.indent(str(diagnose(StdPlusEpsLayerNorm(20), 20)), "     "))
 
     try:
         import torch

@@ -1,0 +1,591 @@
+"""layernorm.testing: each classic mistake gets its own code, correct outputs get none.
+
+The wrong versions are one hand-written LayerNorm and one RMSNorm with a ``mistake`` switch, in
+NumPy and in torch: each mistake changes one line, so the same function without it must pass,
+and a different mistake must give a different code.  torch is optional here: the torch cases
+skip without it, and the rest runs in an environment that has no torch.
+"""
+
+import functools
+import pathlib
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import layernorm
+from layernorm import _reference
+from layernorm.testing import assert_layer_norm_close, assert_rms_norm_close, diagnose
+
+try:
+    import torch
+except ImportError:
+    torch = None
+
+needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed")
+no_torch_only = pytest.mark.skipif(torch is not None, reason="checks the path taken without torch")
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROW_LEN = 16
+FLOAT32_EPS = float(np.finfo(np.float32).eps)  # torch's RMSNorm eps=None for float32
+
+LAYER_NORM_MISTAKES = ["unbiased-variance", "eps-outside-sqrt", "eps-value", "wrong-axes", "no-affine",
+                       "weight-bias-swapped"]
+RMS_NORM_MISTAKES = ["rms-centred", "rms-one-plus-weight", "eps-outside-sqrt", "eps-value", "wrong-axes",
+                     "no-affine"]
+
+
+class NumpyOps:
+    """The few operations a hand-written norm uses, in NumPy."""
+
+    name = "numpy"
+
+    @staticmethod
+    def array(values):
+        return np.array(values)
+
+    @staticmethod
+    def mean(x, axes):
+        return x.mean(axis=axes, keepdims=True)
+
+    @staticmethod
+    def var(x, axes, ddof):
+        return x.var(axis=axes, ddof=ddof, keepdims=True)
+
+    @staticmethod
+    def sqrt(x):
+        return np.sqrt(x)
+
+    @staticmethod
+    def rms_norm_eps(x):
+        return float(np.finfo(np.float64 if x.dtype == np.float64 else np.float32).eps)
+
+
+class TorchOps:
+    """The same in torch: given a NumPy array these raise, so diagnose retries with a tensor."""
+
+    name = "torch"
+
+    @staticmethod
+    def array(values):
+        return torch.nn.Parameter(torch.from_numpy(np.array(values)))
+
+    @staticmethod
+    def mean(x, axes):
+        return x.mean(dim=axes, keepdim=True)
+
+    @staticmethod
+    def var(x, axes, ddof):
+        return x.var(dim=axes, correction=ddof, keepdim=True)
+
+    @staticmethod
+    def sqrt(x):
+        return torch.sqrt(x)
+
+    @staticmethod
+    def rms_norm_eps(x):
+        return torch.finfo(torch.float64 if x.dtype == torch.float64 else torch.float32).eps
+
+
+OPS = [pytest.param(NumpyOps, id="numpy"), pytest.param(TorchOps, id="torch", marks=needs_torch)]
+
+
+def layer_norm_by_hand(ops, x, weight, bias, mistake=None):
+    """LayerNorm over the last axis as people write it; ``mistake`` changes one line."""
+    eps = 1e-4 if mistake == "eps-value" else 1e-5
+    axes = (-2, -1) if mistake == "wrong-axes" else (-1,)
+    mean = ops.mean(x, axes)
+    var = ops.var(x, axes, ddof=1 if mistake == "unbiased-variance" else 0)
+    if mistake == "eps-outside-sqrt":
+        xhat = (x - mean) / (ops.sqrt(var) + eps)
+    else:
+        xhat = (x - mean) / ops.sqrt(var + eps)
+    if mistake == "no-affine":
+        return xhat
+    if mistake == "weight-bias-swapped":
+        return xhat * bias + weight
+    return xhat * weight + bias
+
+
+def rms_norm_by_hand(ops, x, weight, mistake=None):
+    """RMSNorm over the last axis as people write it; ``mistake`` changes one line."""
+    eps = 1e-4 if mistake == "eps-value" else ops.rms_norm_eps(x)  # torch's eps=None
+    axes = (-2, -1) if mistake == "wrong-axes" else (-1,)
+    if mistake == "rms-centred":
+        x = x - ops.mean(x, axes)
+    mean_square = ops.mean(x * x, axes)
+    if mistake == "eps-outside-sqrt":
+        y = x / (ops.sqrt(mean_square) + eps)
+    else:
+        y = x / ops.sqrt(mean_square + eps)
+    if mistake == "no-affine":
+        return y
+    if mistake == "rms-one-plus-weight":
+        return y * (1 + weight)
+    return y * weight
+
+
+class ByHand:
+    """A module around the hand-written norms, with ``weight`` (and ``bias``) attributes."""
+
+    def __init__(self, ops, kind, mistake=None, size=ROW_LEN):
+        self.ops, self.kind, self.mistake = ops, kind, mistake
+        self.weight = ops.array(np.ones(size, np.float32))
+        if kind == "layer_norm":
+            self.bias = ops.array(np.zeros(size, np.float32))
+
+    def __call__(self, x):
+        if self.kind == "layer_norm":
+            return layer_norm_by_hand(self.ops, x, self.weight, self.bias, self.mistake)
+        return rms_norm_by_hand(self.ops, x, self.weight, self.mistake)
+
+
+def rows_of_different_scales(dtype=np.float32):
+    """(2, 3, 16): six rows whose standard deviations run from 3e-4 (where eps shows) to 40, with
+    different means, so that each mistake gives an output no other mistake gives."""
+    rng = np.random.default_rng(7)
+    z = rng.standard_normal((6, ROW_LEN))
+    z = (z - z.mean(axis=1, keepdims=True)) / z.std(axis=1, keepdims=True)
+    stds = np.array([3e-4, 3e-3, 0.3, 1.0, 6.0, 40.0])[:, None]
+    means = np.array([5e-4, -3e-3, 0.15, -1.0, 18.0, -10.0])[:, None]
+    return (means + stds * z).reshape(2, 3, ROW_LEN).astype(dtype)
+
+
+PARAM_RNG = np.random.default_rng(8)
+WEIGHT = PARAM_RNG.uniform(0.5, 1.5, ROW_LEN).astype(np.float32)
+BIAS = PARAM_RNG.uniform(-0.5, 0.5, ROW_LEN).astype(np.float32)
+
+
+def named_codes(message):
+    """The codes of the mistakes a message names, in its order."""
+    return re.findall(r"^\s+\[([a-z-]+)\]", message, re.MULTILINE)
+
+
+def failure_message(check, *args, **kwargs):
+    with pytest.raises(AssertionError) as failure:
+        check(*args, **kwargs)
+    return str(failure.value)
+
+
+def as_ops_array(ops, x):
+    return torch.from_numpy(x) if ops is TorchOps else x
+
+
+# ------------------------------------------------------------------------------- each code
+
+
+@pytest.mark.parametrize("mistake", LAYER_NORM_MISTAKES)
+@pytest.mark.parametrize("ops", OPS)
+def test_layer_norm_mistake_gets_its_code(ops, mistake):
+    x = rows_of_different_scales()
+    y = layer_norm_by_hand(ops, as_ops_array(ops, x), ops.array(WEIGHT), ops.array(BIAS), mistake)
+    message = failure_message(assert_layer_norm_close, y, x, ROW_LEN, WEIGHT, BIAS)
+    assert named_codes(message) == [mistake], message
+
+
+@pytest.mark.parametrize("mistake", RMS_NORM_MISTAKES)
+@pytest.mark.parametrize("ops", OPS)
+def test_rms_norm_mistake_gets_its_code(ops, mistake):
+    x = rows_of_different_scales()
+    y = rms_norm_by_hand(ops, as_ops_array(ops, x), ops.array(WEIGHT), mistake)
+    message = failure_message(assert_rms_norm_close, y, x, ROW_LEN, WEIGHT)
+    assert named_codes(message) == [mistake], message
+
+
+@pytest.mark.parametrize("ops", OPS)
+def test_layer_norm_by_hand_without_the_mistake_passes(ops):
+    x = rows_of_different_scales()
+    y = layer_norm_by_hand(ops, as_ops_array(ops, x), ops.array(WEIGHT), ops.array(BIAS))
+    assert_layer_norm_close(y, x, ROW_LEN, WEIGHT, BIAS)
+
+
+@pytest.mark.parametrize("ops", OPS)
+def test_rms_norm_by_hand_without_the_mistake_passes(ops):
+    x = rows_of_different_scales()
+    assert_rms_norm_close(rms_norm_by_hand(ops, as_ops_array(ops, x), ops.array(WEIGHT)), x, ROW_LEN, WEIGHT)
+
+
+def test_failure_gives_the_difference_where_and_the_tolerance():
+    x = rows_of_different_scales()
+    y = layer_norm_by_hand(NumpyOps, x, WEIGHT, BIAS, "eps-outside-sqrt")
+    expected = _reference.layer_norm(x, ROW_LEN, WEIGHT, BIAS)[0]
+    worst = np.unravel_index(np.argmax(np.abs(y - expected)), x.shape)
+    message = failure_message(assert_layer_norm_close, y, x, ROW_LEN, WEIGHT, BIAS)
+    assert f"{np.max(np.abs(y - expected)):.3g} at index {tuple(int(i) for i in worst)}" in message
+    assert "float32 output: rtol=1.3e-06, atol=1e-05" in message
+    assert "fix: (x - mean) / sqrt(var + eps)" in message
+
+
+def test_eps_value_reports_the_eps_that_fits():
+    x = rows_of_different_scales()
+    message = failure_message(assert_layer_norm_close, layer_norm_by_hand(NumpyOps, x, WEIGHT, BIAS, "eps-value"),
+                              x, ROW_LEN, WEIGHT, BIAS)
+    assert "it fits eps=0.0001 in every row, not the eps=1e-05 compared with" in message
+
+
+def test_rms_norm_default_eps_follows_the_input_dtype():
+    # float64 input: torch's default is float64's machine epsilon, so float32's is a wrong eps
+    x = rows_of_different_scales(np.float64)
+    y = x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + FLOAT32_EPS)
+    message = failure_message(assert_rms_norm_close, y, x, ROW_LEN)
+    assert named_codes(message) == ["eps-value"]
+    assert "eps=1.19209e-07 in every row, not the eps=2.22045e-16" in message
+    assert_rms_norm_close(y.astype(np.float32), x.astype(np.float32), ROW_LEN)
+
+
+def test_wrong_axes_reports_the_axes_that_fit():
+    x = rows_of_different_scales()
+    message = failure_message(assert_layer_norm_close,
+                              layer_norm_by_hand(NumpyOps, x, WEIGHT, BIAS, "wrong-axes"), x, ROW_LEN, WEIGHT, BIAS)
+    assert "over axes (1, 2) (statistics per x[i]), not over axes (2,) (per x[i, j])" in message
+
+
+def test_nothing_matching_is_said():
+    x = rows_of_different_scales()
+    y = layer_norm_by_hand(NumpyOps, x, WEIGHT, BIAS) + 0.01
+    message = failure_message(assert_layer_norm_close, y, x, ROW_LEN, WEIGHT, BIAS)
+    assert named_codes(message) == []
+    assert "It matches none of the classic mistakes known here: [unbiased-variance]" in message
+
+
+# ------------------------------------------------------------------------------- correct outputs
+
+FLOAT_DTYPES = [np.float16, np.float32, np.float64]
+
+
+def torch_module(module, weight, bias=None):
+    """A torch module (dtype given as NumPy's) with these parameter values."""
+    with torch.no_grad():
+        module.weight.copy_(torch.from_numpy(weight))
+        if bias is not None:
+            module.bias.copy_(torch.from_numpy(bias))
+    return module
+
+
+def numpy_dtype_as_torch(module_class, *args, dtype):
+    return module_class(*args, dtype=getattr(torch, np.dtype(dtype).name))
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("source", ["truth-rounded", "layernorm.layer_norm",
+                                    pytest.param("F.layer_norm", marks=needs_torch),
+                                    pytest.param("nn.LayerNorm", marks=needs_torch)])
+def test_correct_layer_norm_output_passes(source, dtype):
+    x = rows_of_different_scales(dtype)
+    w, b = WEIGHT.astype(dtype), BIAS.astype(dtype)
+    if source == "truth-rounded":
+        y = _reference.layer_norm(x, ROW_LEN, w, b)[0].astype(dtype)
+    elif source == "layernorm.layer_norm":
+        y = layernorm.layer_norm(x, ROW_LEN, w, b)
+    elif source == "F.layer_norm":
+        y = torch.nn.functional.layer_norm(torch.from_numpy(x), (ROW_LEN,), torch.from_numpy(w), torch.from_numpy(b))
+    else:
+        module = torch_module(numpy_dtype_as_torch(torch.nn.LayerNorm, ROW_LEN, dtype=dtype), w, b)
+        y = module(torch.from_numpy(x))  # requires grad: the check detaches it
+    assert_layer_norm_close(y, x, ROW_LEN, w, b)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("source", ["truth-rounded", pytest.param("F.rms_norm", marks=needs_torch),
+                                    pytest.param("nn.RMSNorm", marks=needs_torch)])
+def test_correct_rms_norm_output_passes(source, dtype):
+    x = rows_of_different_scales(dtype)
+    w = WEIGHT.astype(dtype)
+    if source == "truth-rounded":
+        y = _reference.rms_norm(x, ROW_LEN, w)[0].astype(dtype)
+    elif source == "F.rms_norm":
+        y = torch.nn.functional.rms_norm(torch.from_numpy(x), (ROW_LEN,), torch.from_numpy(w))
+    else:
+        y = torch_module(numpy_dtype_as_torch(torch.nn.RMSNorm, ROW_LEN, dtype=dtype), w)(torch.from_numpy(x))
+    assert_rms_norm_close(y, x, ROW_LEN, w)
+
+
+@needs_torch
+@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
+def test_correct_bfloat16_output_passes(kind):
+    x = torch.from_numpy(rows_of_different_scales()).bfloat16()
+    w, b = torch.from_numpy(WEIGHT).bfloat16(), torch.from_numpy(BIAS).bfloat16()
+    if kind == "layer_norm":
+        assert_layer_norm_close(torch.nn.functional.layer_norm(x, (ROW_LEN,), w, b), x, ROW_LEN, w, b)
+    else:
+        assert_rms_norm_close(torch.nn.functional.rms_norm(x, (ROW_LEN,), w), x, ROW_LEN, w)
+
+
+@needs_torch
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64] if torch else [],
+                         ids=str)
+def test_default_tolerances_are_torchs(dtype):
+    # torch.testing.assert_close's defaults, from the table it keeps (a private name: it may move)
+    rtol, atol = torch.testing._comparison._DTYPE_PRECISIONS[dtype]
+    x = torch.from_numpy(rows_of_different_scales()).to(dtype)
+    y = torch.nn.functional.layer_norm(x, (ROW_LEN,)) + 0.1
+    assert f"rtol={rtol:g}, atol={atol:g}" in failure_message(assert_layer_norm_close, y, x, ROW_LEN)
+
+
+def test_explicit_tolerances_replace_the_defaults():
+    x = rows_of_different_scales()
+    y = layernorm.layer_norm(x, ROW_LEN) + np.float32(1e-4)
+    failure_message(assert_layer_norm_close, y, x, ROW_LEN)
+    assert_layer_norm_close(y, x, ROW_LEN, rtol=0.0, atol=2e-4)
+    with pytest.raises(ValueError, match="both be given or both be omitted"):
+        assert_layer_norm_close(y, x, ROW_LEN, rtol=1e-3)
+
+
+@pytest.mark.parametrize("axis", [1, (1,), -3])
+def test_axis_is_numpys_convention(axis):
+    image = rows_of_different_scales().reshape(2, 4, 3, 4)  # channels-first: C = 4 on axis 1
+    y = np.moveaxis(layernorm.layer_norm(np.moveaxis(image, 1, -1), 4), -1, 1)
+    assert_layer_norm_close(y, image, 4, axis=axis)
+    message = failure_message(assert_layer_norm_close, layernorm.layer_norm(image, [4, 3, 4]), image, 4, axis=axis)
+    assert named_codes(message) == ["wrong-axes"]
+    assert "over axes (1, 2, 3) (statistics per x[i]), not over axes (1,) (per x[i, :, j, k])" in message
+
+
+# ------------------------------------------------------------------------------- ambiguity
+
+# 004's input: every row of arange(1, 19).reshape(3, 1, 6) has the same variance, so an eps
+# can make up for any row-independent change of it.
+EQUAL_VARIANCE_ROWS = np.arange(1, 19, dtype=np.float32).reshape(3, 1, 6)
+
+
+@pytest.mark.parametrize("mistake, scale", [("unbiased-variance", 1.0), ("eps-outside-sqrt", 1e-3)])
+def test_rows_of_one_variance_cannot_tell_a_mistake_from_an_eps(mistake, scale):
+    x = EQUAL_VARIANCE_ROWS * np.float32(scale)
+    ones, zeros = np.ones(6, np.float32), np.zeros(6, np.float32)
+    message = failure_message(assert_layer_norm_close, layer_norm_by_hand(NumpyOps, x, ones, zeros, mistake), x, 6)
+    assert sorted(named_codes(message)) == sorted([mistake, "eps-value"])
+    assert "The input cannot tell apart" in message
+    assert "use rows of different scales" in message
+
+
+def test_std_plus_eps_is_within_tolerance_on_rows_of_large_variance():
+    # 004's own finding: on these rows the std + eps module agrees with nn.LayerNorm
+    x = EQUAL_VARIANCE_ROWS
+    ones, zeros = np.ones(6, np.float32), np.zeros(6, np.float32)
+    assert_layer_norm_close(layer_norm_by_hand(NumpyOps, x, ones, zeros, "eps-outside-sqrt"), x, 6)
+
+
+# ------------------------------------------------------------------------------- shapes and NaN
+
+
+def test_transposed_output_is_a_shape_mismatch_with_a_hint():
+    x = rows_of_different_scales()
+    y = np.moveaxis(layernorm.layer_norm(x, ROW_LEN), -1, 0)
+    message = failure_message(assert_layer_norm_close, y, x, ROW_LEN)
+    assert "The output has shape (16, 2, 3), the input (2, 3, 16)" in message
+    assert "its axes in the order (2, 0, 1)" in message
+
+
+def test_missing_keepdims_is_a_shape_mismatch_with_a_hint():
+    x = EQUAL_VARIANCE_ROWS
+    message = failure_message(assert_layer_norm_close, x - x.mean(axis=-1), x, 6)
+    assert "The output has shape (3, 3, 6), the input (3, 1, 6)" in message
+    assert "a statistic of shape (3, 1), taken without keepdims" in message
+
+
+def test_other_shape_mismatch_gives_both_shapes():
+    x = rows_of_different_scales()
+    message = failure_message(assert_layer_norm_close, layernorm.layer_norm(x, ROW_LEN)[..., :-1], x, ROW_LEN)
+    assert message == ("The output has shape (2, 3, 15), the input (2, 3, 16):"
+                       " a LayerNorm output has the input's shape.")
+
+
+def rows_with_a_nan():
+    x = rows_of_different_scales()
+    x[1, 2, 5] = np.nan
+    return x
+
+
+def test_nan_where_the_reference_is_nan_passes():
+    x = rows_with_a_nan()
+    assert_layer_norm_close(layernorm.layer_norm(x, ROW_LEN), x, ROW_LEN)
+
+
+def test_missing_nan_fails():
+    x = rows_with_a_nan()
+    y = layernorm.layer_norm(x, ROW_LEN)
+    y[1, 2] = 0.0
+    message = failure_message(assert_layer_norm_close, y, x, ROW_LEN)
+    assert "Not NaN where the reference is NaN: 16 elements, the first at index (1, 2, 0)" in message
+
+
+def test_extra_nan_fails():
+    x = rows_of_different_scales()
+    y = layernorm.layer_norm(x, ROW_LEN)
+    y[0, 1, 3] = np.nan
+    message = failure_message(assert_layer_norm_close, y, x, ROW_LEN)
+    assert "NaN where the reference is not: 1 element, the first at index (0, 1, 3)" in message
+
+
+# ------------------------------------------------------------------------------- diagnose
+
+
+def correct_implementation(name, kind, dtype):
+    """The function or module ``name`` stands for, for probes of ``dtype``."""
+    if name == "numpy-by-hand":
+        return ByHand(NumpyOps, kind)
+    if name == "torch-by-hand":
+        return ByHand(TorchOps, kind)
+    if name == "reference":
+        if kind == "layer_norm":
+            return lambda x: _reference.layer_norm(x, ROW_LEN)[0]
+        return lambda x: _reference.rms_norm(x, ROW_LEN)[0]
+    if name == "layernorm.LayerNorm":
+        return layernorm.LayerNorm(ROW_LEN, dtype=dtype)
+    if name == "layernorm.layer_norm":
+        return functools.partial(layernorm.layer_norm, normalized_shape=ROW_LEN)
+    if name == "nn.Module":
+        module_class = torch.nn.LayerNorm if kind == "layer_norm" else torch.nn.RMSNorm
+        return numpy_dtype_as_torch(module_class, ROW_LEN, dtype=dtype)
+    if kind == "layer_norm":  # the functional form
+        return lambda x: torch.nn.functional.layer_norm(x, (ROW_LEN,))
+    return lambda x: torch.nn.functional.rms_norm(x, (ROW_LEN,))
+
+
+LAYER_NORM_IMPLEMENTATIONS = ["numpy-by-hand", "reference", "layernorm.LayerNorm", "layernorm.layer_norm",
+                              pytest.param("torch-by-hand", marks=needs_torch),
+                              pytest.param("nn.Module", marks=needs_torch),
+                              pytest.param("functional", marks=needs_torch)]
+RMS_NORM_IMPLEMENTATIONS = ["numpy-by-hand", "reference", pytest.param("torch-by-hand", marks=needs_torch),
+                            pytest.param("nn.Module", marks=needs_torch), pytest.param("functional", marks=needs_torch)]
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("name", LAYER_NORM_IMPLEMENTATIONS)
+def test_diagnose_finds_correct_layer_norms_ok(name, dtype):
+    if name.endswith("by-hand") and dtype == np.float16:
+        pytest.skip("by hand, float16 input gets float16 statistics and a float32 output (float32 weight): rightly not ok")
+    diagnosis = diagnose(correct_implementation(name, "layer_norm", dtype), ROW_LEN, dtype=dtype)
+    assert diagnosis.ok, str(diagnosis)
+    assert diagnosis.findings == ()
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("name", RMS_NORM_IMPLEMENTATIONS)
+def test_diagnose_finds_correct_rms_norms_ok(name, dtype):
+    if name.endswith("by-hand") and dtype == np.float16:
+        pytest.skip("by hand, float16 input gets float16 statistics and a float32 output (float32 weight): rightly not ok")
+    diagnosis = diagnose(correct_implementation(name, "rms_norm", dtype), ROW_LEN, kind="rms_norm", dtype=dtype)
+    assert diagnosis.ok, str(diagnosis)
+
+
+@pytest.mark.parametrize("mistake", LAYER_NORM_MISTAKES)
+@pytest.mark.parametrize("ops", OPS)
+def test_diagnose_names_the_layer_norm_mistake(ops, mistake):
+    diagnosis = diagnose(ByHand(ops, "layer_norm", mistake), ROW_LEN)
+    assert not diagnosis.ok
+    assert diagnosis.findings == (mistake,), str(diagnosis)
+
+
+@pytest.mark.parametrize("mistake", RMS_NORM_MISTAKES)
+@pytest.mark.parametrize("ops", OPS)
+def test_diagnose_names_the_rms_norm_mistake(ops, mistake):
+    diagnosis = diagnose(ByHand(ops, "rms_norm", mistake), ROW_LEN, kind="rms_norm")
+    assert diagnosis.findings == (mistake,), str(diagnosis)
+
+
+def test_diagnose_text_says_what_was_probed_and_what_was_found():
+    text = str(diagnose(ByHand(NumpyOps, "layer_norm", "eps-outside-sqrt"), ROW_LEN))
+    assert "diagnose(ByHand) as LayerNorm over normalized_shape (16,), eps=1e-05" in text
+    assert "probe: float32 input (2, 3, 16), one row per x[i, j]" in text
+    assert "\n  weight and bias: probe values, set on fn for the call and restored after\n" in text
+    assert "Greatest absolute difference" in text
+    assert "[eps-outside-sqrt] it divides by std + eps" in text
+    assert "fix: " in text
+    assert "ok: max abs error" in str(diagnose(ByHand(NumpyOps, "layer_norm"), ROW_LEN))
+
+
+@pytest.mark.parametrize("ops", OPS)
+def test_diagnose_puts_the_module_parameters_back(ops):
+    module = ByHand(ops, "layer_norm")
+    diagnose(module, ROW_LEN)
+    assert np.array_equal(np.asarray(module.weight.tolist()), np.ones(ROW_LEN))
+    assert np.array_equal(np.asarray(module.bias.tolist()), np.zeros(ROW_LEN))
+
+
+def test_diagnose_uses_the_parameters_it_is_given():
+    def with_params(x):
+        return layer_norm_by_hand(NumpyOps, x, WEIGHT, BIAS)
+
+    assert diagnose(with_params, ROW_LEN, weight=WEIGHT, bias=BIAS).ok
+    unknown = diagnose(with_params, ROW_LEN)  # it applies parameters diagnose is not told of
+    assert not unknown.ok and unknown.findings == ()
+
+
+class ChannelsFirst:
+    """LayerNorm over the channels of an (N, C, H, W) array, by hand; ``per_image`` takes one
+    mean and variance per image instead of one per pixel."""
+
+    def __init__(self, channels, per_image=False):
+        self.weight = np.ones(channels, np.float32)
+        self.bias = np.zeros(channels, np.float32)
+        self.axes = (1, 2, 3) if per_image else (1,)
+
+    def __call__(self, x):
+        centred = x - x.mean(axis=self.axes, keepdims=True)
+        xhat = centred / np.sqrt(x.var(axis=self.axes, keepdims=True) + 1e-5)
+        return xhat * self.weight[:, None, None] + self.bias[:, None, None]
+
+
+def test_diagnose_axis_1_probes_channels_first():
+    diagnosis = diagnose(ChannelsFirst(3), 3, axis=1)
+    assert diagnosis.ok, str(diagnosis)
+    assert "probe: float32 input (2, 3, 3, 4), one row per x[i, :, j, k]" in str(diagnosis)
+
+
+def test_diagnose_axis_1_finds_one_mean_per_image():
+    diagnosis = diagnose(ChannelsFirst(3, per_image=True), 3, axis=1)
+    assert diagnosis.findings == ("wrong-axes",)
+    assert "over axes (1, 2, 3) (statistics per x[i]), not over axes (1,)" in str(diagnosis)
+
+
+@needs_torch
+def test_diagnose_axis_1_on_torch_with_two_permutes():
+    module = torch.nn.LayerNorm(3)
+    assert diagnose(lambda x: module(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2), 3, axis=1).ok
+    assert diagnose(lambda x: module(x.permute(0, 3, 2, 1)).permute(0, 3, 2, 1), 3, axis=1).findings == ()
+
+
+def test_diagnose_checks_its_arguments():
+    with pytest.raises(ValueError, match="kind must be"):
+        diagnose(layernorm.LayerNorm(4), 4, kind="batch_norm")
+    with pytest.raises(ValueError, match="RMSNorm has no bias"):
+        diagnose(layernorm.LayerNorm(4), 4, kind="rms_norm", bias=np.zeros(4))
+
+
+@no_torch_only
+def test_without_torch_a_function_refusing_numpy_raises_its_own_error():
+    def refuses(x):
+        raise TypeError("wants a tensor")
+
+    with pytest.raises(TypeError, match="wants a tensor"):
+        diagnose(refuses, ROW_LEN)
+
+
+# ------------------------------------------------------------------------------- imports
+
+
+def run_python(code):
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+
+
+def test_import_layernorm_does_not_import_the_testing_module():
+    assert run_python("import sys, layernorm; print('layernorm.testing' in sys.modules)").strip() == "False"
+
+
+def test_the_testing_module_runs_on_numpy_without_importing_torch():
+    code = ("import sys, numpy as np, layernorm\n"
+            "from layernorm.testing import assert_layer_norm_close, diagnose\n"
+            "x = np.arange(12, dtype=np.float32).reshape(3, 4)\n"
+            "assert_layer_norm_close(layernorm.layer_norm(x, 4), x, 4)\n"
+            "assert diagnose(layernorm.LayerNorm(4), 4).ok\n"
+            "print('torch' in sys.modules)")
+    assert run_python(code).strip() == "False"
+
+
+def test_python_m_layernorm_shows_a_diagnosis():
+    output = subprocess.run([sys.executable, "-m", "layernorm"], cwd=ROOT, capture_output=True, text=True,
+                            check=True).stdout
+    assert "[eps-outside-sqrt]" in output
