@@ -129,10 +129,36 @@ static size_t param_size(ln_dtype dtype)
     return dtype == LN_F64 ? 8 : 4;
 }
 
+/* IEEE binary16 bits of value, rounded to nearest even.  By hand, because not every compiler
+   has _Float16 on x86-64 (clang before 15 has not). */
+static uint16_t half_bits(double value)
+{
+    uint64_t bits;
+    memcpy(&bits, &value, sizeof bits);
+    const uint16_t sign = (uint16_t)(bits >> 48) & 0x8000u;
+    const uint64_t magnitude = bits & ~(UINT64_C(1) << 63);
+    const int exponent = (int)(magnitude >> 52) - 1023;
+    if (isnan(value)) {
+        return sign | 0x7e00u;
+    }
+    if (exponent < -25) {
+        return sign;  /* below half the smallest subnormal: rounds to zero */
+    }
+    /* Keep 11 significant bits (fewer for subnormals), rounding the rest to nearest even;
+       a carry out of them moves into the exponent field, as it should. */
+    const uint64_t significand = (magnitude & ((UINT64_C(1) << 52) - 1)) | UINT64_C(1) << 52;
+    const int shift = exponent >= -14 ? 42 : 28 - exponent;
+    uint64_t kept = significand >> shift;
+    const uint64_t rest = significand & ((UINT64_C(1) << shift) - 1), halfway = UINT64_C(1) << (shift - 1);
+    kept += rest > halfway || (rest == halfway && (kept & 1));
+    const uint64_t half = exponent >= -14 ? ((uint64_t)(exponent + 14) << 10) + kept : kept;
+    return sign | (uint16_t)(half < 0x7c00u ? half : 0x7c00u);  /* too large: infinity */
+}
+
 static void store_element(ln_dtype dtype, void *base, ptrdiff_t i, double value)
 {
     if (dtype == LN_F16) {
-        ((_Float16 *)base)[i] = (_Float16)value;
+        ((uint16_t *)base)[i] = half_bits(value);
     }
     else if (dtype == LN_F32) {
         ((float *)base)[i] = (float)value;
