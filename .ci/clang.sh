@@ -25,7 +25,8 @@ out=build/kernel-driver
 native=$(uname -m)
 bash tests/c/build-driver.sh gcc "$out/$native-gcc" &
 gcc_build=$!
-bash tests/c/build-driver.sh "$clang" "$out/$native-clang"
+# On failure, waits for the gcc build so as to leave nothing running.
+bash tests/c/build-driver.sh "$clang" "$out/$native-clang" || { wait "$gcc_build"; exit 1; }
 wait "$gcc_build"
 "$out/$native-gcc" >"$out/$native-gcc.txt"
 "$out/$native-clang" >"$out/$native-clang.txt"

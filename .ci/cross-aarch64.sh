@@ -22,7 +22,8 @@ out=build/kernel-driver
 native=$(uname -m)-gcc
 bash tests/c/build-driver.sh gcc "$out/$native" &
 native_build=$!
-bash tests/c/build-driver.sh aarch64-linux-gnu-gcc "$out/aarch64-gcc" -static
+# On failure, waits for the native build so as to leave nothing running.
+bash tests/c/build-driver.sh aarch64-linux-gnu-gcc "$out/aarch64-gcc" -static || { wait "$native_build"; exit 1; }
 wait "$native_build"
 
 "$out/$native" >"$out/$native.txt"
