@@ -11,6 +11,11 @@
  *
  * Inputs are made with exact double arithmetic only (no libm calls, whose last bits may
  * differ between architectures) and rounded once to the element type.
+ *
+ *     bash tests/c/build-driver.sh gcc build/kernel-driver/x86_64-gcc
+ *     build/kernel-driver/x86_64-gcc > x86_64-gcc.txt
+ *
+ * .ci/cross-aarch64.sh and .ci/clang.sh do this for aarch64 (under qemu) and for clang.
  */
 #include "ln_kernels.h"
 
