@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Builds tests/c/kernel_driver.c with the kernel sources (every src/ln_*.c) into OUTPUT.
+#
+#   bash tests/c/build-driver.sh COMPILER OUTPUT [EXTRA FLAG...]     e.g. -static for qemu
+#
+# The flags are the package's (setup.py): no host-specific -march, no fast-math, and
+# -ffp-contract=off so that every level does the same roundings.  The AVX2/AVX-512 level
+# files get their target flags, and are built only when the compiler targets x86-64.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+compiler=$1
+output=$2
+shift 2
+common=(-std=c11 -O2 -ffp-contract=off -fno-math-errno -pthread -Wall -Isrc "$@")
+
+case "$("$compiler" -dumpmachine)" in
+  x86_64*) x86=1 ;;
+  *) x86=0 ;;
+esac
+
+objects=$(mktemp -d)
+trap 'rm -rf "$objects"' EXIT
+for source in tests/c/kernel_driver.c src/ln_*.c; do
+  flags=()
+  case "$(basename "$source")" in
+    ln_level_avx2.c) [[ $x86 == 1 ]] || continue; flags=(-mavx2 -mfma -mf16c) ;;
+    ln_level_avx512.c) [[ $x86 == 1 ]] || continue; flags=(-mavx512f -mavx2 -mfma -mf16c) ;;
+  esac
+  "$compiler" "${common[@]}" "${flags[@]}" -c "$source" -o "$objects/$(basename "$source" .c).o"
+done
+mkdir -p "$(dirname "$output")"
+"$compiler" "${common[@]}" "$objects"/*.o -o "$output" -lm -pthread
