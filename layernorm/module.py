@@ -9,11 +9,15 @@ from typing import Any, Iterable, NamedTuple, SupportsIndex, cast
 
 import numpy as np
 
+from ._layernorm import UnsupportedDTypeError
 from ._layernorm import layer_norm as _layer_norm
 from ._layernorm import saved_backward as _saved_backward
 from ._layernorm import training_forward as _training_forward
+from .functional import _FORWARD_KERNEL, _as_numpy, _torch_worded
 
 __all__ = ["LayerNorm"]
+
+_ndarray = np.ndarray
 
 # Parameter dtypes a module can be made with; torch dtypes are matched by their str().
 _FLOAT_DTYPES: dict[str, np.dtype[Any]] = {
@@ -107,14 +111,11 @@ def _check_device(device: Any) -> None:
         )
 
 
-def _to_numpy(value: Any) -> np.ndarray:
-    """Return value as an ndarray (torch tensors duck-typed via .detach().cpu().numpy())."""
-    if hasattr(value, "detach") and hasattr(value, "cpu") and hasattr(value, "numpy"):
-        value = value.detach().cpu()
-        if str(getattr(value, "dtype", "")) == "torch.bfloat16":  # NumPy has no bfloat16
-            value = value.float()
-        return np.asarray(value.numpy())
-    return np.asarray(value)
+def _checkpoint_array(value: Any) -> np.ndarray:
+    """Return a state_dict value as an ndarray (a bfloat16 tensor widened: NumPy has none)."""
+    if str(getattr(value, "dtype", "")) == "torch.bfloat16":
+        value = value.float()
+    return np.asarray(_as_numpy(value))
 
 
 class LayerNorm:
@@ -207,17 +208,27 @@ class LayerNorm:
         ndarray
             The normalized array, C-contiguous, same shape and dtype as `input`.
         """
+        weight, bias = self.weight, self.bias
+        if not (
+            type(input) is _ndarray
+            and (weight is None or type(weight) is _ndarray)
+            and (bias is None or type(bias) is _ndarray)
+        ):
+            input, weight, bias = _as_numpy(input), _as_numpy(weight), _as_numpy(bias)
         if not self.training:
-            return _layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
+            try:
+                return _layer_norm(input, self.normalized_shape, weight, bias, self.eps)
+            except UnsupportedDTypeError as error:
+                raise _torch_worded(error, _FORWARD_KERNEL) from None
         # The input comes back as a private copy: the caller may change its own array
         # before backward(), which must not change the gradients (torch raises there).
         try:
-            output, self._saved = _training_forward(
-                input, self.normalized_shape, self.weight, self.bias, self.eps
-            )
-        except BaseException:
+            output, self._saved = _training_forward(input, self.normalized_shape, weight, bias, self.eps)
+        except BaseException as error:
             # A failed call must not leave the previous call's values for backward() to use.
             self._saved = None
+            if isinstance(error, UnsupportedDTypeError):
+                raise _torch_worded(error, _FORWARD_KERNEL) from None
             raise
         return output
 
@@ -260,6 +271,8 @@ class LayerNorm:
             )
         input, stats = saved
         weight, bias = self.weight, self.bias
+        if type(grad_output) is not _ndarray:
+            grad_output = _as_numpy(grad_output)
         output_mask = (True, weight is not None, bias is not None)
         grad_input, grad_weight, grad_bias = _saved_backward(
             grad_output, input, stats, self.normalized_shape, weight, bias, output_mask
@@ -345,7 +358,7 @@ class LayerNorm:
             if name not in state_dict:
                 continue
             try:
-                value = _to_numpy(state_dict[name])
+                value = _checkpoint_array(state_dict[name])
             except Exception as exc:  # e.g. a tensor that can't become an array
                 errors.append(
                     f'While copying the parameter named "{name}", could not convert it '

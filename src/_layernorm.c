@@ -9,8 +9,9 @@
  *     return (x - mean) * rstd * weight + bias
  *
  * computed by the kernel layer (ln_kernels.h) with float64 statistics.  This file only checks
- * and converts arguments (with torch's error texts), allocates results and releases the GIL
- * around the kernel.
+ * and converts arguments, allocates results and releases the GIL around the kernel.  It takes
+ * NumPy arrays and whatever NumPy converts to one (np.asarray); it knows nothing of torch: the
+ * Python layer (layernorm/functional.py) converts tensors and words dtype refusals as torch does.
  *
  * Sections: compat shims, module state, helpers (arguments, shapes, arrays), norm kinds with
  * the forward and backward they share, Python-facing functions, module setup.
@@ -31,7 +32,19 @@
 /* Compat shims                                                              */
 /* ------------------------------------------------------------------------ */
 
-/* none needed yet: the oldest Python supported, 3.9, has everything used here */
+#if PY_VERSION_HEX < 0x030A0000
+/* Python 3.9: PyModule_AddObject steals the reference only on success. */
+static int
+PyModule_AddObjectRef(PyObject *module, const char *name, PyObject *value)
+{
+    Py_XINCREF(value);
+    int status = PyModule_AddObject(module, name, value);
+    if (status < 0) {
+        Py_XDECREF(value);
+    }
+    return status;
+}
+#endif
 
 /* ------------------------------------------------------------------------ */
 /* Module state                                                              */
@@ -70,6 +83,7 @@ static const char *const keyword_text[KW_COUNT] = {
 /* Every Python object the module holds.  There are no others: the kernel layer's state (thread
    pool, SIMD level, scratch buffer) is process-wide C state with its own locking. */
 typedef struct {
+    PyObject *unsupported_dtype_error;  /* UnsupportedDTypeError, a TypeError subclass */
     PyObject *keywords[KW_COUNT];       /* interned keyword names */
 } module_state;
 
@@ -84,6 +98,7 @@ static int
 module_traverse(PyObject *module, visitproc visit, void *arg)
 {
     module_state *state = get_state(module);
+    Py_VISIT(state->unsupported_dtype_error);
     for (int k = 0; k < KW_COUNT; k++) {
         Py_VISIT(state->keywords[k]);
     }
@@ -94,6 +109,7 @@ static int
 module_clear(PyObject *module)
 {
     module_state *state = get_state(module);
+    Py_CLEAR(state->unsupported_dtype_error);
     for (int k = 0; k < KW_COUNT; k++) {
         Py_CLEAR(state->keywords[k]);
     }
@@ -334,29 +350,8 @@ done:
 /* Helpers: arrays                                                           */
 /* ------------------------------------------------------------------------ */
 
-/* torch's name for a NumPy dtype it refuses, or NULL when torch has none. */
-static const char *
-torch_type_name(PyArray_Descr *descr)
-{
-    static const char *const ints[] = {"Char", "Short", "Int", "Long"};
-    static const char *const uints[] = {"Byte", "UInt16", "UInt32", "UInt64"};
-    const int size = (int)PyDataType_ELSIZE(descr);
-    const int index = size == 1 ? 0 : size == 2 ? 1 : size == 4 ? 2 : size == 8 ? 3 : -1;
-    switch (descr->kind) {
-    case 'b':
-        return "Bool";
-    case 'i':
-        return index >= 0 ? ints[index] : NULL;
-    case 'u':
-        return index >= 0 ? uints[index] : NULL;
-    case 'c':
-        return size == 8 ? "ComplexFloat" : size == 16 ? "ComplexDouble" : NULL;
-    default:
-        return NULL;
-    }
-}
-
-/* New reference: obj as an ndarray (itself when it is one), or NULL. */
+/* New reference: obj itself when it is an ndarray, else NumPy's conversion of it (as
+   np.asarray), or NULL with an exception set. */
 static PyArrayObject *
 as_array(PyObject *obj)
 {
@@ -364,38 +359,13 @@ as_array(PyObject *obj)
         Py_INCREF(obj);
         return (PyArrayObject *)obj;
     }
-    PyArrayObject *arr = (PyArrayObject *)PyArray_FromAny(obj, NULL, 0, 0, 0, NULL);
-    if (arr) {
-        return arr;
-    }
-    /* A torch tensor that requires grad refuses to become an array with a RuntimeError; its
-       values, detached from the autograd graph, are what we compute on (torch itself is never
-       imported). Any other error, KeyboardInterrupt and MemoryError included, stands. */
-    PyObject *exc_type, *exc_value, *exc_tb, *detached = NULL;
-    if (!PyErr_ExceptionMatches(PyExc_RuntimeError)) {
-        return NULL;
-    }
-    PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
-    if (PyObject_HasAttrString(obj, "requires_grad") && PyObject_HasAttrString(obj, "detach")) {
-        detached = PyObject_CallMethod(obj, "detach", NULL);
-        arr = detached ? (PyArrayObject *)PyArray_FromAny(detached, NULL, 0, 0, 0, NULL) : NULL;
-        Py_XDECREF(detached);
-    }
-    if (arr) {
-        Py_XDECREF(exc_type);
-        Py_XDECREF(exc_value);
-        Py_XDECREF(exc_tb);
-    }
-    else {
-        PyErr_Clear();
-        PyErr_Restore(exc_type, exc_value, exc_tb);
-    }
-    return arr;
+    return (PyArrayObject *)PyArray_FromAny(obj, NULL, 0, 0, 0, NULL);
 }
 
-/* The kernel dtype of a float16/32/64 array; -1 with TypeError set otherwise. */
+/* The kernel dtype of a float16/32/64 array; -1 with UnsupportedDTypeError set otherwise
+   (its `dtype` attribute is the array's dtype, for the Python layer to name it as torch does). */
 static int
-kernel_dtype(PyArrayObject *arr, const char *kernel, const char *what)
+kernel_dtype(module_state *state, PyArrayObject *arr, const char *what)
 {
     switch (PyArray_TYPE(arr)) {
     case NPY_HALF:
@@ -405,20 +375,22 @@ kernel_dtype(PyArrayObject *arr, const char *kernel, const char *what)
     case NPY_DOUBLE:
         return LN_F64;
     }
-    PyArray_Descr *descr = PyArray_DESCR(arr);
-    const char *torch_name = torch_type_name(descr);
-    if (torch_name) {
-        PyErr_Format(PyExc_TypeError,
-                     "\"%s\" not implemented for '%s': %s takes float16, float32 or "
-                     "float64 arrays, got dtype %S; convert it first, e.g. x.astype(np.float32)",
-                     kernel, torch_name, what, (PyObject *)descr);
+    PyObject *descr = (PyObject *)PyArray_DESCR(arr);
+    PyObject *message = NULL, *error = NULL;
+    message = PyUnicode_FromFormat("%s takes float16, float32 or float64 arrays, got dtype %S; "
+                                   "convert it first, e.g. x.astype(np.float32)",
+                                   what, descr);
+    if (!message) {
+        goto done;
     }
-    else {
-        PyErr_Format(PyExc_TypeError,
-                     "%s takes float16, float32 or float64 arrays, got dtype %S; convert it first, "
-                     "e.g. x.astype(np.float32)",
-                     what, (PyObject *)descr);
+    error = PyObject_CallOneArg(state->unsupported_dtype_error, message);
+    if (!error || PyObject_SetAttrString(error, "dtype", descr) < 0) {
+        goto done;
     }
+    PyErr_SetObject(state->unsupported_dtype_error, error);
+done:
+    Py_XDECREF(message);
+    Py_XDECREF(error);
     return -1;
 }
 
@@ -754,7 +726,7 @@ forward(module_state *state, const norm_kind *kind, const char *what, PyObject *
     if (!input) {
         goto done;
     }
-    const int dtype = kernel_dtype(input, "LayerNormKernelImpl", what);
+    const int dtype = kernel_dtype(state, input, what);
     if (dtype < 0) {
         goto done;
     }
@@ -929,7 +901,7 @@ backward(module_state *state, const norm_kind *kind, const char *what, PyObject 
     if (!input) {
         goto done;
     }
-    const int dtype = kernel_dtype(input, "LayerNormBackwardKernelImpl", what);
+    const int dtype = kernel_dtype(state, input, what);
     if (dtype < 0) {
         goto done;
     }
@@ -1360,6 +1332,9 @@ apply_environment(void)
     return 0;
 }
 
+PyDoc_STRVAR(unsupported_dtype_error_doc,
+"An input dtype the kernels do not take; its `dtype` attribute is that dtype.");
+
 /* Fills the module state and applies the environment.  Returns 0, or -1 with an exception
    set (the module's state is then released by module_clear). */
 static int
@@ -1374,6 +1349,12 @@ layernorm_exec(PyObject *module)
         if (!state->keywords[k]) {
             return -1;
         }
+    }
+    state->unsupported_dtype_error = PyErr_NewExceptionWithDoc(
+        "layernorm._layernorm.UnsupportedDTypeError", unsupported_dtype_error_doc, PyExc_TypeError, NULL);
+    if (!state->unsupported_dtype_error ||
+        PyModule_AddObjectRef(module, "UnsupportedDTypeError", state->unsupported_dtype_error) < 0) {
+        return -1;
     }
     return apply_environment();
 }

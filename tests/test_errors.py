@@ -131,6 +131,30 @@ def test_int_bool_complex_input_raise_torch_text(np_dtype, entry):
     assert "astype" in msg  # and the fix
 
 
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_module_int_input_raises_torch_text(mode):
+    # The module's own calls word the refusal as the functions do; training mode names the module.
+    expected = torch_message(lambda: F.layer_norm(torch.ones((2, 3), dtype=torch.int64), (3,)))
+    module = layernorm.LayerNorm(3).train(mode == "train")
+    with pytest.raises(TypeError) as info:
+        module(np.ones((2, 3), np.int64))
+    msg = str(info.value)
+    assert expected in msg
+    assert ("LayerNorm takes" if mode == "train" else "layer_norm takes") in msg
+
+
+@pytest.mark.parametrize("entry", ["layer_norm", "native_layer_norm", "training_forward"])
+def test_core_refusal_names_the_dtype_not_torch(entry):
+    # The compiled core knows nothing of torch: it raises UnsupportedDTypeError carrying the
+    # dtype, and the Python layer adds torch's name for it.
+    from layernorm import _layernorm
+    with pytest.raises(_layernorm.UnsupportedDTypeError) as info:
+        getattr(_layernorm, entry)(np.ones((2, 3), np.int64), (3,))
+    assert isinstance(info.value, TypeError)
+    assert info.value.dtype == np.dtype(np.int64)
+    assert "not implemented" not in str(info.value) and "int64" in str(info.value)
+
+
 def test_int_list_input_is_long():
     # A list of Python ints is int64 data (torch.tensor makes it Long): the same message.
     expected = torch_message(lambda: F.layer_norm(torch.tensor([[1, 2, 3]]), (3,)))
