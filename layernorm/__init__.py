@@ -14,7 +14,7 @@ from ._layernorm import (
     simd_level,
 )
 from .functional import layer_norm, layer_norm_backward, native_layer_norm
-from .module import LayerNorm
+from .modules import LayerNorm
 
 __version__ = "0.1.0"
 
