@@ -1,5 +1,5 @@
-"""Accuracy: ours against a float64 reference computed from the very same (upcast) input,
-and against torch's error on the same data.  A large common offset is where LayerNorm
+"""Accuracy: ours against layernorm._reference, float64 from the very same (upcast) input, and
+against torch's error on the same data.  A large common offset is where LayerNorm
 implementations lose digits: torch accumulates float32 statistics in float32.
 """
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import layernorm
-from conftest import f16_ulp, reference_layer_norm, torch_layer_norm
+from helpers import f16_ulp, reference_layer_norm, torch_layer_norm
 
 OFFSETS = [0.0, 1e2, 1e3, 1e4]
 ROW_LENGTHS = [64, 256, 1024, 4096]

@@ -1,5 +1,6 @@
-"""Every error: its exception type (spec: ValueError for shapes/values, TypeError for types)
-and, where torch has a message for the same mistake, torch's exact text inside ours.
+"""Every error of layer_norm, native_layer_norm, layer_norm_backward and the module's calls:
+its exception type (ValueError for shapes and values, TypeError for types) and, where torch has
+a message for the same mistake, torch's exact text inside ours.
 
 torch's text is obtained by calling torch on the same mistake, never typed in.
 """
@@ -10,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import layernorm
-from conftest import torch_message
+from helpers import torch_message
 
 
 def _native(x, ns, w=None, b=None, eps=1e-5):
@@ -315,50 +316,21 @@ def test_too_many_positional_native_layer_norm():
         layernorm.native_layer_norm(np.ones((2, 3)), (3,), None, None, 1e-5, None)
 
 
-def test_missing_arguments_layer_norm():
+@pytest.mark.parametrize("args", [(np.ones((2, 3)),), ()], ids=["input-only", "nothing"])
+def test_missing_arguments_layer_norm(args):
     with pytest.raises(TypeError):
-        layernorm.layer_norm(np.ones((2, 3)))
-    with pytest.raises(TypeError):
-        layernorm.layer_norm()
+        layernorm.layer_norm(*args)
 
 
-def test_missing_arguments_native_layer_norm():
+@pytest.mark.parametrize("args", [(np.ones((2, 3)),), ()], ids=["input-only", "nothing"])
+def test_missing_arguments_native_layer_norm(args):
     with pytest.raises(TypeError):
-        layernorm.native_layer_norm(np.ones((2, 3)))
-    with pytest.raises(TypeError):
-        layernorm.native_layer_norm()
+        layernorm.native_layer_norm(*args)
 
 
 def test_argument_given_twice():
     with pytest.raises(TypeError):
         layernorm.layer_norm(np.ones((2, 3)), (3,), None, weight=np.ones(3))
-
-
-# ---------------------------------------------------------------------------
-# Runtime controls
-# ---------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("n", [0, -1, -100])
-def test_set_num_threads_below_one(n, restore_runtime):
-    before = layernorm.get_num_threads()
-    with pytest.raises(ValueError):
-        layernorm.set_num_threads(n)
-    assert layernorm.get_num_threads() == before
-
-
-@pytest.mark.parametrize("n", ["2", None, 2.5])
-def test_set_num_threads_not_int(n, restore_runtime):
-    with pytest.raises(TypeError):
-        layernorm.set_num_threads(n)
-
-
-@pytest.mark.parametrize("name", ["", "sse2", "AVX2x", "neon", "fast"])
-def test_set_simd_level_unknown(name, restore_runtime):
-    before = layernorm.simd_level()
-    with pytest.raises(ValueError):
-        layernorm.set_simd_level(name)
-    assert layernorm.simd_level() == before
 
 
 # ---------------------------------------------------------------------------
@@ -385,3 +357,254 @@ def test_non_float_param_raises_type_error(kind, entry, which):
         ENTRY_POINTS[entry](x, (3,), **kw)
     msg = str(info.value)
     assert which in msg and str(param.dtype) in msg, msg  # names the parameter and its dtype
+
+# ---------------------------------------------------------------------------
+# layer_norm_backward: shapes, dtypes, output_mask, calling convention
+# ---------------------------------------------------------------------------
+
+
+def good_args(dtype=np.float32):
+    """layer_norm_backward's arguments, by name, for a call that succeeds."""
+    rng = np.random.default_rng(40)
+    x = rng.standard_normal((4, 8)).astype(dtype)
+    dy = rng.standard_normal((4, 8)).astype(dtype)
+    pdt = np.float64 if dtype == np.float64 else np.float32
+    w, b = np.ones(8, pdt), np.zeros(8, pdt)
+    _, mean, rstd = layernorm.native_layer_norm(x, (8,), w, b, 1e-5)
+    return {"grad_output": dy, "input": x, "normalized_shape": (8,), "mean": mean, "rstd": rstd,
+            "weight": w, "bias": b, "output_mask": (True, True, True)}
+
+
+def call(args):
+    return layernorm.layer_norm_backward(*args.values())
+
+
+INPUT_DTYPES = {
+    "int64": (np.int64, torch.int64),
+    "int32": (np.int32, torch.int32),
+    "uint8": (np.uint8, torch.uint8),
+    "bool": (np.bool_, torch.bool),
+    "complex64": (np.complex64, torch.complex64),
+    "complex128": (np.complex128, torch.complex128),
+}
+
+
+def test_backward_weight_shape_torch_text():
+    args = good_args()
+    args["weight"] = np.ones(7, np.float32)
+    with pytest.raises(ValueError) as err:
+        call(args)
+    assert ("Expected weight to be of same shape as normalized_shape, but got weight of shape [7] "
+            "and normalized_shape = [8]") in str(err.value)
+
+
+def test_backward_bias_shape_torch_text():
+    args = good_args()
+    args["bias"] = np.ones(7, np.float32)
+    with pytest.raises(ValueError) as err:
+        call(args)
+    assert ("Expected bias to be of same shape as normalized_shape, but got bias of shape [7] "
+            "and normalized_shape = [8]") in str(err.value)
+
+
+def test_backward_input_trailing_shape_torch_text():
+    args = good_args()
+    args["input"] = np.zeros((4, 9), np.float32)
+    args["grad_output"] = np.zeros((4, 9), np.float32)
+    with pytest.raises(ValueError) as err:
+        call(args)
+    assert ("Given normalized_shape=[8], expected input with shape [*, 8], but got input of "
+            "size[4, 9]") in str(err.value)
+
+
+@pytest.mark.parametrize("shape", [(4, 9), (5, 8), (32,)], ids=["4x9", "5x8", "flat_32"])
+def test_backward_grad_output_shape_mismatch(shape):
+    # DELIBERATE DIFFERENCE: torch does not check grad_output against input; we refuse.
+    args = good_args()
+    args["grad_output"] = np.zeros(shape, np.float32)
+    with pytest.raises(ValueError) as err:
+        call(args)
+    assert "grad_out" in str(err.value)
+
+
+@pytest.mark.parametrize("which", ["mean", "rstd"])
+def test_backward_stats_with_too_few_elements(which):
+    args = good_args()
+    args[which] = args[which][:3]
+    with pytest.raises(ValueError):
+        call(args)
+
+
+def test_backward_empty_normalized_shape():
+    args = good_args()
+    args["normalized_shape"] = ()
+    args["weight"] = args["bias"] = None
+    with pytest.raises(ValueError, match="at least 1-dimensional"):
+        call(args)
+
+
+@pytest.mark.parametrize("kind", list(INPUT_DTYPES))
+def test_backward_non_float_input_raises_type_error_like_the_forward(kind):
+    np_dtype, torch_dtype = INPUT_DTYPES[kind]
+    # The forward's text for the same dtype (torch names the dtype the same way in both).
+    expected = torch_message(lambda: F.layer_norm(torch.ones((4, 8), dtype=torch_dtype), (8,)))
+    args = good_args()
+    args["input"] = args["input"].astype(np_dtype)
+    with pytest.raises(TypeError) as info:
+        call(args)
+    msg = str(info.value)
+    assert expected.split(" not implemented for ")[1] in msg  # torch's dtype name, e.g. 'Long'
+    assert np.dtype(np_dtype).name in msg and "astype" in msg  # the NumPy dtype and the fix
+
+
+OTHER = {
+    "str": lambda a: a.astype(str),
+    "object": lambda a: a.astype(object),
+    "datetime64": lambda a: np.zeros(a.shape, "datetime64[D]"),
+}
+
+
+@pytest.mark.parametrize("kind", list(OTHER))
+def test_backward_other_input_dtypes_raise_type_error(kind):
+    args = good_args()
+    args["input"] = OTHER[kind](args["input"])
+    with pytest.raises(TypeError) as info:
+        call(args)
+    assert str(args["input"].dtype) in str(info.value)
+
+
+@pytest.mark.parametrize("kind", ["int64", "bool", "complex128", "str", "object"])
+@pytest.mark.parametrize("which", ["grad_output", "weight", "bias"])
+def test_backward_non_float_grad_output_or_param_raises_type_error(which, kind):
+    args = good_args()
+    args[which] = args[which].astype(np.dtype(kind) if kind != "str" else str)
+    with pytest.raises(TypeError) as info:
+        call(args)
+    assert which in str(info.value) and str(args[which].dtype) in str(info.value)
+
+
+@pytest.mark.parametrize("kind", ["int64", "complex128", "str", "None"])
+@pytest.mark.parametrize("which", ["mean", "rstd"])
+def test_backward_non_float_stats_raise_type_error(which, kind):
+    args = good_args()
+    args[which] = None if kind == "None" else args[which].astype(np.dtype(kind) if kind != "str" else str)
+    with pytest.raises(TypeError) as info:
+        call(args)
+    assert which in str(info.value)
+
+
+@pytest.mark.parametrize("mask", [(True, False), (True, True, True, True), ()],
+                         ids=["two", "four", "empty"])
+def test_backward_output_mask_wrong_length_raises_value_error(mask):
+    args = good_args()
+    args["output_mask"] = mask
+    with pytest.raises(ValueError, match="output_mask"):
+        call(args)
+
+
+@pytest.mark.parametrize("mask", [None, 1, 1.5], ids=["None", "int", "float"])
+def test_backward_output_mask_not_a_sequence_raises_type_error(mask):
+    args = good_args()
+    args["output_mask"] = mask
+    with pytest.raises(TypeError, match="output_mask"):
+        call(args)
+
+
+@pytest.mark.parametrize("mask", [("False", "False", "False"), "FFF", (None, [], "x"),
+                                  (True, 0.5, True), (True, np.array(0.5), True),
+                                  (True, np.array([0]), True)],
+                         ids=["str-False", "str-FFF", "mixed", "float", "0-d-float-array",
+                              "1-element-int-array"])
+def test_backward_output_mask_non_bool_entries_raise_type_error(mask):
+    # torch: output_mask must be a List[bool].  A string "False" is true in Python: taking
+    # it silently would return gradients the caller asked not to compute.
+    args = good_args()
+    args["output_mask"] = mask
+    with pytest.raises(TypeError, match="output_mask"):
+        call(args)
+
+
+@pytest.mark.parametrize("mask", [(1, 0, 1), (np.True_, np.False_, np.True_), [True, False, True],
+                                  (np.int64(1), np.uint8(0), np.int32(1))],
+                         ids=["ints", "numpy-bools", "list", "numpy-ints"])
+def test_backward_output_mask_bool_likes_accepted(mask):
+    args = good_args()
+    args["output_mask"] = mask
+    gi, gw, gb = call(args)
+    assert gi is not None and gw is None and gb is not None
+
+
+@pytest.mark.parametrize("ns", [(-8,), (2, -4), -8], ids=["(-8,)", "(2,-4)", "int-8"])
+def test_backward_negative_normalized_shape_raises_value_error(ns):
+    args = good_args()
+    args["normalized_shape"] = ns
+    args["weight"] = args["bias"] = None
+    with pytest.raises(ValueError, match="normalized_shape"):
+        call(args)
+
+
+@pytest.mark.parametrize("ns", [8.0, (8.0,), "8", ("8",), None], ids=["8.0", "(8.0,)", "'8'", "('8',)", "None"])
+def test_backward_non_integer_normalized_shape_raises_type_error(ns):
+    args = good_args()
+    args["normalized_shape"] = ns
+    args["weight"] = args["bias"] = None
+    with pytest.raises(TypeError):
+        call(args)
+
+
+def test_backward_fewer_input_dims_than_normalized_shape_torch_text():
+    args = good_args()
+    args["normalized_shape"] = (3, 4, 8)
+    args["weight"] = args["bias"] = None
+    x = args["input"]
+    expected = torch_message(lambda: F.layer_norm(torch.from_numpy(x), (3, 4, 8)))
+    with pytest.raises(ValueError) as info:
+        call(args)
+    assert expected in str(info.value)
+
+
+def test_backward_unknown_keyword():
+    args = good_args()
+    with pytest.raises(TypeError, match="mask"):
+        layernorm.layer_norm_backward(*list(args.values())[:7], mask=(True, True, True))
+
+
+def test_backward_too_many_arguments():
+    with pytest.raises(TypeError):
+        layernorm.layer_norm_backward(*good_args().values(), None)
+
+
+def test_backward_too_few_arguments():
+    with pytest.raises(TypeError):
+        layernorm.layer_norm_backward(*list(good_args().values())[:4])
+
+
+def test_backward_integer_input_names_torch_backward_kernel():
+    args = good_args()
+    args["input"] = args["input"].astype(np.int64)
+    with pytest.raises(TypeError, match="\"LayerNormBackwardKernelImpl\" not implemented for 'Long'"):
+        call(args)
+
+
+# The module's private route: training_forward saves (input, stats bytes), saved_backward reads
+# them.  Statistics that do not belong to the input are an error, never a read past the end.
+def _saved(x, n):
+    from layernorm._layernorm import training_forward
+    return training_forward(x, (n,), None, None, 1e-5)[1]
+
+
+@pytest.mark.parametrize("stats", [b"", b"\0" * 47, b"\0" * 49, bytearray(48), None],
+                         ids=["empty", "short", "long", "bytearray", "None"])
+def test_saved_backward_rejects_stats_of_another_input(stats):
+    from layernorm._layernorm import saved_backward
+    x = np.ones((6, 9), np.float32)
+    with pytest.raises(ValueError, match="training_forward"):
+        saved_backward(x, x, stats, (9,))
+
+
+def test_saved_backward_rejects_stats_of_another_dtype():
+    from layernorm._layernorm import saved_backward
+    x32 = np.ones((6, 9), np.float32)
+    _, stats64 = _saved(x32.astype(np.float64), 9)
+    with pytest.raises(ValueError, match="training_forward"):
+        saved_backward(x32, x32, stats64, (9,))

@@ -1,4 +1,6 @@
-"""layernorm.LayerNorm against torch.nn.LayerNorm (the oracle) and a float64 NumPy formula.
+"""layernorm.LayerNorm against torch.nn.LayerNorm (the oracle) and layernorm._reference: repr,
+attributes, parameters, state_dict, forward, train/eval, copies, and training (backward with
+gradient accumulation).
 
 Every comparison builds the torch module next to ours with the same arguments, so the expected
 repr, attributes, state_dict and outputs come from torch itself, never from a run of our code.
@@ -12,8 +14,8 @@ import pytest
 import torch
 
 import layernorm
-from conftest import torch_message
-from layernorm import LayerNorm, _reference
+from helpers import assert_close, reference_backward, reference_output, torch_message
+from layernorm import LayerNorm
 
 TORCH_DTYPE = {
     np.dtype(np.float16): torch.float16,
@@ -22,18 +24,13 @@ TORCH_DTYPE = {
 }
 NUMPY_DTYPE = {v: k for k, v in TORCH_DTYPE.items()}
 
-# Tolerances for our output against torch's or the float64 formula, by the dtype of the output.
+# Tolerances for our output against torch's or the float64 reference, by the dtype of the output.
 ATOL = {np.dtype(np.float16): 4e-3, np.dtype(np.float32): 2e-5, np.dtype(np.float64): 1e-12}
 
 
 # ---------------------------------------------------------------------------------------------
 # helpers
 # ---------------------------------------------------------------------------------------------
-
-def ref_layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
-    """The output of layernorm._reference's float64 LayerNorm."""
-    return _reference.layer_norm(x, normalized_shape, weight, bias, eps)[0]
-
 
 def spread_input(shape, normalized_shape, dtype, seed):
     """Random input whose rows have a variance well above 0.5 (so eps=-0.5 stays finite)."""
@@ -207,7 +204,7 @@ def test_forward_randn_params_matches_torch_and_float64(case_id, ns, kwargs):
     x = spread_input((5,) + ours.normalized_shape, ours.normalized_shape, dtype, seed=3)
     y = ours(x)
     np.testing.assert_allclose(y, torch_out(theirs, x), rtol=ATOL[dtype], atol=ATOL[dtype])
-    ref = ref_layer_norm(x, ours.normalized_shape, to_numpy(theirs.weight), to_numpy(theirs.bias),
+    ref = reference_output(x, ours.normalized_shape, to_numpy(theirs.weight), to_numpy(theirs.bias),
                          theirs.eps)
     np.testing.assert_allclose(y, ref, rtol=ATOL[dtype], atol=ATOL[dtype])
 
@@ -582,7 +579,7 @@ def test_forward_accepts_array_likes(kind):
     m = known_module()
     x = spread_input((3, 4), (4,), np.float32, seed=17)
     arg = x.tolist() if kind == "list" else torch.from_numpy(x.copy())
-    expected = ref_layer_norm(x, (4,), m.weight, m.bias, m.eps)
+    expected = reference_output(x, (4,), m.weight, m.bias, m.eps)
     y = np.asarray(m(arg))
     np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-5)
 
@@ -611,7 +608,7 @@ def test_torch_module_info_case(case_id, args, kwargs, shape, params_kind):
     expected = torch_out(theirs, x)
     assert y.shape == expected.shape == shape and y.dtype == np.float32
     np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-5)
-    ref = ref_layer_norm(x, ours.normalized_shape, to_numpy(theirs.weight), to_numpy(theirs.bias),
+    ref = reference_output(x, ours.normalized_shape, to_numpy(theirs.weight), to_numpy(theirs.bias),
                          ours.eps)
     np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
 
@@ -645,7 +642,7 @@ def test_float64_input_to_float32_module_computed_in_float64(shape, ns):
     x = np.random.default_rng(23).standard_normal(shape) * 10 + 1e3  # float64, large offset
     y = ours(x)
     assert y.dtype == np.float64
-    expected = ref_layer_norm(x, ns, ours.weight.astype(np.float64), ours.bias.astype(np.float64),
+    expected = reference_output(x, ns, ours.weight.astype(np.float64), ours.bias.astype(np.float64),
                               ours.eps)
     np.testing.assert_allclose(y, expected, rtol=1e-12, atol=1e-12)
 
@@ -753,9 +750,12 @@ def test_non_float_dtype_argument_raises_type_error(dtype):
     assert "float" in str(info.value)
 
 
-def test_torch_device_argument():
+def test_torch_cpu_device_accepted():
     m = LayerNorm(4, device=torch.device("cpu"))
     assert m.weight.shape == (4,)
+
+
+def test_torch_meta_device_raises_value_error():
     with pytest.raises(ValueError):
         LayerNorm(4, device=torch.device("meta"))
 
@@ -764,8 +764,8 @@ def test_torch_device_argument():
 # training with float16 / float64 parameters, zero_grad(set_to_none=False)
 # ---------------------------------------------------------------------------------------------
 
-# Relative to the largest expected magnitude: float64 to ~1e-9 (issue 3); float16 results are
-# rounded to float16 once per step and once more when accumulated: 3 half-ulps (2**-11 each).
+# Relative to the largest expected magnitude: float64 to ~1e-9; float16 results are rounded to
+# float16 once per step and once more when accumulated: 3 half-ulps (2**-11 each).
 MODULE_GRAD_RTOL = {"float16": 3 * 2.0**-11, "float64": 1e-9}
 
 
@@ -807,9 +807,115 @@ def test_zero_grad_set_to_none_false_zeroes_in_place_like_torch():
     assert ours.weight_grad is grad  # the same array, zeroed
     np.testing.assert_array_equal(ours.weight_grad, theirs.weight.grad.numpy())
     np.testing.assert_array_equal(ours.bias_grad, theirs.bias.grad.numpy())
+
+
+def test_zero_grad_set_to_none_false_without_gradients_leaves_none_like_torch():
     fresh = LayerNorm(6)
     fresh.zero_grad(set_to_none=False)  # no gradient yet: stays None, as in torch
     assert fresh.weight_grad is None and fresh.bias_grad is None
     fresh_torch = torch.nn.LayerNorm(6)
     fresh_torch.zero_grad(set_to_none=False)
     assert fresh_torch.weight.grad is None
+
+
+# ---------------------------------------------------------------------------------------------
+# training: backward and gradient accumulation against torch autograd
+# ---------------------------------------------------------------------------------------------
+
+def torch_and_ours(ns, seed, **kwargs):
+    tm = torch.nn.LayerNorm(ns, **kwargs)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in tm.parameters():
+            p.copy_(torch.randn(p.shape, generator=g))
+    ours = LayerNorm(ns, **kwargs)
+    ours.load_state_dict(tm.state_dict())
+    return tm, ours
+
+
+def torch_step(tm, x, dy):
+    xt = torch.from_numpy(x.copy()).requires_grad_(True)
+    tm(xt).backward(torch.from_numpy(dy.copy()))
+    return xt.grad.numpy()
+
+
+MODULE_KW = [("affine", {}), ("no_bias", {"bias": False}), ("no_affine", {"elementwise_affine": False})]
+
+
+@pytest.mark.parametrize("kw_id, kwargs", MODULE_KW, ids=[k[0] for k in MODULE_KW])
+def test_module_training_forward_backward_matches_torch(kw_id, kwargs):
+    tm, ours = torch_and_ours((3, 5), seed=14, **kwargs)
+    rng = np.random.default_rng(15)
+    x = rng.standard_normal((4, 3, 5)).astype(np.float32)
+    dy = rng.standard_normal((4, 3, 5)).astype(np.float32)
+    assert ours.weight_grad is None and ours.bias_grad is None
+    y = ours(x)
+    with torch.no_grad():
+        np.testing.assert_allclose(y, tm(torch.from_numpy(x)).numpy(), rtol=1e-5, atol=1e-5)
+    gi = ours.backward(dy)
+    tgi = torch_step(tm, x, dy)
+    assert_close(gi, tgi, 1e-5, "grad_input")
+    for name in ("weight", "bias"):
+        tp = getattr(tm, name)
+        mine = getattr(ours, name + "_grad")
+        if tp is None:
+            assert mine is None, name
+        else:
+            assert_close(mine, tp.grad.numpy(), 1e-5, name + "_grad")
+
+
+def test_module_two_steps_accumulate_like_torch_grad():
+    tm, ours = torch_and_ours((3, 5), seed=16)
+    rng = np.random.default_rng(17)
+    for step in range(2):
+        x = rng.standard_normal((4, 3, 5)).astype(np.float32)
+        dy = rng.standard_normal((4, 3, 5)).astype(np.float32)
+        gi = ours.backward(dy) if ours(x) is not None else None
+        tgi = torch_step(tm, x, dy)
+        assert_close(gi, tgi, 1e-5, f"grad_input step {step}")
+    assert_close(ours.weight_grad, tm.weight.grad.numpy(), 1e-5, "weight_grad")
+    assert_close(ours.bias_grad, tm.bias.grad.numpy(), 1e-5, "bias_grad")
+    # and the accumulation really is a sum of two different gradients, not the last one
+    single = reference_backward(dy, x, (3, 5), ours.weight, ours.bias)[1]
+    assert not np.allclose(ours.weight_grad, single, rtol=1e-3, atol=1e-3)
+
+
+def test_module_zero_grad_sets_none():
+    _, ours = torch_and_ours(6, seed=18)
+    x = np.random.default_rng(19).standard_normal((3, 6)).astype(np.float32)
+    ours(x)
+    ours.backward(np.ones((3, 6), np.float32))
+    assert ours.weight_grad is not None and ours.bias_grad is not None
+    ours.zero_grad()
+    assert ours.weight_grad is None and ours.bias_grad is None
+
+
+def test_module_zero_grad_then_backward_starts_fresh():
+    _, ours = torch_and_ours(6, seed=20)
+    rng = np.random.default_rng(21)
+    x = rng.standard_normal((3, 6)).astype(np.float32)
+    dy = rng.standard_normal((3, 6)).astype(np.float32)
+    ours(x)
+    ours.backward(dy)
+    ours.zero_grad()
+    ours(x)
+    ours.backward(dy)
+    _, dw, db = reference_backward(dy, x, (6,), ours.weight, ours.bias)
+    assert_close(ours.weight_grad, dw, 1e-5, "weight_grad")
+    assert_close(ours.bias_grad, db, 1e-5, "bias_grad")
+
+
+def test_module_backward_before_any_forward_raises():
+    ours = LayerNorm(6)
+    with pytest.raises(RuntimeError):
+        ours.backward(np.ones((3, 6), np.float32))
+    assert ours.weight_grad is None and ours.bias_grad is None
+
+
+def test_module_eval_forward_then_backward_raises():
+    ours = LayerNorm(6).eval()
+    x = np.random.default_rng(22).standard_normal((3, 6)).astype(np.float32)
+    ours(x)
+    with pytest.raises(RuntimeError):
+        ours.backward(np.ones((3, 6), np.float32))
+    assert ours.weight_grad is None and ours.bias_grad is None

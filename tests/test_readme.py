@@ -16,9 +16,6 @@ import subprocess
 import sys
 
 import numpy as np
-import pytest
-
-import layernorm
 
 README = os.path.join(os.path.dirname(__file__), os.pardir, "README.md")
 NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
@@ -65,14 +62,6 @@ def same_text(got, want):
 
 def assert_same_text(got, want):
     assert same_text(got, want), f"README says:\n{want}\nbut the code printed:\n{got}"
-
-
-@pytest.fixture
-def restore_runtime():
-    threads, level = layernorm.get_num_threads(), layernorm.simd_level()
-    yield
-    layernorm.set_num_threads(threads)
-    layernorm.set_simd_level(level)
 
 
 def demo_output():

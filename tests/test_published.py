@@ -2,7 +2,8 @@
 
 Expected numbers typed in below are copied from torch outputs printed in the write-ups under
 /work/shared/reference/ (each block cites its file); they are printed to 4 decimals, so they are
-checked within 5e-5. Everything else is compared with a live torch (the oracle) or float64 NumPy.
+checked within 5e-5. Everything else is compared with a live torch (the oracle) or with
+layernorm._reference.
 """
 
 import importlib.metadata
@@ -14,14 +15,10 @@ import pytest
 import torch
 
 import layernorm
-from layernorm import LayerNorm, _reference
+from helpers import reference_output
+from layernorm import LayerNorm
 
 PRINTED_ATOL = 5e-5  # half a unit in the 4th decimal of the published printouts
-
-
-def ref_layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
-    """The output of layernorm._reference's float64 LayerNorm."""
-    return _reference.layer_norm(x, normalized_shape, weight, bias, eps)[0]
 
 
 def torch_layer_norm_module(x, normalized_shape, **kwargs):
@@ -91,11 +88,18 @@ def test_004_arange_rows_match_published(mode):
                                atol=PRINTED_ATOL)
 
 
+def test_004_layer_norm_matches_published():
+    # layer_norm with an int normalized_shape on the same data: every output row is the published one.
+    x = np.arange(1, 19, dtype=np.float32).reshape(3, 1, 6)
+    out = layernorm.layer_norm(x, 6)
+    np.testing.assert_allclose(out, np.broadcast_to(PUBLISHED_004_ROW, (3, 1, 6)), rtol=0, atol=PRINTED_ATOL)
+
+
 def test_004_arange_matches_live_torch_and_float64():
     x = np.arange(1, 19, dtype=np.float32).reshape(3, 1, 6)
     y = LayerNorm(6)(x)
     np.testing.assert_allclose(y, torch_layer_norm_module(x, 6), rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(y, ref_layer_norm(x, (6,)), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(y, reference_output(x, (6,)), rtol=1e-6, atol=1e-6)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -123,7 +127,7 @@ def test_002_ours_matches_nn_layer_norm():
     y = LayerNorm(768, elementwise_affine=False, bias=False)(x)
     expected = torch_layer_norm_module(x, 768, elementwise_affine=False, bias=False)
     np.testing.assert_allclose(y, expected, rtol=1e-6, atol=2e-6)
-    np.testing.assert_allclose(y, ref_layer_norm(x, (768,)), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(y, reference_output(x, (768,)), rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("how", ["np_var_ddof1", "torch_var_default"])
@@ -186,7 +190,7 @@ def test_000_ours_matches_torch_to_1e6():
     x = x_000()
     y = LayerNorm(20)(x)
     np.testing.assert_allclose(y, torch_layer_norm_module(x, 20), rtol=0, atol=1e-6)
-    np.testing.assert_allclose(y, ref_layer_norm(x, (20,)), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(y, reference_output(x, (20,)), rtol=0, atol=1e-6)
 
 
 def test_000_ours_differs_from_std_plus_eps_like_torch_does():

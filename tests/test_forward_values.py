@@ -1,23 +1,22 @@
-"""layer_norm / native_layer_norm against torch (the oracle) and a float64 formula (the truth).
+"""layer_norm and native_layer_norm values against layernorm._reference (the truth) and torch
+(the oracle): dtype x shape x affine, the spellings of their arguments, out=, and the rows that
+are special (constant, eps=0, NaN/Inf, empty, N == 1) and parameter dtypes.
 
-Every test id names its case: dtype, input shape, normalized_shape, eps, affine, layout.
+Every test id names its case: dtype, input shape, normalized_shape, eps, affine.
 """
 
 import numpy as np
 import pytest
-import torch
 
 import layernorm
-from conftest import (
+from helpers import (
     AFFINES,
     FLOAT_DTYPES,
-    LAYOUTS,
-    REF_REL_TOL,
     assert_matches_reference,
+    assert_matches_torch,
     assert_within,
+    check_output_array,
     dtype_id,
-    f16_ulp,
-    layout,
     make_input,
     make_params,
     param_dtype,
@@ -25,6 +24,7 @@ from conftest import (
     shape_id,
     torch_layer_norm,
     torch_native_layer_norm,
+    torch_scale,
 )
 
 # (input shape, normalized_shape, eps)
@@ -52,53 +52,6 @@ CASES = [
 def case_id(case):
     shape, ns, eps = case
     return f"in{shape_id(shape)}-ns{shape_id(ns)}-eps{eps:g}"
-
-
-# Tolerance against torch, relative to the size of the rounded terms (see reference_layer_norm).
-# float64: torch's float64 kernel is accurate too; both are within ~1e-12 of the truth.
-# float32: torch accumulates its statistics in float32 (error ~ a few float32 ulps of |x|/std
-#   on this zero-mean data); 1e-5 (~80 ulps) is loose for that, yet catches an unbiased variance
-#   on short rows or a wrong eps placement on the float64 reference side (tight, REF_REL_TOL).
-# float16: both round a float32-or-better value to float16, each within half an ulp plus a few
-#   float32 ulps: they may differ by one float16 ulp.
-TORCH_REL_TOL = {
-    np.dtype(np.float64): 1e-12,
-    np.dtype(np.float32): 1e-5,
-    np.dtype(np.float16): 8 * float(np.finfo(np.float32).eps),
-}
-
-
-def torch_scale(x, normalized_shape, weight=None, bias=None, eps=1e-5):
-    """Size of the terms torch's kernel rounds, per element.
-
-    For float32/float64 torch computes (x - mean) * rstd * w + b: our ``scale``.  For float16
-    input torch's CPU kernel computes x * (rstd * w) + (b - mean * rstd * w) in float32, so
-    its error also scales with |x| * rstd * |w| and |mean| * rstd * |w| (that is why torch's
-    float16 output on a constant row of 1234 is off by ~1e-2, see test_torch_float16_...).
-    """
-    y, mean, rstd, scale = reference_layer_norm(x, normalized_shape, weight, bias, eps)
-    if np.asarray(x).dtype != np.float16:
-        return scale
-    w = np.ones(()) if weight is None else np.abs(np.asarray(weight, np.float64))
-    with np.errstate(invalid="ignore", over="ignore"):
-        return scale + (np.abs(np.asarray(x, np.float64)) + np.abs(mean)) * np.abs(rstd) * w
-
-
-def assert_matches_torch(out, expected, scale):
-    dtype = np.dtype(out.dtype).newbyteorder("=")
-    tol = TORCH_REL_TOL[dtype] * scale
-    if dtype == np.float16:
-        tol = tol + np.maximum(f16_ulp(out), f16_ulp(expected))
-    assert_within(out, expected, tol, f"{dtype.name} output vs torch")
-
-
-def check_output_array(out, x_like, dtype):
-    assert isinstance(out, np.ndarray)
-    assert out.dtype == np.dtype(dtype)  # native byte order, the input's precision
-    assert out.flags.c_contiguous
-    assert out.flags.writeable
-    if isinstance(x_like, np.ndarray):
-        assert not np.shares_memory(out, x_like)
 
 
 # ---------------------------------------------------------------------------
@@ -164,58 +117,7 @@ def test_native_layer_norm_matches_torch_and_reference(dtype, case, affine):
 
 
 # ---------------------------------------------------------------------------
-# Memory layouts (weight+bias), including array-likes
-# ---------------------------------------------------------------------------
-
-LAYOUT_SHAPES = [((6, 17), (17,)), ((3, 4, 5), (4, 5)), ((9,), (9,))]
-
-
-@pytest.mark.parametrize("shape,ns", LAYOUT_SHAPES, ids=[f"in{shape_id(s)}-ns{shape_id(n)}" for s, n in LAYOUT_SHAPES])
-@pytest.mark.parametrize("layout_name", list(LAYOUTS))
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
-def test_layout(dtype, layout_name, shape, ns):
-    base = make_input(shape, dtype, seed=3)
-    x = layout(layout_name, base)
-    # A list of Python floats is float64 data, whatever it was made from.
-    eff_dtype = np.float64 if layout_name == "list" else dtype
-    weight, bias = make_params(ns, param_dtype(eff_dtype), "weight+bias")
-    out = layernorm.layer_norm(x, ns, weight, bias)
-    check_output_array(out, x, eff_dtype)
-    # The values do not depend on the layout: same bits as the C-contiguous input.
-    np.testing.assert_array_equal(out, layernorm.layer_norm(base.astype(eff_dtype), ns, weight, bias))
-    assert_matches_reference(out, base, ns, weight, bias)
-    expected = torch_layer_norm(base.astype(eff_dtype), ns, weight, bias)
-    assert_matches_torch(out, expected, torch_scale(base.astype(eff_dtype), ns, weight, bias))
-
-
-@pytest.mark.parametrize("layout_name", ["fortran", "transposed", "negative_strides", "byte_swapped", "column_slice"])
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
-def test_layout_native_stats(dtype, layout_name):
-    base = make_input((5, 3, 8), dtype, seed=4)
-    x = layout(layout_name, base)
-    got = layernorm.native_layer_norm(x, (8,), None, None, 1e-5)
-    want = layernorm.native_layer_norm(base, (8,), None, None, 1e-5)
-    for g, w in zip(got, want):
-        assert g.dtype == w.dtype and g.shape == w.shape
-        np.testing.assert_array_equal(g, w)
-
-
-def test_torch_tensor_input_gives_ndarray():
-    t = torch.randn(4, 6, dtype=torch.float32)
-    out = layernorm.layer_norm(t, (6,))
-    assert isinstance(out, np.ndarray) and out.dtype == np.float32
-    assert_matches_reference(out, t.numpy(), (6,))
-
-
-def test_non_contiguous_torch_tensor_input():
-    t = torch.randn(6, 4, dtype=torch.float64).t()  # (4, 6), strides (1, 4)
-    out = layernorm.layer_norm(t, (6,))
-    assert out.shape == (4, 6)
-    np.testing.assert_allclose(out, torch.nn.functional.layer_norm(t, (6,)).numpy(), rtol=0, atol=1e-12)
-
-
-# ---------------------------------------------------------------------------
-# normalized_shape spellings
+# normalized_shape, eps and keyword spellings
 # ---------------------------------------------------------------------------
 
 
@@ -287,7 +189,7 @@ def test_out_none_explicit():
 
 
 # ---------------------------------------------------------------------------
-# Semantics
+# Special rows
 # ---------------------------------------------------------------------------
 
 CONSTANTS = [0.0, 1234.0, -3.5, 0.1, 1e4 + 0.1, 65504.0]
@@ -399,6 +301,11 @@ def test_single_element_rows(dtype, affine):
         np.testing.assert_array_equal(torch_layer_norm(x, (1,), w, b), expected)
 
 
+# ---------------------------------------------------------------------------
+# Parameter dtypes
+# ---------------------------------------------------------------------------
+
+
 def test_float64_input_float32_params_computed_in_float64():
     x = make_input((5, 33), np.float64, seed=9)
     w32, b32 = make_params((33,), np.float32, "weight+bias")
@@ -438,80 +345,3 @@ def test_param_dtypes_converted(in_dtype, p_dtype):
     # Exactly as if the caller had converted them to the compute dtype first.
     np.testing.assert_array_equal(out, layernorm.layer_norm(x, (19,), w.astype(cdt), b.astype(cdt)))
     assert_matches_reference(out, x, (19,), w.astype(cdt), b.astype(cdt))
-
-
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
-def test_param_array_likes(dtype):
-    x = make_input((4, 5), dtype)
-    w, b = make_params((5,), param_dtype(dtype), "weight+bias")
-    got = layernorm.layer_norm(x, (5,), w.tolist(), torch.from_numpy(b))
-    np.testing.assert_array_equal(got, layernorm.layer_norm(x, (5,), w.astype(param_dtype(dtype)), b))
-
-
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
-def test_non_contiguous_params(dtype):
-    x = make_input((4, 6), dtype)
-    cdt = param_dtype(dtype)
-    wide = make_input((2, 12), cdt, seed=11)
-    w, b = wide[0, ::2], wide[1, ::-2]
-    np.testing.assert_array_equal(
-        layernorm.layer_norm(x, (6,), w, b), layernorm.layer_norm(x, (6,), w.copy(), b.copy())
-    )
-
-
-def test_published_torch_output():
-    # nn.LayerNorm(6) on arange(1, 19).view(3, 1, 6): every row is 1..6 shifted, so every
-    # output row is torch's published [-1.4638, -0.8783, -0.2928, 0.2928, 0.8783, 1.4638].
-    x = np.arange(1, 19, dtype=np.float32).reshape(3, 1, 6)
-    out = layernorm.layer_norm(x, 6)
-    published = np.array([-1.4638, -0.8783, -0.2928, 0.2928, 0.8783, 1.4638], np.float32)
-    np.testing.assert_allclose(out, np.broadcast_to(published, (3, 1, 6)), rtol=0, atol=5e-5)
-
-
-@pytest.mark.parametrize("entry", ["layer_norm", "LayerNorm", "layer_norm_backward"])
-def test_torch_tensor_that_requires_grad_is_read_detached(entry):
-    # A tensor that requires grad refuses tensor.numpy(); torch users pass them all the time.
-    x = torch.randn(3, 5, dtype=torch.float32, generator=torch.Generator().manual_seed(0), requires_grad=True)
-    expected = torch.nn.functional.layer_norm(x, (5,))
-    if entry == "layer_norm":
-        got = layernorm.layer_norm(x, (5,))
-        np.testing.assert_allclose(got, expected.detach().numpy(), rtol=0, atol=1e-6)
-    elif entry == "LayerNorm":
-        got = layernorm.LayerNorm(5)(x)
-        np.testing.assert_allclose(got, expected.detach().numpy(), rtol=0, atol=1e-6)
-    else:
-        dy = torch.ones(3, 5, requires_grad=True) * torch.arange(5.0)
-        (expected * dy.detach()).sum().backward()
-        _, mean, rstd = layernorm.native_layer_norm(x, (5,))
-        grad_input, _, _ = layernorm.layer_norm_backward(dy, x, (5,), mean, rstd)
-        np.testing.assert_allclose(grad_input, x.grad.numpy(), rtol=0, atol=1e-5)
-    assert x.requires_grad and x.grad_fn is None  # the caller's tensor is untouched
-
-
-class ArrayThatRaises:
-    """Array-like whose conversion fails with `error`; it also looks like a tensor (has
-    requires_grad and detach), but only torch's own tensors are read detached."""
-
-    requires_grad = True
-
-    def __init__(self, error):
-        self.error = error
-        self.detached = False
-
-    def __array__(self, dtype=None, copy=None):
-        raise self.error
-
-    def detach(self):
-        self.detached = True
-        return np.ones((2, 3), np.float32)
-
-
-@pytest.mark.parametrize("error", [KeyboardInterrupt, MemoryError, ValueError, RuntimeError],
-                         ids=["KeyboardInterrupt", "MemoryError", "ValueError", "RuntimeError"])
-def test_conversion_errors_of_other_objects_stand(error):
-    # A Ctrl-C, an out-of-memory or any other error while converting an object that is not a
-    # torch tensor reaches the caller as it was raised, and nothing is detached.
-    obj = ArrayThatRaises(error("from __array__"))
-    with pytest.raises(error, match="from __array__"):
-        layernorm.layer_norm(obj, 3)
-    assert not obj.detached
