@@ -2,14 +2,20 @@
 with the tolerances results are held to, and torch as the oracle.
 
 layernorm._reference (float64 NumPy) is the ground truth for values; torch is the oracle for
-behaviour and messages.
+behaviour and messages.  torch is optional: without it ``torch`` and ``F`` are None, and every
+test that asks torch carries ``requires_torch`` (or its file skips as a whole).
 """
 
 from typing import NamedTuple
 
 import numpy as np
-import torch
-import torch.nn.functional as F
+import pytest
+
+try:
+    import torch
+    import torch.nn.functional as F
+except ImportError:
+    torch = F = None
 
 import layernorm
 from layernorm import _reference
@@ -168,6 +174,8 @@ def _list(base):
 
 
 def _torch_tensor(base):
+    if torch is None:
+        pytest.skip("torch is not installed: there is no tensor to lay the values out in")
     return torch.from_numpy(base.copy())
 
 
@@ -347,6 +355,14 @@ def assert_backward_matches_reference(grads, dy, x, n, w, dtype):
 # ---------------------------------------------------------------------------
 # torch, the oracle
 # ---------------------------------------------------------------------------
+
+requires_torch = pytest.mark.skipif(torch is None, reason="torch is not installed: it is this test's oracle")
+
+
+def torch_dtype(name):
+    """The torch dtype called `name` ("int64", "bool", ...), looked up when a test runs."""
+    return getattr(torch, name)
+
 
 # Tolerance against torch, relative to the size of the rounded terms (see reference_layer_norm).
 # float64: torch's float64 kernel is accurate too; both are within ~1e-12 of the truth.

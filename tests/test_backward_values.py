@@ -5,7 +5,6 @@ differences; output_mask, empty batches, and the rows that are special (NaN/Inf,
 
 import numpy as np
 import pytest
-import torch
 
 import layernorm
 from helpers import (
@@ -21,7 +20,9 @@ from helpers import (
     param_dtype,
     reference_backward,
     reference_output,
+    requires_torch,
     to_torch,
+    torch,
     torch_autograd,
     torch_native_backward,
 )
@@ -55,6 +56,7 @@ SHAPE_IDS = [s[0] for s in SHAPES]
 # dtype x shape x affine against torch and the reference
 # ---------------------------------------------------------------------------------------------
 
+@requires_torch
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("affine", AFFINES)
 @pytest.mark.parametrize("case_id, shape, ns", SHAPES, ids=SHAPE_IDS)
@@ -74,26 +76,41 @@ def test_backward_matches_torch_native(case_id, shape, ns, affine, dtype):
             assert_close(mine, theirs, rtol, name, scale)
 
 
+def assert_gradients_close(got, expected, dy, x, ns, w, rtol, what):
+    """(grad_input, grad_weight, grad_bias) against `expected`, each relative to the size of its
+    terms; None where the expected gradient is None."""
+    scales = (grad_input_scale(dy, x, ns, w), grad_weight_scale(dy, x, ns), 1.0)
+    for name, mine, theirs, scale in zip(("grad_input", "grad_weight", "grad_bias"), got, expected, scales):
+        if theirs is None:
+            assert mine is None, name
+        else:
+            assert_close(mine, theirs, rtol, f"{name} vs {what}", scale)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("affine", AFFINES)
 @pytest.mark.parametrize("case_id, shape, ns", SHAPES, ids=SHAPE_IDS)
-def test_backward_matches_torch_autograd_and_float64(case_id, shape, ns, affine, dtype):
+def test_backward_matches_reference(case_id, shape, ns, affine, dtype):
     x, dy, w, b = make_backward_data(shape, ns, dtype, affine, seed=2)
     mean, rstd = stats(x, ns, w, b)
     got = layernorm.layer_norm_backward(dy, x, ns, mean, rstd, w, b)
-    auto = torch_autograd(dy, x, ns, w, b)
-    ref = reference_backward(dy, x, ns, w, b)
-    rtol = RTOL[np.dtype(dtype)]
-    gi_scale = grad_input_scale(dy, x, ns, w)
-    for name, mine, theirs, truth in zip(("grad_input", "grad_weight", "grad_bias"), got, auto, ref):
-        if truth is None:
-            assert mine is None, name
-            continue
-        scale = {"grad_input": gi_scale, "grad_weight": grad_weight_scale(dy, x, ns)}.get(name, 1.0)
-        assert_close(mine, theirs, rtol, name + " vs autograd", scale)
-        assert_close(mine, truth, rtol, name + " vs float64", scale)
+    expected = reference_backward(dy, x, ns, w, b)
+    assert_gradients_close(got, expected, dy, x, ns, w, RTOL[np.dtype(dtype)], "float64")
 
 
+@requires_torch
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("affine", AFFINES)
+@pytest.mark.parametrize("case_id, shape, ns", SHAPES, ids=SHAPE_IDS)
+def test_backward_matches_torch_autograd(case_id, shape, ns, affine, dtype):
+    x, dy, w, b = make_backward_data(shape, ns, dtype, affine, seed=2)
+    mean, rstd = stats(x, ns, w, b)
+    got = layernorm.layer_norm_backward(dy, x, ns, mean, rstd, w, b)
+    expected = torch_autograd(dy, x, ns, w, b)
+    assert_gradients_close(got, expected, dy, x, ns, w, RTOL[np.dtype(dtype)], "autograd")
+
+
+@requires_torch
 @pytest.mark.parametrize("affine", AFFINES)
 @pytest.mark.parametrize("case_id, shape, ns", SHAPES, ids=SHAPE_IDS)
 def test_backward_float16_matches_torch_in_float32(case_id, shape, ns, affine):
@@ -140,12 +157,30 @@ def test_backward_keyword_arguments_and_int_normalized_shape():
 MASKS = [(a, b, c) for a in (True, False) for b in (True, False) for c in (True, False)]
 
 
-@pytest.mark.parametrize("mask", MASKS, ids=["".join("T" if m else "F" for m in k) for k in MASKS])
-def test_output_mask_gives_none_entries(mask):
+def masked_case():
     x, dy, w, b = make_backward_data((4, 8), (8,), "float64", "weight+bias", seed=7)
     mean, rstd = stats(x, (8,), w, b)
+    return dy, x, mean, rstd, w, b
+
+
+@pytest.mark.parametrize("mask", MASKS, ids=["".join("T" if m else "F" for m in k) for k in MASKS])
+def test_output_mask_gives_none_entries(mask):
+    dy, x, mean, rstd, w, b = masked_case()
     got = layernorm.layer_norm_backward(dy, x, (8,), mean, rstd, w, b, output_mask=mask)
+    full = layernorm.layer_norm_backward(dy, x, (8,), mean, rstd, w, b)
     assert len(got) == 3
+    for name, wanted, mine, all_of_them in zip(("grad_input", "grad_weight", "grad_bias"), mask, got, full):
+        if not wanted:
+            assert mine is None, name
+        else:
+            np.testing.assert_array_equal(mine, all_of_them, err_msg=name)
+
+
+@requires_torch
+@pytest.mark.parametrize("mask", MASKS, ids=["".join("T" if m else "F" for m in k) for k in MASKS])
+def test_output_mask_matches_torch(mask):
+    dy, x, mean, rstd, w, b = masked_case()
+    got = layernorm.layer_norm_backward(dy, x, (8,), mean, rstd, w, b, output_mask=mask)
     theirs = torch.ops.aten.native_layer_norm_backward(to_torch(dy), to_torch(x), [8], to_torch(mean),
                                                        to_torch(rstd), to_torch(w), to_torch(b), list(mask))
     for name, wanted, mine, ref in zip(("grad_input", "grad_weight", "grad_bias"), mask, got, theirs):
@@ -222,62 +257,102 @@ def test_finite_difference_gradient(wrt):
 # (fed the same mean/rstd) is the oracle for where NaNs appear; clean rows keep every bit.
 # ---------------------------------------------------------------------------------------------
 
+def poisoned_args(dtype, n, bad, position):
+    col = 0 if position == "first" else n - 1
+
+    def poison(a):
+        a[2, col] = bad
+
+    return backward_args((4, n), dtype, seed=n, edit=poison)
+
+
 @pytest.mark.parametrize("position", ["first", "last"])
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf], ids=["nan", "inf", "-inf"])
 @pytest.mark.parametrize("n", [5, 33, 1031])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
 def test_non_finite_input_poisons_only_its_grad_input_row(dtype, n, bad, position):
-    col = 0 if position == "first" else n - 1
     clean = call_backward(backward_args((4, n), dtype, seed=n))
-
-    def poison(a):
-        a[2, col] = bad
-
-    args = backward_args((4, n), dtype, seed=n, edit=poison)
+    args = poisoned_args(dtype, n, bad, position)
     gi, gw, gb = call_backward(args)
-    tgi, tgw, tgb = torch_native_backward(*args[:2], (n,), *args[2:])
-    np.testing.assert_array_equal(np.isnan(gi), np.isnan(tgi))  # the oracle: row 2 only
+    rgi, rgw, _ = reference_backward(args.grad_output, args.input, (n,), args.weight, args.bias)
+    np.testing.assert_array_equal(np.isnan(gi), np.isnan(rgi))  # row 2 only
     assert np.isnan(gi[2]).all()
     np.testing.assert_array_equal(gi[[0, 1, 3]], clean[0][[0, 1, 3]])
-    # grad_weight sums dy * xhat over rows: NaN wherever torch's is; grad_bias never sees x.
-    np.testing.assert_array_equal(np.isnan(gw), np.isnan(tgw))
+    # grad_weight sums dy * xhat over rows: NaN wherever the reference's is; grad_bias never sees x.
+    np.testing.assert_array_equal(np.isnan(gw), np.isnan(rgw))
     np.testing.assert_array_equal(gb, clean[2])
+
+
+@requires_torch
+@pytest.mark.parametrize("position", ["first", "last"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("n", [5, 33, 1031])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_torch_non_finite_input_poisons_the_same_gradients(dtype, n, bad, position):
+    args = poisoned_args(dtype, n, bad, position)
+    gi, gw, _ = call_backward(args)
+    tgi, tgw, _ = torch_native_backward(*args[:2], (n,), *args[2:])
+    np.testing.assert_array_equal(np.isnan(gi), np.isnan(tgi))
+    np.testing.assert_array_equal(np.isnan(gw), np.isnan(tgw))
+
+
+def eps_zero_args(dtype):
+    def constant_row(a):
+        a[1] = 2.5
+
+    return backward_args((3, 8), dtype, seed=50, eps=0.0, edit=constant_row)
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
 def test_eps_zero_constant_row_grad_input_is_nan_there_only(dtype):
-    def constant_row(a):
-        a[1] = 2.5
-
-    args = backward_args((3, 8), dtype, seed=50, eps=0.0, edit=constant_row)
+    args = eps_zero_args(dtype)
     gi, gw, gb = call_backward(args)
+    rgi, rgw, _ = reference_backward(args.grad_output, args.input, (8,), args.weight, args.bias, eps=0.0)
+    np.testing.assert_array_equal(np.isnan(gi), np.isnan(rgi))
+    assert np.isnan(gi[1]).all() and not np.isnan(gi[[0, 2]]).any()
+    np.testing.assert_array_equal(np.isnan(gw), np.isnan(rgw))
+    assert np.isfinite(gb).all()
+
+
+@requires_torch
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_torch_eps_zero_constant_row_gives_the_same_nans(dtype):
+    args = eps_zero_args(dtype)
+    gi, gw, _ = call_backward(args)
     tgi, tgw, _ = torch_native_backward(*args[:2], (8,), *args[2:])
     np.testing.assert_array_equal(np.isnan(gi), np.isnan(tgi))
-    assert np.isnan(gi[1]).all() and not np.isnan(gi[[0, 2]]).any()
     np.testing.assert_array_equal(np.isnan(gw), np.isnan(tgw))
-    assert np.isfinite(gb).all()
+
+
+def single_element_tolerances(args, dtype):
+    """(grad_input, grad_weight) tolerances: the rounding of x * rstd - mean * rstd, which a
+    kernel may form (torch does), scaled by what multiplies it."""
+    dy, x, mean, rstd, w, _ = args
+    rtol = RTOL[np.dtype(dtype)]
+    terms = np.abs(dy.astype(np.float64)) * (np.abs(x.astype(np.float64)) + np.abs(mean)) * rstd
+    return rtol * float((terms * np.abs(w)).max()), rtol * float(terms.sum())
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
 def test_single_element_rows_give_zero_grad_input_and_grad_weight(dtype):
     # N == 1: xhat = 0 and g - mean(g) = 0, whatever dy, weight and the row are: the true
-    # grad_input and grad_weight are 0.  A kernel may form x * rstd - mean * rstd (torch does)
-    # and be off by the rounding of those terms: the tolerance scales with them.
+    # grad_input and grad_weight are 0, up to the rounding of the terms a kernel forms.
     args = backward_args((6, 1), dtype, seed=51)
-    dy, x, mean, rstd, w, b = args
     gi, gw, gb = call_backward(args)
-    rtol = RTOL[np.dtype(dtype)]
-    dy64, x64 = dy.astype(np.float64), x.astype(np.float64)
-    terms = np.abs(dy64) * (np.abs(x64) + np.abs(mean)) * rstd  # what a kernel rounds, per row
-    gi_tol = rtol * float((terms * np.abs(w)).max())
-    gw_tol = rtol * float(terms.sum())
-    for name, got, tol in (("grad_input", gi, gi_tol), ("grad_weight", gw, gw_tol)):
+    for name, got, tol in zip(("grad_input", "grad_weight"), (gi, gw), single_element_tolerances(args, dtype)):
         assert np.abs(got).max() <= tol, (name, got)
-    theirs = torch_native_backward(dy, x, (1,), mean, rstd, w, b)
-    for name, their, tol in zip(("grad_input", "grad_weight"), theirs, (gi_tol, gw_tol)):
-        assert np.abs(their).max() <= tol, ("torch " + name, their)  # the oracle agrees
     assert gi.dtype == np.dtype(dtype) and gi.shape == (6, 1)
-    np.testing.assert_allclose(gb, dy64.sum(axis=0), rtol=rtol)
+    np.testing.assert_allclose(gb, args.grad_output.astype(np.float64).sum(axis=0), rtol=RTOL[np.dtype(dtype)])
+
+
+@requires_torch
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_torch_single_element_rows_give_zero_grad_input_and_grad_weight(dtype):
+    # The oracle agrees to the same tolerance.
+    args = backward_args((6, 1), dtype, seed=51)
+    theirs = torch_native_backward(*args[:2], (1,), *args[2:])
+    for name, their, tol in zip(("grad_input", "grad_weight"), theirs, single_element_tolerances(args, dtype)):
+        assert np.abs(their).max() <= tol, ("torch " + name, their)
 
 
 # ---------------------------------------------------------------------------------------------

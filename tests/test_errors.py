@@ -2,16 +2,15 @@
 its exception type (ValueError for shapes and values, TypeError for types) and, where torch has
 a message for the same mistake, torch's exact text inside ours.
 
-torch's text is obtained by calling torch on the same mistake, never typed in.
+torch's text is obtained by calling torch on the same mistake, never typed in: without torch,
+the exception types are still checked, the texts are not.
 """
 
 import numpy as np
 import pytest
-import torch
-import torch.nn.functional as F
 
 import layernorm
-from helpers import torch_message
+from helpers import F, requires_torch, torch, torch_dtype, torch_message
 
 
 def _native(x, ns, w=None, b=None, eps=1e-5):
@@ -48,6 +47,15 @@ def _pair_id(pair):
 
 @pytest.mark.parametrize("entry", list(ENTRY_POINTS))
 @pytest.mark.parametrize("pair", BAD_SHAPE_PAIRS, ids=_pair_id)
+def test_bad_shape_pairs_raise_value_error(pair, entry):
+    ns, shape = pair
+    with pytest.raises(ValueError, match="normalized_shape"):
+        ENTRY_POINTS[entry](np.ones(shape, np.float32), ns)
+
+
+@requires_torch
+@pytest.mark.parametrize("entry", list(ENTRY_POINTS))
+@pytest.mark.parametrize("pair", BAD_SHAPE_PAIRS, ids=_pair_id)
 def test_bad_shape_pairs_raise_torch_text(pair, entry):
     ns, shape = pair
     ns_tuple = (ns,) if isinstance(ns, int) else ns
@@ -58,6 +66,13 @@ def test_bad_shape_pairs_raise_torch_text(pair, entry):
     assert expected in str(info.value)
 
 
+@pytest.mark.parametrize("ns", [(), []], ids=["tuple", "list"])
+def test_empty_normalized_shape_nonempty_input_raises_value_error(ns):
+    with pytest.raises(ValueError, match="at least 1-dimensional"):
+        layernorm.layer_norm(np.ones((2, 3), np.float64), ns)
+
+
+@requires_torch
 @pytest.mark.parametrize("ns", [(), []], ids=["tuple", "list"])
 def test_empty_normalized_shape_nonempty_input(ns):
     x = np.ones((2, 3), np.float64)
@@ -81,12 +96,20 @@ BAD_PARAM_SHAPES = [
 ]
 
 
+PARAM_SHAPE_IDS = [f"{w}{p!r}-ns{n!r}".replace(" ", "") for w, _, n, p in BAD_PARAM_SHAPES]
+
+
 @pytest.mark.parametrize("entry", list(ENTRY_POINTS))
-@pytest.mark.parametrize(
-    "which,shape,ns,pshape",
-    BAD_PARAM_SHAPES,
-    ids=[f"{w}{p!r}-ns{n!r}".replace(" ", "") for w, _, n, p in BAD_PARAM_SHAPES],
-)
+@pytest.mark.parametrize("which,shape,ns,pshape", BAD_PARAM_SHAPES, ids=PARAM_SHAPE_IDS)
+def test_param_shape_raises_value_error(which, shape, ns, pshape, entry):
+    kw = {which: np.ones(pshape, np.float32)}
+    with pytest.raises(ValueError, match=which):
+        ENTRY_POINTS[entry](np.ones(shape, np.float32), ns, kw.get("weight"), kw.get("bias"))
+
+
+@requires_torch
+@pytest.mark.parametrize("entry", list(ENTRY_POINTS))
+@pytest.mark.parametrize("which,shape,ns,pshape", BAD_PARAM_SHAPES, ids=PARAM_SHAPE_IDS)
 def test_param_shape_raises_torch_text(which, shape, ns, pshape, entry):
     x = np.ones(shape, np.float32)
     p = np.ones(pshape, np.float32)
@@ -103,45 +126,61 @@ def test_param_shape_raises_torch_text(which, shape, ns, pshape, entry):
 # Input dtypes
 # ---------------------------------------------------------------------------
 
+# NumPy dtypes torch has a name for, with that torch dtype's name.
 TORCH_OF = {
-    np.int64: torch.int64,
-    np.int32: torch.int32,
-    np.int16: torch.int16,
-    np.int8: torch.int8,
-    np.uint8: torch.uint8,
-    np.uint16: torch.uint16,
-    np.uint32: torch.uint32,
-    np.uint64: torch.uint64,
-    np.bool_: torch.bool,
-    np.complex64: torch.complex64,
-    np.complex128: torch.complex128,
+    np.int64: "int64",
+    np.int32: "int32",
+    np.int16: "int16",
+    np.int8: "int8",
+    np.uint8: "uint8",
+    np.uint16: "uint16",
+    np.uint32: "uint32",
+    np.uint64: "uint64",
+    np.bool_: "bool",
+    np.complex64: "complex64",
+    np.complex128: "complex128",
 }
 
 
 @pytest.mark.parametrize("entry", list(ENTRY_POINTS))
 @pytest.mark.parametrize("np_dtype", list(TORCH_OF), ids=lambda d: np.dtype(d).name)
-def test_int_bool_complex_input_raise_torch_text(np_dtype, entry):
-    x = np.ones((2, 3), np_dtype)
-    expected = torch_message(lambda: F.layer_norm(torch.ones((2, 3), dtype=TORCH_OF[np_dtype]), (3,)))
-    assert "LayerNormKernelImpl" in expected
+def test_int_bool_complex_input_raise_type_error(np_dtype, entry):
     with pytest.raises(TypeError) as info:
-        ENTRY_POINTS[entry](x, (3,))
+        ENTRY_POINTS[entry](np.ones((2, 3), np_dtype), (3,))
     msg = str(info.value)
-    assert expected in msg
     assert np.dtype(np_dtype).name in msg  # names the numpy dtype
     assert "astype" in msg  # and the fix
 
 
+@requires_torch
+@pytest.mark.parametrize("entry", list(ENTRY_POINTS))
+@pytest.mark.parametrize("np_dtype", list(TORCH_OF), ids=lambda d: np.dtype(d).name)
+def test_int_bool_complex_input_raise_torch_text(np_dtype, entry):
+    x = np.ones((2, 3), np_dtype)
+    expected = torch_message(lambda: F.layer_norm(torch.ones((2, 3), dtype=torch_dtype(TORCH_OF[np_dtype])), (3,)))
+    assert "LayerNormKernelImpl" in expected
+    with pytest.raises(TypeError) as info:
+        ENTRY_POINTS[entry](x, (3,))
+    assert expected in str(info.value)
+
+
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_module_int_input_raises_type_error(mode):
+    # The module's own calls word the refusal as the functions do; training mode names the module.
+    module = layernorm.LayerNorm(3).train(mode == "train")
+    with pytest.raises(TypeError) as info:
+        module(np.ones((2, 3), np.int64))
+    assert ("LayerNorm takes" if mode == "train" else "layer_norm takes") in str(info.value)
+
+
+@requires_torch
 @pytest.mark.parametrize("mode", ["train", "eval"])
 def test_module_int_input_raises_torch_text(mode):
-    # The module's own calls word the refusal as the functions do; training mode names the module.
     expected = torch_message(lambda: F.layer_norm(torch.ones((2, 3), dtype=torch.int64), (3,)))
     module = layernorm.LayerNorm(3).train(mode == "train")
     with pytest.raises(TypeError) as info:
         module(np.ones((2, 3), np.int64))
-    msg = str(info.value)
-    assert expected in msg
-    assert ("LayerNorm takes" if mode == "train" else "layer_norm takes") in msg
+    assert expected in str(info.value)
 
 
 @pytest.mark.parametrize("entry", ["layer_norm", "native_layer_norm", "training_forward"])
@@ -156,6 +195,12 @@ def test_core_refusal_names_the_dtype_not_torch(entry):
     assert "not implemented" not in str(info.value) and "int64" in str(info.value)
 
 
+def test_int_list_input_is_int64_data():
+    with pytest.raises(TypeError, match="int64"):
+        layernorm.layer_norm([[1, 2, 3]], (3,))
+
+
+@requires_torch
 def test_int_list_input_is_long():
     # A list of Python ints is int64 data (torch.tensor makes it Long): the same message.
     expected = torch_message(lambda: F.layer_norm(torch.tensor([[1, 2, 3]]), (3,)))
@@ -264,7 +309,9 @@ BAD_OUTS = {
 }
 
 
-@pytest.mark.parametrize("kind", list(BAD_OUTS))
+@pytest.mark.parametrize(
+    "kind", [pytest.param(k, marks=requires_torch) if k.startswith("torch") else k for k in BAD_OUTS]
+)
 def test_bad_out_raises(kind):
     make, exc = BAD_OUTS[kind]
     x = np.ones((4, 3), np.float32)
@@ -379,13 +426,14 @@ def call(args):
     return layernorm.layer_norm_backward(*args.values())
 
 
+# Input dtypes, with torch's name for each.
 INPUT_DTYPES = {
-    "int64": (np.int64, torch.int64),
-    "int32": (np.int32, torch.int32),
-    "uint8": (np.uint8, torch.uint8),
-    "bool": (np.bool_, torch.bool),
-    "complex64": (np.complex64, torch.complex64),
-    "complex128": (np.complex128, torch.complex128),
+    "int64": (np.int64, "int64"),
+    "int32": (np.int32, "int32"),
+    "uint8": (np.uint8, "uint8"),
+    "bool": (np.bool_, "bool"),
+    "complex64": (np.complex64, "complex64"),
+    "complex128": (np.complex128, "complex128"),
 }
 
 
@@ -444,17 +492,26 @@ def test_backward_empty_normalized_shape():
 
 
 @pytest.mark.parametrize("kind", list(INPUT_DTYPES))
+def test_backward_non_float_input_raises_type_error(kind):
+    args = good_args()
+    args["input"] = args["input"].astype(INPUT_DTYPES[kind][0])
+    with pytest.raises(TypeError) as info:
+        call(args)
+    msg = str(info.value)
+    assert np.dtype(INPUT_DTYPES[kind][0]).name in msg and "astype" in msg  # the NumPy dtype and the fix
+
+
+@requires_torch
+@pytest.mark.parametrize("kind", list(INPUT_DTYPES))
 def test_backward_non_float_input_raises_type_error_like_the_forward(kind):
-    np_dtype, torch_dtype = INPUT_DTYPES[kind]
+    np_dtype, torch_name = INPUT_DTYPES[kind]
     # The forward's text for the same dtype (torch names the dtype the same way in both).
-    expected = torch_message(lambda: F.layer_norm(torch.ones((4, 8), dtype=torch_dtype), (8,)))
+    expected = torch_message(lambda: F.layer_norm(torch.ones((4, 8), dtype=torch_dtype(torch_name)), (8,)))
     args = good_args()
     args["input"] = args["input"].astype(np_dtype)
     with pytest.raises(TypeError) as info:
         call(args)
-    msg = str(info.value)
-    assert expected.split(" not implemented for ")[1] in msg  # torch's dtype name, e.g. 'Long'
-    assert np.dtype(np_dtype).name in msg and "astype" in msg  # the NumPy dtype and the fix
+    assert expected.split(" not implemented for ")[1] in str(info.value)  # torch's dtype name, e.g. 'Long'
 
 
 OTHER = {
@@ -552,6 +609,15 @@ def test_backward_non_integer_normalized_shape_raises_type_error(ns):
         call(args)
 
 
+def test_backward_fewer_input_dims_than_normalized_shape_raises_value_error():
+    args = good_args()
+    args["normalized_shape"] = (3, 4, 8)
+    args["weight"] = args["bias"] = None
+    with pytest.raises(ValueError, match="normalized_shape"):
+        call(args)
+
+
+@requires_torch
 def test_backward_fewer_input_dims_than_normalized_shape_torch_text():
     args = good_args()
     args["normalized_shape"] = (3, 4, 8)

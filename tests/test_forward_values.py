@@ -21,6 +21,7 @@ from helpers import (
     make_params,
     param_dtype,
     reference_layer_norm,
+    requires_torch,
     shape_id,
     torch_layer_norm,
     torch_native_layer_norm,
@@ -59,17 +60,31 @@ def case_id(case):
 # ---------------------------------------------------------------------------
 
 
+def case_data(dtype, case, affine):
+    """(x, normalized_shape, weight, bias, eps) of one CASES entry."""
+    shape, ns, eps = case
+    weight, bias = make_params(ns, param_dtype(dtype), affine)
+    return make_input(shape, dtype), ns, weight, bias, eps
+
+
 @pytest.mark.parametrize("affine", AFFINES)
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
-def test_layer_norm_matches_torch_and_reference(dtype, case, affine):
-    shape, ns, eps = case
-    x = make_input(shape, dtype)
-    weight, bias = make_params(ns, param_dtype(dtype), affine)
+def test_layer_norm_matches_reference(dtype, case, affine):
+    x, ns, weight, bias, eps = case_data(dtype, case, affine)
     out = layernorm.layer_norm(x, ns, weight, bias, eps)
     check_output_array(out, x, dtype)
     assert out.shape == x.shape
     assert_matches_reference(out, x, ns, weight, bias, eps)
+
+
+@requires_torch
+@pytest.mark.parametrize("affine", AFFINES)
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_layer_norm_matches_torch(dtype, case, affine):
+    x, ns, weight, bias, eps = case_data(dtype, case, affine)
+    out = layernorm.layer_norm(x, ns, weight, bias, eps)
     expected = torch_layer_norm(x, ns, weight, bias, eps)
     assert_matches_torch(out, expected, torch_scale(x, ns, weight, bias, eps))
 
@@ -77,14 +92,12 @@ def test_layer_norm_matches_torch_and_reference(dtype, case, affine):
 @pytest.mark.parametrize("affine", AFFINES)
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
-def test_native_layer_norm_matches_torch_and_reference(dtype, case, affine):
-    shape, ns, eps = case
-    x = make_input(shape, dtype)
-    weight, bias = make_params(ns, param_dtype(dtype), affine)
+def test_native_layer_norm_matches_reference(dtype, case, affine):
+    x, ns, weight, bias, eps = case_data(dtype, case, affine)
     out, mean, rstd = layernorm.native_layer_norm(x, ns, weight, bias, eps)
     check_output_array(out, x, dtype)
     assert out.shape == x.shape
-    stats_shape = shape[: len(shape) - len(ns)] + (1,) * len(ns)
+    stats_shape = x.shape[: x.ndim - len(ns)] + (1,) * len(ns)
     cdt = param_dtype(dtype)
     for stat in (mean, rstd):
         assert isinstance(stat, np.ndarray)
@@ -92,14 +105,22 @@ def test_native_layer_norm_matches_torch_and_reference(dtype, case, affine):
         assert stat.dtype == np.dtype(cdt)  # spec: the compute dtype
     # Same output as layer_norm, bit for bit: one kernel.
     np.testing.assert_array_equal(out, layernorm.layer_norm(x, ns, weight, bias, eps))
-
-    y, ref_mean, ref_rstd, scale = reference_layer_norm(x, ns, weight, bias, eps)
+    _, ref_mean, ref_rstd, _ = reference_layer_norm(x, ns, weight, bias, eps)
     assert_matches_reference(out, x, ns, weight, bias, eps)
     # Statistics are float64 internally, then rounded once to the compute dtype.
     stat_tol = 1e-12 if cdt == np.float64 else float(np.finfo(np.float32).eps)
     assert_within(mean, ref_mean, stat_tol * np.abs(ref_mean) + 1e-300, "mean vs reference")
     assert_within(rstd, ref_rstd, stat_tol * np.abs(ref_rstd) + 1e-300, "rstd vs reference")
 
+
+@requires_torch
+@pytest.mark.parametrize("affine", AFFINES)
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_native_layer_norm_matches_torch(dtype, case, affine):
+    x, ns, weight, bias, eps = case_data(dtype, case, affine)
+    out, mean, rstd = layernorm.native_layer_norm(x, ns, weight, bias, eps)
+    _, _, ref_rstd, _ = reference_layer_norm(x, ns, weight, bias, eps)
     t_out, t_mean, t_rstd = torch_native_layer_norm(x, ns, weight, bias, eps)
     assert t_mean.shape == mean.shape and t_rstd.shape == rstd.shape
     assert_matches_torch(out, t_out, torch_scale(x, ns, weight, bias, eps))
@@ -205,11 +226,20 @@ def test_constant_row_gives_exactly_bias(dtype, value, n):
     np.testing.assert_array_equal(out, np.broadcast_to(b.astype(dtype), out.shape))
     out = layernorm.layer_norm(x, (n,), w, None)
     np.testing.assert_array_equal(out, np.zeros((3, n), dtype))
-    if dtype != np.float16:
-        # torch agrees (the oracle); its float16 kernel does not, see test_torch_float16_constant_row.
-        np.testing.assert_array_equal(torch_layer_norm(x, (n,), w, b), np.broadcast_to(b.astype(dtype), out.shape))
 
 
+@requires_torch
+@pytest.mark.parametrize("n", [1, 7, 64, 4097])
+@pytest.mark.parametrize("value", CONSTANTS, ids=[f"c{v:g}" for v in CONSTANTS])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=dtype_id)
+def test_torch_constant_row_gives_exactly_bias(dtype, value, n):
+    # The oracle agrees, except its float16 kernel (see test_torch_float16_constant_row_is_not_exact).
+    x = np.full((3, n), value, dtype=dtype)
+    w, b = make_params((n,), param_dtype(dtype), "weight+bias")
+    np.testing.assert_array_equal(torch_layer_norm(x, (n,), w, b), np.broadcast_to(b.astype(dtype), x.shape))
+
+
+@requires_torch
 def test_torch_float16_constant_row_is_not_exact():
     # Why the float16 cases above do not ask torch: torch's float16 CPU kernel computes
     # x * rstd - mean * rstd in float32, which cancels badly on a constant row (ours: exact).
@@ -226,16 +256,37 @@ def test_constant_row_stats(dtype):
     assert_within(rstd, np.full((2, 1), 1 / np.sqrt(1e-5)), 1e-7 * 316.3, "rstd = 1/sqrt(eps)")
 
 
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
-def test_eps_zero_constant_row_is_nan(dtype):
+def eps_zero_constant_row(dtype):
     x = make_input((3, 8), dtype)
     x[1] = 2.5
+    return x
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_eps_zero_constant_row_is_nan(dtype):
+    x = eps_zero_constant_row(dtype)
     out = layernorm.layer_norm(x, (8,), eps=0.0)
-    expected = torch_layer_norm(x, (8,), eps=0.0)
-    assert np.isnan(expected[1]).all()  # the oracle
+    assert np.isnan(reference_layer_norm(x, (8,), eps=0.0)[0][1]).all()
     assert np.isnan(out[1]).all()
     assert not np.isnan(out[[0, 2]]).any()
     assert_matches_reference(out[[0, 2]], x[[0, 2]], (8,), eps=0.0)
+
+
+@requires_torch
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_torch_eps_zero_constant_row_is_nan(dtype):
+    x = eps_zero_constant_row(dtype)
+    expected = torch_layer_norm(x, (8,), eps=0.0)
+    assert np.isnan(expected[1]).all() and not np.isnan(expected[[0, 2]]).any()
+
+
+def poisoned_rows(dtype, n, bad, position):
+    """(clean input, the same with row 2 holding `bad` at `position`)."""
+    x = make_input((4, n), dtype, seed=7)
+    col = {"first": 0, "middle": n // 2, "last": n - 1}[position]
+    poisoned = x.copy()
+    poisoned[2, col] = bad
+    return x, poisoned
 
 
 @pytest.mark.parametrize("position", ["first", "middle", "last"])
@@ -243,25 +294,48 @@ def test_eps_zero_constant_row_is_nan(dtype):
 @pytest.mark.parametrize("n", [5, 33, 4097])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
 def test_non_finite_poisons_only_its_row(dtype, n, bad, position):
-    x = make_input((4, n), dtype, seed=7)
+    x, poisoned = poisoned_rows(dtype, n, bad, position)
     clean = layernorm.layer_norm(x, (n,))
-    col = {"first": 0, "middle": n // 2, "last": n - 1}[position]
-    x[2, col] = bad
-    out = layernorm.layer_norm(x, (n,))
-    assert np.isnan(torch_layer_norm(x, (n,))[2]).all()  # the oracle
+    out = layernorm.layer_norm(poisoned, (n,))
+    assert np.isnan(reference_layer_norm(poisoned, (n,))[0][2]).all()
     assert np.isnan(out[2]).all()
     np.testing.assert_array_equal(out[[0, 1, 3]], clean[[0, 1, 3]])
 
 
+@requires_torch
+@pytest.mark.parametrize("position", ["first", "middle", "last"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("n", [5, 33, 4097])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
-def test_non_finite_row_stats(dtype):
+def test_torch_non_finite_poisons_its_row(dtype, n, bad, position):
+    _, poisoned = poisoned_rows(dtype, n, bad, position)
+    assert np.isnan(torch_layer_norm(poisoned, (n,))[2]).all()
+
+
+def nan_row_stats_input(dtype):
     x = make_input((3, 6), dtype)
     x[0, 3] = np.nan
-    out, mean, rstd = layernorm.native_layer_norm(x, (6,), None, None, 1e-5)
-    t_out, t_mean, t_rstd = torch_native_layer_norm(x, (6,))
+    return x
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_non_finite_row_stats(dtype):
+    x = nan_row_stats_input(dtype)
+    _, mean, rstd = layernorm.native_layer_norm(x, (6,), None, None, 1e-5)
+    _, ref_mean, ref_rstd, _ = reference_layer_norm(x, (6,))
+    np.testing.assert_array_equal(np.isnan(mean), np.isnan(ref_mean))
+    np.testing.assert_array_equal(np.isnan(rstd), np.isnan(ref_rstd))
+    assert np.isfinite(mean[1:]).all() and np.isfinite(rstd[1:]).all()
+
+
+@requires_torch
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_torch_non_finite_row_stats(dtype):
+    x = nan_row_stats_input(dtype)
+    _, mean, rstd = layernorm.native_layer_norm(x, (6,), None, None, 1e-5)
+    _, t_mean, t_rstd = torch_native_layer_norm(x, (6,))
     assert np.isnan(mean[0]).all() == np.isnan(t_mean[0]).all()
     assert np.isnan(rstd[0]).all() == np.isnan(t_rstd[0]).all()
-    assert np.isfinite(mean[1:]).all() and np.isfinite(rstd[1:]).all()
 
 
 @pytest.mark.parametrize("shape,ns", [((0, 5), (5,)), ((0, 3, 4), (3, 4)), ((2, 0, 7), (7,))], ids=["0x5", "0x3x4", "2x0x7"])
@@ -278,27 +352,50 @@ def test_empty_batch(dtype, shape, ns):
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
-def test_zero_length_rows_match_torch(dtype):
-    # N == 0: torch returns an empty output, mean 0 and rstd NaN.
+def test_zero_length_rows_match_reference(dtype):
+    # N == 0: an empty output, mean 0 and rstd NaN (torch's answer, which the reference gives).
     x = np.zeros((3, 0), dtype)
     out, mean, rstd = layernorm.native_layer_norm(x, (0,), None, None, 1e-5)
-    t_out, t_mean, t_rstd = torch_native_layer_norm(x, (0,))
+    _, ref_mean, ref_rstd, _ = reference_layer_norm(x, (0,))
     assert out.shape == (3, 0)
+    assert mean.shape == ref_mean.shape == (3, 1)
+    np.testing.assert_array_equal(mean, ref_mean.astype(mean.dtype))
+    np.testing.assert_array_equal(rstd, ref_rstd.astype(rstd.dtype))
+
+
+@requires_torch
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_zero_length_rows_match_torch(dtype):
+    x = np.zeros((3, 0), dtype)
+    out, mean, rstd = layernorm.native_layer_norm(x, (0,), None, None, 1e-5)
+    _, t_mean, t_rstd = torch_native_layer_norm(x, (0,))
     assert mean.shape == t_mean.shape == (3, 1)
     np.testing.assert_array_equal(mean, t_mean.astype(mean.dtype))
     np.testing.assert_array_equal(rstd, t_rstd.astype(rstd.dtype))
 
 
+def single_element_rows(dtype, affine):
+    """(x, weight, bias, the exact output: bias, or zeros)."""
+    x = make_input((6, 1), dtype, seed=8)
+    w, b = make_params((1,), param_dtype(dtype), affine)
+    expected = np.zeros((6, 1), dtype) if b is None else np.broadcast_to(b.astype(dtype), (6, 1))
+    return x, w, b, expected
+
+
 @pytest.mark.parametrize("affine", ["weight+bias", "none"])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
 def test_single_element_rows(dtype, affine):
-    x = make_input((6, 1), dtype, seed=8)
-    w, b = make_params((1,), param_dtype(dtype), affine)
-    out = layernorm.layer_norm(x, (1,), w, b)
-    expected = np.zeros((6, 1), dtype) if b is None else np.broadcast_to(b.astype(dtype), (6, 1))
-    np.testing.assert_array_equal(out, expected)
-    if dtype != np.float16:  # torch's float16 kernel is not exact here (x*rstd - mean*rstd)
-        np.testing.assert_array_equal(torch_layer_norm(x, (1,), w, b), expected)
+    x, w, b, expected = single_element_rows(dtype, affine)
+    np.testing.assert_array_equal(layernorm.layer_norm(x, (1,), w, b), expected)
+
+
+@requires_torch
+@pytest.mark.parametrize("affine", ["weight+bias", "none"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=dtype_id)
+def test_torch_single_element_rows(dtype, affine):
+    # torch's float16 kernel is not exact here (x*rstd - mean*rstd): float32 and float64 only.
+    x, w, b, expected = single_element_rows(dtype, affine)
+    np.testing.assert_array_equal(torch_layer_norm(x, (1,), w, b), expected)
 
 
 # ---------------------------------------------------------------------------

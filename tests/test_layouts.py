@@ -9,7 +9,6 @@ layernorm._reference and torch.
 
 import numpy as np
 import pytest
-import torch
 
 import layernorm
 from helpers import (
@@ -29,7 +28,9 @@ from helpers import (
     make_params,
     param_dtype,
     reference_backward,
+    requires_torch,
     shape_id,
+    torch,
     torch_layer_norm,
     torch_scale,
 )
@@ -41,20 +42,38 @@ from helpers import (
 LAYOUT_SHAPES = [((6, 17), (17,)), ((3, 4, 5), (4, 5)), ((9,), (9,))]
 
 
-@pytest.mark.parametrize("shape,ns", LAYOUT_SHAPES, ids=[f"in{shape_id(s)}-ns{shape_id(n)}" for s, n in LAYOUT_SHAPES])
-@pytest.mark.parametrize("layout_name", list(LAYOUTS))
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
-def test_layout(dtype, layout_name, shape, ns):
+def laid_out_input(dtype, layout_name, shape, ns):
+    """(C-contiguous input, its layout, the dtype its values have, weight, bias)."""
     base = make_input(shape, dtype, seed=3)
     x = layout(layout_name, base)
     # A list of Python floats is float64 data, whatever it was made from.
     eff_dtype = np.float64 if layout_name == "list" else dtype
     weight, bias = make_params(ns, param_dtype(eff_dtype), "weight+bias")
+    return base, x, eff_dtype, weight, bias
+
+
+LAYOUT_SHAPE_IDS = [f"in{shape_id(s)}-ns{shape_id(n)}" for s, n in LAYOUT_SHAPES]
+
+
+@pytest.mark.parametrize("shape,ns", LAYOUT_SHAPES, ids=LAYOUT_SHAPE_IDS)
+@pytest.mark.parametrize("layout_name", list(LAYOUTS))
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_layout(dtype, layout_name, shape, ns):
+    base, x, eff_dtype, weight, bias = laid_out_input(dtype, layout_name, shape, ns)
     out = layernorm.layer_norm(x, ns, weight, bias)
     check_output_array(out, x, eff_dtype)
     # The values do not depend on the layout: same bits as the C-contiguous input.
     np.testing.assert_array_equal(out, layernorm.layer_norm(base.astype(eff_dtype), ns, weight, bias))
     assert_matches_reference(out, base, ns, weight, bias)
+
+
+@requires_torch
+@pytest.mark.parametrize("shape,ns", LAYOUT_SHAPES, ids=LAYOUT_SHAPE_IDS)
+@pytest.mark.parametrize("layout_name", list(LAYOUTS))
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_layout_matches_torch(dtype, layout_name, shape, ns):
+    base, x, eff_dtype, weight, bias = laid_out_input(dtype, layout_name, shape, ns)
+    out = layernorm.layer_norm(x, ns, weight, bias)
     expected = torch_layer_norm(base.astype(eff_dtype), ns, weight, bias)
     assert_matches_torch(out, expected, torch_scale(base.astype(eff_dtype), ns, weight, bias))
 
@@ -147,6 +166,7 @@ def test_backward_strided_grad_output_and_input(go_layout, x_layout):
 # ---------------------------------------------------------------------------
 
 
+@requires_torch
 def test_torch_tensor_input_gives_ndarray():
     t = torch.randn(4, 6, dtype=torch.float32)
     out = layernorm.layer_norm(t, (6,))
@@ -154,6 +174,7 @@ def test_torch_tensor_input_gives_ndarray():
     assert_matches_reference(out, t.numpy(), (6,))
 
 
+@requires_torch
 def test_non_contiguous_torch_tensor_input():
     t = torch.randn(6, 4, dtype=torch.float64).t()  # (4, 6), strides (1, 4)
     out = layernorm.layer_norm(t, (6,))
@@ -162,13 +183,23 @@ def test_non_contiguous_torch_tensor_input():
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
-def test_param_array_likes(dtype):
+def test_param_list(dtype):
     x = make_input((4, 5), dtype)
     w, b = make_params((5,), param_dtype(dtype), "weight+bias")
-    got = layernorm.layer_norm(x, (5,), w.tolist(), torch.from_numpy(b))
+    got = layernorm.layer_norm(x, (5,), w.tolist(), b)
     np.testing.assert_array_equal(got, layernorm.layer_norm(x, (5,), w.astype(param_dtype(dtype)), b))
 
 
+@requires_torch
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_param_tensor(dtype):
+    x = make_input((4, 5), dtype)
+    w, b = make_params((5,), param_dtype(dtype), "weight+bias")
+    got = layernorm.layer_norm(x, (5,), w, torch.from_numpy(b))
+    np.testing.assert_array_equal(got, layernorm.layer_norm(x, (5,), w, b))
+
+
+@requires_torch
 @pytest.mark.parametrize("entry", ["layer_norm", "LayerNorm", "layer_norm_backward"])
 def test_torch_tensor_that_requires_grad_is_read_detached(entry):
     # A tensor that requires grad refuses tensor.numpy(); torch users pass them all the time.
