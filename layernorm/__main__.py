@@ -32,7 +32,7 @@ IMAGE_PUBLISHED_LAST_ROW = [1.7122, 1.7816, 1.8510, 1.9204, 1.9898]
 IMAGE_PUBLISHED_PIXEL = [-1.0690, -0.2673, 1.3363]
 
 
-def fmt(values: np.ndarray) -> str:
+def fmt(values: npt.ArrayLike) -> str:
     """One row of numbers, 4 decimals, like torch prints them."""
     return "[" + ", ".join(f"{v:7.4f}" for v in np.ravel(values)) + "]"
 
