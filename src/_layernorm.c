@@ -94,6 +94,7 @@ get_state(PyObject *module)
     return (module_state *)PyModule_GetState(module);
 }
 
+/* The GC slots: visit the state's references, drop them, and drop them when the module goes. */
 static int
 module_traverse(PyObject *module, visitproc visit, void *arg)
 {
