@@ -9,13 +9,12 @@ array([[-1.3416, -0.4472,  0.4472,  1.3416],
 from ._layernorm import (
     available_simd_levels,
     get_num_threads,
-    layer_norm,
-    native_layer_norm,
     set_num_threads,
     set_simd_level,
     simd_level,
 )
-from .module import LayerNorm
+from .functional import layer_norm, layer_norm_backward, native_layer_norm
+from .modules import LayerNorm
 
 __version__ = "0.1.0"
 
@@ -30,8 +29,3 @@ __all__ = [
     "set_simd_level",
     "simd_level",
 ]
-
-try:
-    from ._layernorm import layer_norm_backward
-except ImportError:  # an extension built without the backward kernel (issue 3)
-    __all__.remove("layer_norm_backward")

@@ -44,10 +44,11 @@ class StdPlusEpsLayerNorm:
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         std = x.std(axis=-1, keepdims=True)
-        return (x - x.mean(axis=-1, keepdims=True)) / (std + self.eps) * self.weight + self.bias
+        y: np.ndarray = (x - x.mean(axis=-1, keepdims=True)) / (std + self.eps) * self.weight + self.bias
+        return y
 
 
-def fmt(values: np.ndarray) -> str:
+def fmt(values: npt.ArrayLike) -> str:
     """One row of numbers, 4 decimals, like torch prints them."""
     return "[" + ", ".join(f"{v:7.4f}" for v in np.ravel(values)) + "]"
 

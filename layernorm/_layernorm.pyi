@@ -1,33 +1,48 @@
-"""Type stubs for the compiled module layernorm._layernorm (src/_layernorm.c)."""
+"""Type stubs for the compiled module layernorm._layernorm (src/_layernorm.c).
 
-from typing import Literal, Sequence, SupportsFloat, SupportsIndex, TypeAlias
+The public functions are layernorm.functional's; these are the core they call.
+"""
+
+from typing import Any, Literal, Optional, Sequence, SupportsFloat, SupportsIndex, Tuple, Union
 
 import numpy as np
 import numpy.typing as npt
 
-_Shape: TypeAlias = SupportsIndex | Sequence[SupportsIndex]
-_FloatArray: TypeAlias = npt.NDArray[np.floating]
-_SimdLevel: TypeAlias = Literal["scalar", "avx2", "avx512"]
+_Shape = Union[SupportsIndex, Sequence[SupportsIndex]]
+_FloatArray = npt.NDArray[np.floating[Any]]
+_SimdLevel = Literal["scalar", "avx2", "avx512"]
+_Gradients = Tuple[Optional[_FloatArray], Optional[_FloatArray], Optional[_FloatArray]]
+
+class UnsupportedDTypeError(TypeError):
+    """An input dtype the kernels do not take."""
+
+    dtype: np.dtype[Any]
 
 def layer_norm(
     input: npt.ArrayLike,
     normalized_shape: _Shape,
-    weight: npt.ArrayLike | None = None,
-    bias: npt.ArrayLike | None = None,
+    weight: Optional[npt.ArrayLike] = None,
+    bias: Optional[npt.ArrayLike] = None,
     eps: SupportsFloat = 1e-5,
     *,
-    out: _FloatArray | None = None,
-) -> _FloatArray:
-    """F.layer_norm: normalize over the last len(normalized_shape) dims; output in the input's dtype."""
-
+    out: Optional[_FloatArray] = None,
+) -> _FloatArray: ...
 def native_layer_norm(
     input: npt.ArrayLike,
     normalized_shape: _Shape,
-    weight: npt.ArrayLike | None = None,
-    bias: npt.ArrayLike | None = None,
+    weight: Optional[npt.ArrayLike] = None,
+    bias: Optional[npt.ArrayLike] = None,
     eps: SupportsFloat = 1e-5,
-) -> tuple[_FloatArray, _FloatArray, _FloatArray]:
-    """torch.native_layer_norm: (output, mean, rstd); mean/rstd in the compute dtype."""
+) -> Tuple[_FloatArray, _FloatArray, _FloatArray]: ...
+def training_forward(
+    input: npt.ArrayLike,
+    normalized_shape: _Shape,
+    weight: Optional[npt.ArrayLike] = None,
+    bias: Optional[npt.ArrayLike] = None,
+    eps: SupportsFloat = 1e-5,
+) -> Tuple[_FloatArray, Tuple[_FloatArray, bytes]]:
+    """native_layer_norm for LayerNorm's training mode: (output, (input, stats)), input a private
+    C-contiguous copy, stats the rows' mean then rstd as bytes; saved_backward reads them."""
 
 def layer_norm_backward(
     grad_output: npt.ArrayLike,
@@ -35,34 +50,23 @@ def layer_norm_backward(
     normalized_shape: _Shape,
     mean: npt.ArrayLike,
     rstd: npt.ArrayLike,
-    weight: npt.ArrayLike | None = None,
-    bias: npt.ArrayLike | None = None,
+    weight: Optional[npt.ArrayLike] = None,
+    bias: Optional[npt.ArrayLike] = None,
     output_mask: Sequence[bool] = (True, True, True),
-) -> tuple[_FloatArray | None, _FloatArray | None, _FloatArray | None]:
-    """native_layer_norm_backward: (grad_input, grad_weight, grad_bias), None where masked off."""
-
-def set_num_threads(n: SupportsIndex, /) -> None: ...
-def get_num_threads() -> int: ...
-def simd_level() -> _SimdLevel: ...
-def available_simd_levels() -> tuple[_SimdLevel, ...]: ...
-def set_simd_level(name: _SimdLevel, /) -> None: ...
-def training_forward(
-    input: npt.ArrayLike,
-    normalized_shape: _Shape,
-    weight: npt.ArrayLike | None = None,
-    bias: npt.ArrayLike | None = None,
-    eps: SupportsFloat = 1e-5,
-) -> tuple[_FloatArray, tuple[_FloatArray, bytes]]:
-    """native_layer_norm for LayerNorm's training mode: (output, (input, stats)), input a private
-    C-contiguous copy, stats the rows' mean then rstd as bytes; saved_backward reads them."""
-
+) -> _Gradients: ...
 def saved_backward(
     grad_output: npt.ArrayLike,
     input: npt.ArrayLike,
     stats: bytes,
     normalized_shape: _Shape,
-    weight: npt.ArrayLike | None = None,
-    bias: npt.ArrayLike | None = None,
+    weight: Optional[npt.ArrayLike] = None,
+    bias: Optional[npt.ArrayLike] = None,
     output_mask: Sequence[bool] = (True, True, True),
-) -> tuple[_FloatArray | None, _FloatArray | None, _FloatArray | None]:
+) -> _Gradients:
     """layer_norm_backward from what training_forward saved."""
+
+def set_num_threads(n: SupportsIndex, /) -> None: ...
+def get_num_threads() -> int: ...
+def simd_level() -> _SimdLevel: ...
+def available_simd_levels() -> Tuple[_SimdLevel, ...]: ...
+def set_simd_level(name: _SimdLevel, /) -> None: ...

@@ -156,7 +156,8 @@ def rms_norm(x: Any, normalized_shape: Any, weight: Any = None, eps: Optional[fl
     return y, n.rstd
 
 
-def _backward(grad_output: Any, n: Normalized, weight: Any, centred: bool):
+def _backward(grad_output: Any, n: Normalized, weight: Any,
+              centred: bool) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     dy = np.asarray(grad_output, dtype=np.float64)
     axes = n.axes
     other = tuple(a for a in range(dy.ndim) if a not in axes)
@@ -200,4 +201,5 @@ def output_scale(x: Any, normalized_shape: Any, weight: Any = None, bias: Any = 
     w = np.abs(n.expand(weight))
     b = 0.0 if bias is None else np.abs(n.expand(bias))
     with np.errstate(invalid="ignore", over="ignore"):
-        return np.abs(n.xhat) * w + w + b
+        scale: np.ndarray = np.abs(n.xhat) * w + w + b
+    return scale

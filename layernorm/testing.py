@@ -22,7 +22,7 @@ import contextlib
 import itertools
 import math
 import operator
-from typing import Any, Callable, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -200,7 +200,7 @@ class _Variant(NamedTuple):
     """One mistaken formula evaluated on the problem's input."""
 
     code: str
-    fields: dict
+    fields: Dict[str, Any]
     output: np.ndarray
 
 
@@ -215,6 +215,7 @@ def _slice(ndim: int, axes: Sequence[int]) -> str:
 
 def _other_axes(ndim: int, axes: Tuple[int, ...]) -> Iterator[Tuple[int, ...]]:
     """Every other set of axes (contiguous runs only above 5 dims, to bound the count)."""
+    subsets: Iterable[Tuple[int, ...]]
     if ndim <= 5:
         subsets = itertools.chain.from_iterable(itertools.combinations(range(ndim), k)
                                                 for k in range(1, ndim + 1))
@@ -301,7 +302,7 @@ def _findings(p: _Problem, actual: np.ndarray, expected: np.ndarray, rtol: float
         return _worst(_misfit(actual, output, rtol, atol)) <= 1.0
 
     texts = {**_SHARED_TEXT, **(_LAYER_NORM_TEXT if p.kind == "layer_norm" else _RMS_NORM_TEXT)}
-    best: dict = {}
+    best: Dict[str, _Finding] = {}
     for variant in _variants(p, actual, fits):
         if _worst(_misfit(expected, variant.output, rtol, atol)) <= 1.0:
             continue
@@ -524,8 +525,8 @@ def _parameters(fn: Any, kind: str, normalized_shape: Tuple[int, ...], weight: A
     names = ("weight", "bias") if kind == "layer_norm" else ("weight",)
     given = {"weight": weight, "bias": bias}
     probe = dict(zip(("weight", "bias"), _probe_params(normalized_shape)))
-    values: dict = {"weight": None, "bias": None}
-    hows: dict = {}
+    values: Dict[str, Any] = {"weight": None, "bias": None}
+    hows: Dict[str, List[str]] = {}
     restore = []
     try:
         for name in names:

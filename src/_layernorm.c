@@ -8,9 +8,13 @@
  *     rstd = 1 / np.sqrt(x.var(axes, keepdims=True) + eps)     # biased variance
  *     return (x - mean) * rstd * weight + bias
  *
- * computed by ln_kernels.c in float64 statistics.  This file only checks and
- * converts arguments (with torch's error texts), allocates results and releases
- * the GIL around the kernel.
+ * computed by the kernel layer (ln_kernels.h) with float64 statistics.  This file only checks
+ * and converts arguments, allocates results and releases the GIL around the kernel.  It takes
+ * NumPy arrays and whatever NumPy converts to one (np.asarray); it knows nothing of torch: the
+ * Python layer (layernorm/functional.py) converts tensors and words dtype refusals as torch does.
+ *
+ * Sections: compat shims, module state, helpers (arguments, shapes, arrays), norm kinds with
+ * the forward and backward they share, Python-facing functions, module setup.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -25,31 +29,136 @@
 #define LN_MAX_DIMS 64
 
 /* ------------------------------------------------------------------------ */
-/* Argument parsing                                                          */
+/* Compat shims                                                              */
 /* ------------------------------------------------------------------------ */
 
-/* Fills values[] (borrowed references, NULL where absent) from fastcall arguments:
-   the first max_positional names may come by position, any of them by keyword.
+#if PY_VERSION_HEX < 0x030A0000
+/* Python 3.9: PyModule_AddObject steals the reference only on success. */
+static int
+PyModule_AddObjectRef(PyObject *module, const char *name, PyObject *value)
+{
+    Py_XINCREF(value);
+    int status = PyModule_AddObject(module, name, value);
+    if (status < 0) {
+        Py_XDECREF(value);
+    }
+    return status;
+}
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Module state                                                              */
+/* ------------------------------------------------------------------------ */
+
+/* Every keyword any function takes; their interned names live in the module state. */
+typedef enum {
+    KW_INPUT,
+    KW_NORMALIZED_SHAPE,
+    KW_WEIGHT,
+    KW_BIAS,
+    KW_EPS,
+    KW_OUT,
+    KW_GRAD_OUTPUT,
+    KW_MEAN,
+    KW_RSTD,
+    KW_STATS,
+    KW_OUTPUT_MASK,
+    KW_COUNT
+} keyword_id;
+
+static const char *const keyword_text[KW_COUNT] = {
+    [KW_INPUT] = "input",
+    [KW_NORMALIZED_SHAPE] = "normalized_shape",
+    [KW_WEIGHT] = "weight",
+    [KW_BIAS] = "bias",
+    [KW_EPS] = "eps",
+    [KW_OUT] = "out",
+    [KW_GRAD_OUTPUT] = "grad_output",
+    [KW_MEAN] = "mean",
+    [KW_RSTD] = "rstd",
+    [KW_STATS] = "stats",
+    [KW_OUTPUT_MASK] = "output_mask",
+};
+
+/* Every Python object the module holds.  There are no others: the kernel layer's state (thread
+   pool, SIMD level, scratch buffer) is process-wide C state with its own locking. */
+typedef struct {
+    PyObject *unsupported_dtype_error;  /* UnsupportedDTypeError, a TypeError subclass */
+    PyObject *keywords[KW_COUNT];       /* interned keyword names */
+} module_state;
+
+/* Borrowed: the state of this module object. */
+static inline module_state *
+get_state(PyObject *module)
+{
+    return (module_state *)PyModule_GetState(module);
+}
+
+/* The GC slots: visit the state's references, drop them, and drop them when the module goes. */
+static int
+module_traverse(PyObject *module, visitproc visit, void *arg)
+{
+    module_state *state = get_state(module);
+    Py_VISIT(state->unsupported_dtype_error);
+    for (int k = 0; k < KW_COUNT; k++) {
+        Py_VISIT(state->keywords[k]);
+    }
+    return 0;
+}
+
+static int
+module_clear(PyObject *module)
+{
+    module_state *state = get_state(module);
+    Py_CLEAR(state->unsupported_dtype_error);
+    for (int k = 0; k < KW_COUNT; k++) {
+        Py_CLEAR(state->keywords[k]);
+    }
+    return 0;
+}
+
+static void
+module_free(void *module)
+{
+    module_clear((PyObject *)module);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Helpers: arguments                                                        */
+/* ------------------------------------------------------------------------ */
+
+/* Fills values[] (borrowed references, NULL where absent) from fastcall arguments: the
+   first max_positional of the n keywords may come by position, any of them by keyword.
    Returns 0, or -1 with TypeError set. */
 static int
-parse_args(const char *fname, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
-           const char *const names[], int n_names, int max_positional, int n_required,
-           PyObject *values[])
+parse_args(module_state *state, const char *fname, PyObject *const *args, Py_ssize_t nargs,
+           PyObject *kwnames, const keyword_id keywords[], int n, int max_positional,
+           int n_required, PyObject *values[])
 {
     if (nargs > max_positional) {
         PyErr_Format(PyExc_TypeError, "%s() takes at most %d positional arguments (%zd given)",
                      fname, max_positional, nargs);
         return -1;
     }
-    for (int i = 0; i < n_names; i++) {
+    for (int i = 0; i < n; i++) {
         values[i] = i < nargs ? args[i] : NULL;
     }
-    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-    for (Py_ssize_t k = 0; k < nkw; k++) {
+    const Py_ssize_t n_kw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t k = 0; k < n_kw; k++) {
         PyObject *key = PyTuple_GET_ITEM(kwnames, k);
         int found = -1;
-        for (int i = 0; i < n_names && found < 0; i++) {
-            if (PyUnicode_CompareWithASCIIString(key, names[i]) == 0) {
+        /* the interpreter interns keyword names in calls: identity almost always decides */
+        for (int i = 0; i < n && found < 0; i++) {
+            if (key == state->keywords[keywords[i]]) {
+                found = i;
+            }
+        }
+        for (int i = 0; i < n && found < 0; i++) {
+            int equal = PyUnicode_Compare(key, state->keywords[keywords[i]]);
+            if (equal == -1 && PyErr_Occurred()) {
+                return -1;
+            }
+            if (equal == 0) {
                 found = i;
             }
         }
@@ -58,16 +167,16 @@ parse_args(const char *fname, PyObject *const *args, Py_ssize_t nargs, PyObject 
             return -1;
         }
         if (values[found]) {
-            PyErr_Format(PyExc_TypeError, "%s() got multiple values for argument '%s'", fname,
-                         names[found]);
+            PyErr_Format(PyExc_TypeError, "%s() got multiple values for argument '%U'", fname,
+                         state->keywords[keywords[found]]);
             return -1;
         }
         values[found] = args[nargs + k];
     }
     for (int i = 0; i < n_required; i++) {
         if (!values[i]) {
-            PyErr_Format(PyExc_TypeError, "%s() missing required argument '%s' (pos %d)", fname,
-                         names[i], i + 1);
+            PyErr_Format(PyExc_TypeError, "%s() missing required argument '%U' (pos %d)", fname,
+                         state->keywords[keywords[i]], i + 1);
             return -1;
         }
     }
@@ -96,33 +205,35 @@ dims_as_list(const npy_intp *dims, int ndim)
     return list;
 }
 
-/* Parses an int or a sequence of ints.  Returns 0, or -1 with an exception set. */
+/* Fills *shape from an int or a sequence of ints.  Returns 0, or -1 with an exception set. */
 static int
 parse_normalized_shape(PyObject *obj, shape_t *shape)
 {
-    int scalar = PyLong_Check(obj) || (PyArray_Check(obj) && PyArray_NDIM((PyArrayObject *)obj) == 0) ||
-                 (PyIndex_Check(obj) && !PySequence_Check(obj));
+    int status = -1;
+    PyObject *seq = NULL, *list = NULL;
+    const int scalar = PyLong_Check(obj) ||
+                       (PyArray_Check(obj) && PyArray_NDIM((PyArrayObject *)obj) == 0) ||
+                       (PyIndex_Check(obj) && !PySequence_Check(obj));
     shape->ndim = 0;
     shape->size = 1;
     if (scalar) {
         Py_ssize_t n = PyNumber_AsSsize_t(obj, PyExc_OverflowError);
         if (n == -1 && PyErr_Occurred()) {
-            return -1;
+            goto done;
         }
         shape->ndim = 1;
         shape->dims[0] = n;
     }
     else if (PySequence_Check(obj) && !PyUnicode_Check(obj) && !PyBytes_Check(obj)) {
-        PyObject *seq = PySequence_Fast(obj, "normalized_shape must be an int or a sequence of ints");
+        seq = PySequence_Fast(obj, "normalized_shape must be an int or a sequence of ints");
         if (!seq) {
-            return -1;
+            goto done;
         }
-        Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+        const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
         if (n > LN_MAX_DIMS) {
-            Py_DECREF(seq);
             PyErr_Format(PyExc_ValueError, "normalized_shape has %zd dimensions, at most %d are supported",
                          n, LN_MAX_DIMS);
-            return -1;
+            goto done;
         }
         for (Py_ssize_t i = 0; i < n; i++) {
             PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
@@ -131,35 +242,31 @@ parse_normalized_shape(PyObject *obj, shape_t *shape)
                              "normalized_shape must be an int or a sequence of ints, but found "
                              "element of type %.200s at pos %zd",
                              Py_TYPE(item)->tp_name, i);
-                Py_DECREF(seq);
-                return -1;
+                goto done;
             }
             Py_ssize_t d = PyNumber_AsSsize_t(item, PyExc_OverflowError);
             if (d == -1 && PyErr_Occurred()) {
-                Py_DECREF(seq);
-                return -1;
+                goto done;
             }
             shape->dims[i] = d;
         }
         shape->ndim = (int)n;
-        Py_DECREF(seq);
     }
     else {
         PyErr_Format(PyExc_TypeError, "normalized_shape must be an int or a sequence of ints, got %.200s",
                      Py_TYPE(obj)->tp_name);
-        return -1;
+        goto done;
     }
     for (int i = 0; i < shape->ndim; i++) {
         if (shape->dims[i] < 0) {
-            PyObject *list = dims_as_list(shape->dims, shape->ndim);
+            list = dims_as_list(shape->dims, shape->ndim);
             if (list) {
                 PyErr_Format(PyExc_ValueError,
                              "normalized_shape must not contain negative sizes, but got "
                              "normalized_shape = %R",
                              list);
-                Py_DECREF(list);
             }
-            return -1;
+            goto done;
         }
         shape->size *= shape->dims[i];
     }
@@ -167,11 +274,16 @@ parse_normalized_shape(PyObject *obj, shape_t *shape)
         PyErr_SetString(PyExc_ValueError,
                         "Expected normalized_shape to be at least 1-dimensional, i.e., containing at "
                         "least one element, but got normalized_shape = []");
-        return -1;
+        goto done;
     }
-    return 0;
+    status = 0;
+done:
+    Py_XDECREF(seq);
+    Py_XDECREF(list);
+    return status;
 }
 
+/* Stores eps (default 1e-5) into *eps.  Returns 0, or -1 with an exception set. */
 static int
 parse_eps(PyObject *obj, double *eps)
 {
@@ -184,39 +296,63 @@ parse_eps(PyObject *obj, double *eps)
         return -1;
     }
     *eps = PyFloat_AsDouble(obj);
-    if (*eps == -1.0 && PyErr_Occurred()) {
-        return -1;
-    }
-    return 0;
+    return *eps == -1.0 && PyErr_Occurred() ? -1 : 0;
 }
 
-/* ------------------------------------------------------------------------ */
-/* Arrays                                                                    */
-/* ------------------------------------------------------------------------ */
+/* The output_mask message for each mask length a kind has (1 + its parameters). */
+static const char *const output_mask_message[] = {
+    [2] = "output_mask must be a sequence of two bools",
+    [3] = "output_mask must be a sequence of three bools",
+};
 
-/* torch's name for a NumPy dtype it refuses, or NULL when torch has none. */
-static const char *
-torch_type_name(PyArray_Descr *descr)
+/* Fills mask[0 .. n) from a sequence of n bools (all true when obj is NULL).
+   Returns 0, or -1 with an exception set. */
+static int
+parse_output_mask(PyObject *obj, int n, int mask[])
 {
-    static const char *const ints[] = {"Char", "Short", "Int", "Long"};
-    static const char *const uints[] = {"Byte", "UInt16", "UInt32", "UInt64"};
-    const int size = (int)PyDataType_ELSIZE(descr);
-    const int index = size == 1 ? 0 : size == 2 ? 1 : size == 4 ? 2 : size == 8 ? 3 : -1;
-    switch (descr->kind) {
-    case 'b':
-        return "Bool";
-    case 'i':
-        return index >= 0 ? ints[index] : NULL;
-    case 'u':
-        return index >= 0 ? uints[index] : NULL;
-    case 'c':
-        return size == 8 ? "ComplexFloat" : size == 16 ? "ComplexDouble" : NULL;
-    default:
-        return NULL;
+    int status = -1;
+    PyObject *seq = NULL;
+    const char *message = output_mask_message[n];
+    for (int i = 0; i < n; i++) {
+        mask[i] = 1;
     }
+    if (!obj) {
+        return 0;
+    }
+    seq = PySequence_Fast(obj, message);
+    if (!seq) {
+        goto done;
+    }
+    if (PySequence_Fast_GET_SIZE(seq) != n) {
+        PyErr_SetString(PyExc_ValueError, message);
+        goto done;
+    }
+    for (int i = 0; i < n; i++) {
+        /* bools and integers only: "False" or None taken by truth value would silently
+           compute gradients the caller did not ask for */
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+        if (!PyBool_Check(item) && !PyLong_Check(item) && !PyArray_IsScalar(item, Bool) &&
+            !PyArray_IsScalar(item, Integer)) {
+            PyErr_Format(PyExc_TypeError, "%s, got %R", message, obj);
+            goto done;
+        }
+        mask[i] = PyObject_IsTrue(item);
+        if (mask[i] < 0) {
+            goto done;
+        }
+    }
+    status = 0;
+done:
+    Py_XDECREF(seq);
+    return status;
 }
 
-/* New reference: obj as an ndarray (itself when it is one), or NULL. */
+/* ------------------------------------------------------------------------ */
+/* Helpers: arrays                                                           */
+/* ------------------------------------------------------------------------ */
+
+/* New reference: obj itself when it is an ndarray, else NumPy's conversion of it (as
+   np.asarray), or NULL with an exception set. */
 static PyArrayObject *
 as_array(PyObject *obj)
 {
@@ -224,38 +360,13 @@ as_array(PyObject *obj)
         Py_INCREF(obj);
         return (PyArrayObject *)obj;
     }
-    PyArrayObject *arr = (PyArrayObject *)PyArray_FromAny(obj, NULL, 0, 0, 0, NULL);
-    if (arr) {
-        return arr;
-    }
-    /* A torch tensor that requires grad refuses to become an array with a RuntimeError; its
-       values, detached from the autograd graph, are what we compute on (torch itself is never
-       imported). Any other error, KeyboardInterrupt and MemoryError included, stands. */
-    PyObject *exc_type, *exc_value, *exc_tb, *detached = NULL;
-    if (!PyErr_ExceptionMatches(PyExc_RuntimeError)) {
-        return NULL;
-    }
-    PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
-    if (PyObject_HasAttrString(obj, "requires_grad") && PyObject_HasAttrString(obj, "detach")) {
-        detached = PyObject_CallMethod(obj, "detach", NULL);
-        arr = detached ? (PyArrayObject *)PyArray_FromAny(detached, NULL, 0, 0, 0, NULL) : NULL;
-        Py_XDECREF(detached);
-    }
-    if (arr) {
-        Py_XDECREF(exc_type);
-        Py_XDECREF(exc_value);
-        Py_XDECREF(exc_tb);
-    }
-    else {
-        PyErr_Clear();
-        PyErr_Restore(exc_type, exc_value, exc_tb);
-    }
-    return arr;
+    return (PyArrayObject *)PyArray_FromAny(obj, NULL, 0, 0, 0, NULL);
 }
 
-/* The kernel dtype of a float16/32/64 array; -1 with TypeError set otherwise. */
+/* The kernel dtype of a float16/32/64 array; -1 with UnsupportedDTypeError set otherwise
+   (its `dtype` attribute is the array's dtype, for the Python layer to name it as torch does). */
 static int
-kernel_dtype(PyArrayObject *arr, const char *kernel, const char *what)
+kernel_dtype(module_state *state, PyArrayObject *arr, const char *what)
 {
     switch (PyArray_TYPE(arr)) {
     case NPY_HALF:
@@ -265,28 +376,45 @@ kernel_dtype(PyArrayObject *arr, const char *kernel, const char *what)
     case NPY_DOUBLE:
         return LN_F64;
     }
-    PyArray_Descr *descr = PyArray_DESCR(arr);
-    const char *torch_name = torch_type_name(descr);
-    if (torch_name) {
-        PyErr_Format(PyExc_TypeError,
-                     "\"%s\" not implemented for '%s': %s takes float16, float32 or "
-                     "float64 arrays, got dtype %S; convert it first, e.g. x.astype(np.float32)",
-                     kernel, torch_name, what, (PyObject *)descr);
+    PyObject *descr = (PyObject *)PyArray_DESCR(arr);
+    PyObject *message = NULL, *error = NULL;
+    message = PyUnicode_FromFormat("%s takes float16, float32 or float64 arrays, got dtype %S; "
+                                   "convert it first, e.g. x.astype(np.float32)",
+                                   what, descr);
+    if (!message) {
+        goto done;
     }
-    else {
-        PyErr_Format(PyExc_TypeError,
-                     "%s takes float16, float32 or float64 arrays, got dtype %S; convert it first, "
-                     "e.g. x.astype(np.float32)",
-                     what, (PyObject *)descr);
+    error = PyObject_CallOneArg(state->unsupported_dtype_error, message);
+    if (!error || PyObject_SetAttrString(error, "dtype", descr) < 0) {
+        goto done;
     }
+    PyErr_SetObject(state->unsupported_dtype_error, error);
+done:
+    Py_XDECREF(message);
+    Py_XDECREF(error);
     return -1;
+}
+
+/* New reference: arr itself when it is C-contiguous, aligned and native of type type_num,
+   else NumPy's conversion of it to such an array; NULL with an exception set. */
+static PyArrayObject *
+contiguous_of_type(PyArrayObject *arr, int type_num)
+{
+    if (PyArray_TYPE(arr) == type_num && PyArray_ISCARRAY_RO(arr)) {
+        /* the common case, without NumPy's conversion call (a tenth of a small call's time) */
+        Py_INCREF(arr);
+        return arr;
+    }
+    return (PyArrayObject *)PyArray_FromArray(arr, PyArray_DescrFromType(type_num),
+                                              NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST);
 }
 
 static const int param_type_num[] = {NPY_FLOAT, NPY_FLOAT, NPY_DOUBLE};
 static const npy_intp param_size[] = {4, 4, 8};
 static const int elem_type_num[] = {NPY_HALF, NPY_FLOAT, NPY_DOUBLE};
 
-/* Checks that arr's trailing dims equal the normalized shape (torch's message). */
+/* Checks that arr's trailing dims equal the normalized shape.  Returns 0, or -1 with torch's
+   ValueError text set. */
 static int
 check_trailing_shape(PyArrayObject *arr, const shape_t *ns)
 {
@@ -298,71 +426,76 @@ check_trailing_shape(PyArrayObject *arr, const shape_t *ns)
     if (ok) {
         return 0;
     }
-    PyObject *ns_list = dims_as_list(ns->dims, ns->ndim);
-    PyObject *size_list = dims_as_list(PyArray_DIMS(arr), ndim);
-    PyObject *star = ns_list ? PyUnicode_FromFormat("%R", ns_list) : NULL;
-    if (ns_list && size_list && star) {
-        /* "[*, 2, 2]" from "[2, 2]" */
-        PyObject *tail = PyUnicode_Substring(star, 1, PyUnicode_GET_LENGTH(star));
-        if (tail) {
-            PyErr_Format(PyExc_ValueError,
-                         "Given normalized_shape=%R, expected input with shape [*, %U, but got input "
-                         "of size%R",
-                         ns_list, tail, size_list);
-            Py_DECREF(tail);
-        }
+    PyObject *ns_list = NULL, *size_list = NULL, *ns_text = NULL, *tail = NULL;
+    ns_list = dims_as_list(ns->dims, ns->ndim);
+    size_list = dims_as_list(PyArray_DIMS(arr), ndim);
+    ns_text = ns_list ? PyObject_Repr(ns_list) : NULL;
+    if (!size_list || !ns_text) {
+        goto done;
     }
-    Py_XDECREF(star);
+    /* "[*, 2, 2]" from "[2, 2]" */
+    tail = PyUnicode_Substring(ns_text, 1, PyUnicode_GET_LENGTH(ns_text));
+    if (tail) {
+        PyErr_Format(PyExc_ValueError,
+                     "Given normalized_shape=%R, expected input with shape [*, %U, but got input "
+                     "of size%R",
+                     ns_list, tail, size_list);
+    }
+done:
     Py_XDECREF(ns_list);
     Py_XDECREF(size_list);
+    Py_XDECREF(ns_text);
+    Py_XDECREF(tail);
     return -1;
 }
 
-/* Stores into *out a new reference to the parameter `obj` as a C-contiguous array of
-   the param type, or NULL for None.  Returns 0, or -1 with an exception set. */
+/* Stores into *out a new reference to the parameter `obj` as a C-contiguous array of the
+   param type, or NULL for None.  Returns 0, or -1 with an exception set. */
 static int
 param_array(PyObject *obj, const char *name, const shape_t *ns, int type_num, PyArrayObject **out)
 {
+    int status = -1;
+    PyArrayObject *arr = NULL;
+    PyObject *got = NULL, *want = NULL;
     *out = NULL;
     if (!obj || obj == Py_None) {
         return 0;
     }
-    PyArrayObject *arr = as_array(obj);
+    arr = as_array(obj);
     if (!arr) {
-        return -1;
+        goto done;
     }
-    int ok = PyArray_NDIM(arr) == ns->ndim;
-    for (int i = 0; ok && i < ns->ndim; i++) {
-        ok = PyArray_DIM(arr, i) == ns->dims[i];
+    int same_shape = PyArray_NDIM(arr) == ns->ndim;
+    for (int i = 0; same_shape && i < ns->ndim; i++) {
+        same_shape = PyArray_DIM(arr, i) == ns->dims[i];
     }
-    if (!ok) {
-        PyObject *got = dims_as_list(PyArray_DIMS(arr), PyArray_NDIM(arr));
-        PyObject *want = dims_as_list(ns->dims, ns->ndim);
-        if (got && want) {
+    if (!same_shape) {
+        got = dims_as_list(PyArray_DIMS(arr), PyArray_NDIM(arr));
+        want = got ? dims_as_list(ns->dims, ns->ndim) : NULL;
+        if (want) {
             PyErr_Format(PyExc_ValueError,
                          "Expected %s to be of same shape as normalized_shape, but got %s of shape %R "
                          "and normalized_shape = %R",
                          name, name, got, want);
         }
-        Py_XDECREF(got);
-        Py_XDECREF(want);
-        Py_DECREF(arr);
-        return -1;
+        goto done;
     }
     if (PyArray_DESCR(arr)->kind != 'f') {
         PyErr_Format(PyExc_TypeError, "%s must have a floating-point dtype, got dtype %S", name,
                      (PyObject *)PyArray_DESCR(arr));
-        Py_DECREF(arr);
-        return -1;
+        goto done;
     }
-    *out = (PyArrayObject *)PyArray_FromArray(arr, PyArray_DescrFromType(type_num),
-                                              NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST);
-    Py_DECREF(arr);
-    return *out ? 0 : -1;
+    *out = contiguous_of_type(arr, type_num);
+    status = *out ? 0 : -1;
+done:
+    Py_XDECREF(arr);
+    Py_XDECREF(got);
+    Py_XDECREF(want);
+    return status;
 }
 
-/* If the last `inner_ndim` dims of arr form one contiguous block and its leading dims
-   collapse to a single stride, stores that stride in elements and returns 1. */
+/* 1 when the last `inner_ndim` dims of arr form one contiguous block and its leading dims
+   collapse to a single stride, which it stores in *row_step (in elements); else 0. */
 static int
 rows_view(PyArrayObject *arr, int inner_ndim, npy_intp *row_step)
 {
@@ -379,8 +512,7 @@ rows_view(PyArrayObject *arr, int inner_ndim, npy_intp *row_step)
         }
         expected *= dims[k];
     }
-    npy_intp inner_size = expected / itemsize;
-    *row_step = inner_size;
+    *row_step = expected / itemsize;
     npy_intp next_stride = 0, next_dim = 0;
     int seen = 0;
     for (int k = ndim - inner_ndim - 1; k >= 0; k--) {
@@ -403,8 +535,8 @@ rows_view(PyArrayObject *arr, int inner_ndim, npy_intp *row_step)
     return 1;
 }
 
-/* New reference: arr itself when the kernel can read its rows in place (setting
-   *row_step), else a C-contiguous native copy (row_step = row_len). */
+/* New reference: arr itself when the kernel can read its rows in place (setting *row_step),
+   else a C-contiguous native copy (row_step = row_len); NULL with an exception set. */
 static PyArrayObject *
 readable_rows(PyArrayObject *arr, int inner_ndim, npy_intp row_len, npy_intp *row_step)
 {
@@ -418,7 +550,7 @@ readable_rows(PyArrayObject *arr, int inner_ndim, npy_intp row_len, npy_intp *ro
                                                   NPY_ARRAY_ENSURECOPY | NPY_ARRAY_FORCECAST);
 }
 
-/* The bytes [lo, hi) an array's elements span (lo == hi when empty). */
+/* Stores the bytes [lo, hi) an array's elements span (lo == hi when empty). */
 static void
 memory_extent(PyArrayObject *arr, char **lo, char **hi)
 {
@@ -440,6 +572,7 @@ memory_extent(PyArrayObject *arr, char **lo, char **hi)
     *hi = end + PyArray_ITEMSIZE(arr);
 }
 
+/* 1 when the memory of a and b may overlap, else 0. */
 static int
 arrays_overlap(PyArrayObject *a, PyArrayObject *b)
 {
@@ -449,52 +582,57 @@ arrays_overlap(PyArrayObject *a, PyArrayObject *b)
     return a_lo < a_hi && b_lo < b_hi && a_lo < b_hi && b_lo < a_hi;
 }
 
-/* Replaces *arr (owned) with a private copy when it overlaps out. */
+/* Replaces *arr (owned, may be NULL) with a private copy when it overlaps out.
+   Returns 0, or -1 with an exception set (then *arr is NULL). */
 static int
 detach_from_output(PyArrayObject **arr, PyArrayObject *out)
 {
     if (!*arr || !arrays_overlap(*arr, out)) {
         return 0;
     }
-    PyArrayObject *copy = (PyArrayObject *)PyArray_NewCopy(*arr, NPY_CORDER);
-    Py_SETREF(*arr, copy);
-    return copy ? 0 : -1;
+    Py_SETREF(*arr, (PyArrayObject *)PyArray_NewCopy(*arr, NPY_CORDER));
+    return *arr ? 0 : -1;
 }
 
-/* Checks a caller's out= array; returns a new reference to it, or NULL. */
+/* New reference: the caller's out= array after checking it can take a result shaped like
+   `like` of type type_num; NULL with an exception set. */
 static PyArrayObject *
 check_out(PyObject *obj, PyArrayObject *like, int type_num)
 {
+    PyArrayObject *result = NULL;
+    PyObject *got = NULL, *want = NULL;
     if (!PyArray_Check(obj)) {
         PyErr_Format(PyExc_TypeError, "out must be a numpy.ndarray, got %.200s", Py_TYPE(obj)->tp_name);
-        return NULL;
+        goto done;
     }
     PyArrayObject *out = (PyArrayObject *)obj;
     if (PyArray_TYPE(out) != type_num || !PyArray_ISNOTSWAPPED(out)) {
         PyErr_Format(PyExc_TypeError, "out has dtype %S, but the result has dtype %S",
                      (PyObject *)PyArray_DESCR(out), (PyObject *)PyArray_DESCR(like));
-        return NULL;
+        goto done;
     }
     if (!PyArray_SAMESHAPE(out, like)) {
-        PyObject *got = dims_as_list(PyArray_DIMS(out), PyArray_NDIM(out));
-        PyObject *want = dims_as_list(PyArray_DIMS(like), PyArray_NDIM(like));
-        if (got && want) {
+        got = dims_as_list(PyArray_DIMS(out), PyArray_NDIM(out));
+        want = got ? dims_as_list(PyArray_DIMS(like), PyArray_NDIM(like)) : NULL;
+        if (want) {
             PyErr_Format(PyExc_ValueError, "out has shape %R, but the result has shape %R", got, want);
         }
-        Py_XDECREF(got);
-        Py_XDECREF(want);
-        return NULL;
+        goto done;
     }
     if (!PyArray_IS_C_CONTIGUOUS(out) || !PyArray_ISALIGNED(out)) {
         PyErr_SetString(PyExc_ValueError, "out must be a C-contiguous, aligned array");
-        return NULL;
+        goto done;
     }
     if (!PyArray_ISWRITEABLE(out)) {
         PyErr_SetString(PyExc_ValueError, "out is read-only");
-        return NULL;
+        goto done;
     }
     Py_INCREF(out);
-    return out;
+    result = out;
+done:
+    Py_XDECREF(got);
+    Py_XDECREF(want);
+    return result;
 }
 
 /* The number of rows: the product of the dims before the normalized ones. */
@@ -508,7 +646,7 @@ batch_size(PyArrayObject *arr, int ns_ndim)
     return rows;
 }
 
-/* New reference: an uninitialised array of the input's batch dims + (1,) * ns_ndim. */
+/* New reference: an uninitialised array of the input's batch dims + (1,) * ns_ndim, or NULL. */
 static PyArrayObject *
 stats_array(PyArrayObject *input, int ns_ndim, int type_num)
 {
@@ -520,21 +658,9 @@ stats_array(PyArrayObject *input, int ns_ndim, int type_num)
     return (PyArrayObject *)PyArray_SimpleNew(ndim, dims, type_num);
 }
 
-/* ------------------------------------------------------------------------ */
-/* Forward                                                                   */
-/* ------------------------------------------------------------------------ */
-
-/* What forward() returns besides the output. */
-typedef enum {
-    RETURN_OUTPUT,          /* output */
-    RETURN_STATS,           /* (output, mean, rstd) */
-    RETURN_SAVED_FOR_GRAD,  /* (output, (input, stats)): input a private C-contiguous array,
-                               stats a bytes object holding mean then rstd (see saved_backward) */
-} forward_returns;
-
 /* New reference: input's data in an array nobody else holds (for backward to read after the
-   caller may have changed its own), C-contiguous and native: `rows` itself when it is a
-   copy made here, else a new copy. */
+   caller may have changed its own), C-contiguous and native: `rows` itself when it is a copy
+   made here, else a new copy; NULL with an exception set. */
 static PyArrayObject *
 private_input(PyArrayObject *input, PyArrayObject *rows)
 {
@@ -558,15 +684,51 @@ private_input(PyArrayObject *input, PyArrayObject *rows)
     return (PyArrayObject *)PyArray_NewCopy(rows, NPY_CORDER);
 }
 
-/* New reference: what `returns` says, or NULL with an exception set. */
+/* ------------------------------------------------------------------------ */
+/* Norm kinds: the forward and backward they share                           */
+/* ------------------------------------------------------------------------ */
+
+/* What the binding needs to know about one kind of normalization.  Its parameters are the
+   first n_params of (weight, bias); its statistics are the last n_stats of (mean, rstd): a
+   kind with centred statistics returns both, an uncentred one (RMSNorm) rstd alone. */
+typedef struct {
+    const char *module_name;    /* the module class, named in its dtype refusals */
+    const char *stats_source;   /* the function whose statistics backward takes */
+    int n_params;               /* 2: weight and bias; 1: weight */
+    int n_stats;                /* 2: mean and rstd; 1: rstd */
+} norm_kind;
+
+static const char *const param_names[] = {"weight", "bias"};
+static const char *const stat_names[] = {"mean", "rstd"};
+
+static const norm_kind layer_norm_kind = {
+    .module_name = "LayerNorm",
+    .stats_source = "native_layer_norm",
+    .n_params = 2,
+    .n_stats = 2,
+};
+
+/* What forward() returns besides the output. */
+typedef enum {
+    RETURN_OUTPUT,          /* output */
+    RETURN_STATS,           /* (output, *stats) */
+    RETURN_SAVED_FOR_GRAD,  /* (output, (input, stats)): input a private C-contiguous array,
+                               stats a bytes object holding each statistic of every row in
+                               turn (see saved_backward) */
+} forward_returns;
+
+/* New reference: what `returns` says, or NULL with an exception set.  param_objs holds the
+   kind's n_params parameters (NULL or None where absent); `what` names the caller in the
+   dtype refusal. */
 static PyObject *
-forward(const char *fname, PyObject *input_obj, PyObject *ns_obj, PyObject *weight_obj,
-        PyObject *bias_obj, PyObject *eps_obj, PyObject *out_obj, forward_returns returns)
+forward(module_state *state, const norm_kind *kind, const char *what, PyObject *input_obj,
+        PyObject *ns_obj, PyObject *const param_objs[], PyObject *eps_obj, PyObject *out_obj,
+        forward_returns returns)
 {
-    PyObject *result = NULL;
-    PyArrayObject *input = NULL, *rows = NULL, *weight = NULL, *bias = NULL;
-    PyArrayObject *output = NULL, *mean = NULL, *rstd = NULL, *saved_input = NULL;
-    PyObject *saved_stats = NULL;
+    PyObject *result = NULL, *saved_stats = NULL, *saved = NULL;
+    PyArrayObject *input = NULL, *rows = NULL, *output = NULL, *saved_input = NULL;
+    PyArrayObject *params[2] = {NULL, NULL}, *stats[2] = {NULL, NULL};
+    char *stats_data[2] = {NULL, NULL};  /* where the kernel writes each statistic */
     shape_t ns;
     double eps;
     npy_intp row_step;
@@ -578,10 +740,16 @@ forward(const char *fname, PyObject *input_obj, PyObject *ns_obj, PyObject *weig
     if (!input) {
         goto done;
     }
-    const int dtype = kernel_dtype(input, "LayerNormKernelImpl", fname);
-    if (dtype < 0 || param_array(weight_obj, "weight", &ns, param_type_num[dtype], &weight) < 0 ||
-        param_array(bias_obj, "bias", &ns, param_type_num[dtype], &bias) < 0 ||
-        check_trailing_shape(input, &ns) < 0) {
+    const int dtype = kernel_dtype(state, input, what);
+    if (dtype < 0) {
+        goto done;
+    }
+    for (int p = 0; p < kind->n_params; p++) {
+        if (param_array(param_objs[p], param_names[p], &ns, param_type_num[dtype], &params[p]) < 0) {
+            goto done;
+        }
+    }
+    if (check_trailing_shape(input, &ns) < 0) {
         goto done;
     }
     rows = readable_rows(input, ns.ndim, ns.size, &row_step);
@@ -596,9 +764,13 @@ forward(const char *fname, PyObject *input_obj, PyObject *ns_obj, PyObject *weig
         /* Writing over the rows being read is safe only row onto the same row. */
         const int in_place = PyArray_DATA(rows) == PyArray_DATA(output) && row_step == ns.size;
         PyArrayObject *rows_before = rows;
-        if ((!in_place && detach_from_output(&rows, output) < 0) ||
-            detach_from_output(&weight, output) < 0 || detach_from_output(&bias, output) < 0) {
+        if (!in_place && detach_from_output(&rows, output) < 0) {
             goto done;
+        }
+        for (int p = 0; p < kind->n_params; p++) {
+            if (detach_from_output(&params[p], output) < 0) {
+                goto done;
+            }
         }
         if (rows != rows_before) {
             row_step = ns.size;  /* now a C-contiguous copy */
@@ -612,23 +784,27 @@ forward(const char *fname, PyObject *input_obj, PyObject *ns_obj, PyObject *weig
         }
     }
     const npy_intp batch = batch_size(input, ns.ndim);
-    char *stats_data = NULL;   /* mean (batch values) then rstd (batch values) */
+    const int first_stat = 2 - kind->n_stats;  /* index into (mean, rstd) */
     if (returns == RETURN_STATS) {
-        mean = stats_array(input, ns.ndim, param_type_num[dtype]);
-        rstd = mean ? stats_array(input, ns.ndim, param_type_num[dtype]) : NULL;
-        if (!rstd) {
-            goto done;
+        for (int s = first_stat; s < 2; s++) {
+            stats[s] = stats_array(input, ns.ndim, param_type_num[dtype]);
+            if (!stats[s]) {
+                goto done;
+            }
+            stats_data[s] = PyArray_DATA(stats[s]);
         }
     }
     if (returns == RETURN_SAVED_FOR_GRAD) {
-        /* One bytes object instead of two arrays: a third of a small training-mode call
-           went into making the mean and rstd arrays, which only saved_backward reads. */
-        saved_stats = PyBytes_FromStringAndSize(NULL, 2 * batch * param_size[dtype]);
+        /* One bytes object instead of arrays: a third of a small training-mode call went
+           into making the statistics' arrays, which only saved_backward reads. */
+        saved_stats = PyBytes_FromStringAndSize(NULL, kind->n_stats * batch * param_size[dtype]);
         saved_input = saved_stats ? private_input(input, rows) : NULL;
         if (!saved_input) {
             goto done;
         }
-        stats_data = PyBytes_AS_STRING(saved_stats);
+        for (int s = first_stat; s < 2; s++) {
+            stats_data[s] = PyBytes_AS_STRING(saved_stats) + (s - first_stat) * batch * param_size[dtype];
+        }
     }
 
     const ln_forward_args args = {
@@ -638,11 +814,11 @@ forward(const char *fname, PyObject *input_obj, PyObject *ns_obj, PyObject *weig
         .input = PyArray_DATA(rows),
         .input_row_step = row_step,
         .output = PyArray_DATA(output),
-        .weight = weight ? PyArray_DATA(weight) : NULL,
-        .bias = bias ? PyArray_DATA(bias) : NULL,
+        .weight = params[0] ? PyArray_DATA(params[0]) : NULL,
+        .bias = params[1] ? PyArray_DATA(params[1]) : NULL,
         .eps = eps,
-        .mean = mean ? PyArray_DATA(mean) : stats_data,
-        .rstd = rstd ? PyArray_DATA(rstd) : stats_data ? stats_data + batch * param_size[dtype] : NULL,
+        .mean = stats_data[0],
+        .rstd = stats_data[1],
     };
     int status;
     Py_BEGIN_ALLOW_THREADS
@@ -654,90 +830,279 @@ forward(const char *fname, PyObject *input_obj, PyObject *ns_obj, PyObject *weig
     }
     switch (returns) {
     case RETURN_OUTPUT:
+        Py_INCREF(output);
         result = (PyObject *)output;
-        Py_INCREF(result);
         break;
     case RETURN_STATS:
-        result = PyTuple_Pack(3, (PyObject *)output, (PyObject *)mean, (PyObject *)rstd);
+        result = PyTuple_New(1 + kind->n_stats);
+        if (result) {
+            Py_INCREF(output);
+            PyTuple_SET_ITEM(result, 0, (PyObject *)output);
+            for (int s = first_stat; s < 2; s++) {
+                Py_INCREF(stats[s]);
+                PyTuple_SET_ITEM(result, 1 + s - first_stat, (PyObject *)stats[s]);
+            }
+        }
         break;
-    case RETURN_SAVED_FOR_GRAD: {
-        PyObject *saved = PyTuple_Pack(2, (PyObject *)saved_input, saved_stats);
+    case RETURN_SAVED_FOR_GRAD:
+        saved = PyTuple_Pack(2, (PyObject *)saved_input, saved_stats);
         result = saved ? PyTuple_Pack(2, (PyObject *)output, saved) : NULL;
-        Py_XDECREF(saved);
         break;
-    }
     }
 done:
-    Py_XDECREF(saved_input);
-    Py_XDECREF(saved_stats);
     Py_XDECREF(input);
     Py_XDECREF(rows);
-    Py_XDECREF(weight);
-    Py_XDECREF(bias);
     Py_XDECREF(output);
-    Py_XDECREF(mean);
-    Py_XDECREF(rstd);
+    Py_XDECREF(saved_input);
+    Py_XDECREF(saved_stats);
+    Py_XDECREF(saved);
+    for (int i = 0; i < 2; i++) {
+        Py_XDECREF(params[i]);
+        Py_XDECREF(stats[i]);
+    }
     return result;
 }
+
+/* New reference: a statistic (mean or rstd) handed to backward, as contiguous params checked
+   to hold one value per row; NULL with an exception set. */
+static PyArrayObject *
+stats_input(PyObject *obj, const norm_kind *kind, const char *name, npy_intp rows, int type_num)
+{
+    PyArrayObject *result = NULL, *arr = NULL;
+    arr = as_array(obj);
+    if (!arr) {
+        goto done;
+    }
+    if (PyArray_DESCR(arr)->kind != 'f') {
+        PyErr_Format(PyExc_TypeError, "%s must be a float array, as %s returns it; got %R of dtype %S",
+                     name, kind->stats_source, obj == Py_None ? Py_None : (PyObject *)Py_TYPE(obj),
+                     (PyObject *)PyArray_DESCR(arr));
+        goto done;
+    }
+    if (PyArray_SIZE(arr) != rows) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s must be a float array with one value per normalized row (%zd), as "
+                     "%s returns it; got dtype %S and %zd values",
+                     name, (Py_ssize_t)rows, kind->stats_source, (PyObject *)PyArray_DESCR(arr),
+                     (Py_ssize_t)PyArray_SIZE(arr));
+        goto done;
+    }
+    result = contiguous_of_type(arr, type_num);
+done:
+    Py_XDECREF(arr);
+    return result;
+}
+
+/* New reference: (grad_input, *grad_params), or NULL with an exception set.  The kind's
+   statistics come either as the objects in stat_objs or, with stat_objs NULL, as the bytes
+   that training_forward saved; param_objs holds its parameters, mask its 1 + n_params
+   output_mask entries. */
+static PyObject *
+backward(module_state *state, const norm_kind *kind, const char *what, PyObject *grad_output_obj,
+         PyObject *input_obj, const shape_t *ns_arg, PyObject *const stat_objs[],
+         PyObject *saved_stats, PyObject *const param_objs[], const int mask[])
+{
+    PyObject *result = NULL, *got = NULL, *want = NULL;
+    PyArrayObject *input = NULL, *grad_out = NULL, *input_rows = NULL, *grad_rows = NULL;
+    PyArrayObject *grad_input = NULL;
+    PyArrayObject *params[2] = {NULL, NULL}, *stats[2] = {NULL, NULL}, *grad_params[2] = {NULL, NULL};
+    const char *stats_data[2] = {NULL, NULL};
+    const shape_t ns = *ns_arg;
+    npy_intp input_step, grad_step;
+
+    input = as_array(input_obj);
+    if (!input) {
+        goto done;
+    }
+    const int dtype = kernel_dtype(state, input, what);
+    if (dtype < 0) {
+        goto done;
+    }
+    for (int p = 0; p < kind->n_params; p++) {
+        if (param_array(param_objs[p], param_names[p], &ns, param_type_num[dtype], &params[p]) < 0) {
+            goto done;
+        }
+    }
+    if (check_trailing_shape(input, &ns) < 0) {
+        goto done;
+    }
+    grad_out = as_array(grad_output_obj);
+    if (!grad_out) {
+        goto done;
+    }
+    if (PyArray_DESCR(grad_out)->kind != 'f') {
+        PyErr_Format(PyExc_TypeError, "grad_output must have a floating-point dtype, got dtype %S",
+                     (PyObject *)PyArray_DESCR(grad_out));
+        goto done;
+    }
+    if (!PyArray_SAMESHAPE(grad_out, input)) {
+        got = dims_as_list(PyArray_DIMS(grad_out), PyArray_NDIM(grad_out));
+        want = got ? dims_as_list(PyArray_DIMS(input), PyArray_NDIM(input)) : NULL;
+        if (want) {
+            PyErr_Format(PyExc_ValueError, "grad_output of shape %R does not match input of size%R",
+                         got, want);
+        }
+        goto done;
+    }
+    if (PyArray_TYPE(grad_out) != PyArray_TYPE(input)) {
+        Py_SETREF(grad_out, (PyArrayObject *)PyArray_FromArray(
+                                grad_out, PyArray_DescrFromType(PyArray_TYPE(input)),
+                                NPY_ARRAY_CARRAY_RO | NPY_ARRAY_FORCECAST));
+        if (!grad_out) {
+            goto done;
+        }
+    }
+    const npy_intp rows = batch_size(input, ns.ndim);
+    const int first_stat = 2 - kind->n_stats;  /* index into (mean, rstd) */
+    if (stat_objs) {
+        for (int s = first_stat; s < 2; s++) {
+            stats[s] = stats_input(stat_objs[s - first_stat], kind, stat_names[s], rows,
+                                   param_type_num[dtype]);
+            if (!stats[s]) {
+                goto done;
+            }
+            stats_data[s] = PyArray_DATA(stats[s]);
+        }
+    }
+    else {
+        if (!PyBytes_Check(saved_stats) ||
+            PyBytes_GET_SIZE(saved_stats) != kind->n_stats * rows * param_size[dtype]) {
+            PyErr_SetString(PyExc_ValueError,
+                            "stats must be the bytes that training_forward returned with this input");
+            goto done;
+        }
+        for (int s = first_stat; s < 2; s++) {
+            stats_data[s] = PyBytes_AS_STRING(saved_stats) + (s - first_stat) * rows * param_size[dtype];
+        }
+    }
+    input_rows = readable_rows(input, ns.ndim, ns.size, &input_step);
+    grad_rows = input_rows ? readable_rows(grad_out, ns.ndim, ns.size, &grad_step) : NULL;
+    if (!grad_rows) {
+        goto done;
+    }
+    if (mask[0]) {
+        grad_input = (PyArrayObject *)PyArray_SimpleNew(PyArray_NDIM(input), PyArray_DIMS(input),
+                                                        elem_type_num[dtype]);
+        if (!grad_input) {
+            goto done;
+        }
+    }
+    for (int p = 0; p < kind->n_params; p++) {
+        if (mask[1 + p] && params[p]) {
+            grad_params[p] = (PyArrayObject *)PyArray_SimpleNew(ns.ndim, ns.dims, param_type_num[dtype]);
+            if (!grad_params[p]) {
+                goto done;
+            }
+        }
+    }
+    const ln_backward_args args = {
+        .dtype = (ln_dtype)dtype,
+        .rows = rows,
+        .row_len = ns.size,
+        .grad_output = PyArray_DATA(grad_rows),
+        .grad_output_row_step = grad_step,
+        .input = PyArray_DATA(input_rows),
+        .input_row_step = input_step,
+        .mean = stats_data[0],
+        .rstd = stats_data[1],
+        .weight = params[0] ? PyArray_DATA(params[0]) : NULL,
+        .grad_input = grad_input ? PyArray_DATA(grad_input) : NULL,
+        .grad_weight = grad_params[0] ? PyArray_DATA(grad_params[0]) : NULL,
+        .grad_bias = grad_params[1] ? PyArray_DATA(grad_params[1]) : NULL,
+    };
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = ln_backward(&args);
+    Py_END_ALLOW_THREADS
+    if (status < 0) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    result = PyTuple_New(1 + kind->n_params);
+    if (!result) {
+        goto done;
+    }
+    for (int i = 0; i <= kind->n_params; i++) {
+        PyObject *item = i == 0 ? (PyObject *)grad_input : (PyObject *)grad_params[i - 1];
+        item = item ? item : Py_None;
+        Py_INCREF(item);
+        PyTuple_SET_ITEM(result, i, item);
+    }
+done:
+    Py_XDECREF(got);
+    Py_XDECREF(want);
+    Py_XDECREF(input);
+    Py_XDECREF(grad_out);
+    Py_XDECREF(input_rows);
+    Py_XDECREF(grad_rows);
+    Py_XDECREF(grad_input);
+    for (int i = 0; i < 2; i++) {
+        Py_XDECREF(params[i]);
+        Py_XDECREF(stats[i]);
+        Py_XDECREF(grad_params[i]);
+    }
+    return result;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Python-facing functions: LayerNorm                                        */
+/* ------------------------------------------------------------------------ */
+
+/* Each function takes its parameters as consecutive arguments (weight, bias), so &values[..]
+   is the param_objs array forward() and backward() want. */
 
 PyDoc_STRVAR(layer_norm_doc,
 "layer_norm($module, input, normalized_shape, weight=None, bias=None, eps=1e-05, *, out=None)\n"
 "--\n"
 "\n"
 "Layer normalization over the last len(normalized_shape) dimensions, as\n"
-"torch.nn.functional.layer_norm.\n"
-"\n"
-"Parameters\n"
-"----------\n"
-"input : array_like of float16, float32 or float64\n"
-"normalized_shape : int or sequence of int\n"
-"    The trailing shape to normalize over.\n"
-"weight, bias : array_like of shape normalized_shape, optional\n"
-"    Elementwise scale (default ones) and shift (default zeros).\n"
-"eps : float\n"
-"    Added to the (biased) variance inside the square root.\n"
-"out : ndarray, optional\n"
-"    C-contiguous array of the input's shape and dtype to write into; may be the\n"
-"    input itself.\n"
+"torch.nn.functional.layer_norm (the core of layernorm.layer_norm).\n"
 "\n"
 "Returns\n"
 "-------\n"
 "ndarray\n"
-"    (input - mean) / sqrt(var + eps) * weight + bias, of the input's dtype.\n");
+"    (input - mean) / sqrt(var + eps) * weight + bias, of the input's dtype, written\n"
+"    into out when given.\n");
 
 static PyObject *
 layer_norm(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    static const char *const names[] = {"input", "normalized_shape", "weight", "bias", "eps", "out"};
-    PyObject *v[6];
-    if (parse_args("layer_norm", args, nargs, kwnames, names, 6, 5, 2, v) < 0) {
+    enum { INPUT, NORMALIZED_SHAPE, WEIGHT, BIAS, EPS, OUT, N };
+    static const keyword_id keywords[N] = {KW_INPUT, KW_NORMALIZED_SHAPE, KW_WEIGHT, KW_BIAS, KW_EPS, KW_OUT};
+    module_state *state = get_state(module);
+    PyObject *v[N];
+    if (parse_args(state, "layer_norm", args, nargs, kwnames, keywords, N, EPS + 1, 2, v) < 0) {
         return NULL;
     }
-    return forward("layer_norm", v[0], v[1], v[2], v[3], v[4], v[5], RETURN_OUTPUT);
+    return forward(state, &layer_norm_kind, "layer_norm", v[INPUT], v[NORMALIZED_SHAPE], &v[WEIGHT],
+                   v[EPS], v[OUT], RETURN_OUTPUT);
 }
 
 PyDoc_STRVAR(native_layer_norm_doc,
 "native_layer_norm($module, input, normalized_shape, weight=None, bias=None, eps=1e-05)\n"
 "--\n"
 "\n"
-"Layer normalization that also returns its statistics, as torch.native_layer_norm.\n"
+"Layer normalization that also returns its statistics, as torch.native_layer_norm\n"
+"(the core of layernorm.native_layer_norm).\n"
 "\n"
 "Returns\n"
 "-------\n"
 "(output, mean, rstd)\n"
-"    mean and rstd = 1 / sqrt(var + eps) have shape\n"
-"    input.shape[:-D] + (1,) * D, D = len(normalized_shape), and dtype float32\n"
-"    (float64 for float64 input).\n");
+"    mean and rstd have shape input.shape[:-D] + (1,) * D, D = len(normalized_shape),\n"
+"    and dtype float32 (float64 for float64 input).\n");
 
 static PyObject *
 native_layer_norm(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    static const char *const names[] = {"input", "normalized_shape", "weight", "bias", "eps"};
-    PyObject *v[5];
-    if (parse_args("native_layer_norm", args, nargs, kwnames, names, 5, 5, 2, v) < 0) {
+    enum { INPUT, NORMALIZED_SHAPE, WEIGHT, BIAS, EPS, N };
+    static const keyword_id keywords[N] = {KW_INPUT, KW_NORMALIZED_SHAPE, KW_WEIGHT, KW_BIAS, KW_EPS};
+    module_state *state = get_state(module);
+    PyObject *v[N];
+    if (parse_args(state, "native_layer_norm", args, nargs, kwnames, keywords, N, N, 2, v) < 0) {
         return NULL;
     }
-    return forward("native_layer_norm", v[0], v[1], v[2], v[3], v[4], NULL, RETURN_STATS);
+    return forward(state, &layer_norm_kind, "native_layer_norm", v[INPUT], v[NORMALIZED_SHAPE],
+                   &v[WEIGHT], v[EPS], NULL, RETURN_STATS);
 }
 
 PyDoc_STRVAR(training_forward_doc,
@@ -754,82 +1119,15 @@ PyDoc_STRVAR(training_forward_doc,
 static PyObject *
 training_forward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    static const char *const names[] = {"input", "normalized_shape", "weight", "bias", "eps"};
-    PyObject *v[5];
-    if (parse_args("training_forward", args, nargs, kwnames, names, 5, 5, 2, v) < 0) {
+    enum { INPUT, NORMALIZED_SHAPE, WEIGHT, BIAS, EPS, N };
+    static const keyword_id keywords[N] = {KW_INPUT, KW_NORMALIZED_SHAPE, KW_WEIGHT, KW_BIAS, KW_EPS};
+    module_state *state = get_state(module);
+    PyObject *v[N];
+    if (parse_args(state, "training_forward", args, nargs, kwnames, keywords, N, N, 2, v) < 0) {
         return NULL;
     }
-    return forward("LayerNorm", v[0], v[1], v[2], v[3], v[4], NULL, RETURN_SAVED_FOR_GRAD);
-}
-
-/* ------------------------------------------------------------------------ */
-/* Backward                                                                  */
-/* ------------------------------------------------------------------------ */
-
-/* New reference: a statistics array (mean or rstd) as contiguous params, checked
-   to hold one value per row. */
-static PyArrayObject *
-stats_input(PyObject *obj, const char *name, npy_intp rows, int type_num)
-{
-    PyArrayObject *arr = as_array(obj);
-    if (!arr) {
-        return NULL;
-    }
-    if (PyArray_DESCR(arr)->kind != 'f') {
-        PyErr_Format(PyExc_TypeError,
-                     "%s must be a float array, as native_layer_norm returns it; got %R of dtype %S",
-                     name, obj == Py_None ? Py_None : (PyObject *)Py_TYPE(obj),
-                     (PyObject *)PyArray_DESCR(arr));
-        Py_DECREF(arr);
-        return NULL;
-    }
-    if (PyArray_SIZE(arr) != rows) {
-        PyErr_Format(PyExc_ValueError,
-                     "%s must be a float array with one value per normalized row (%zd), as "
-                     "native_layer_norm returns it; got dtype %S and %zd values",
-                     name, (Py_ssize_t)rows, (PyObject *)PyArray_DESCR(arr), (Py_ssize_t)PyArray_SIZE(arr));
-        Py_DECREF(arr);
-        return NULL;
-    }
-    PyArrayObject *converted = (PyArrayObject *)PyArray_FromArray(
-        arr, PyArray_DescrFromType(type_num), NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST);
-    Py_DECREF(arr);
-    return converted;
-}
-
-static int
-parse_output_mask(PyObject *obj, int mask[3])
-{
-    mask[0] = mask[1] = mask[2] = 1;
-    if (!obj) {
-        return 0;
-    }
-    PyObject *seq = PySequence_Fast(obj, "output_mask must be a sequence of three bools");
-    if (!seq) {
-        return -1;
-    }
-    int status = 0;
-    if (PySequence_Fast_GET_SIZE(seq) != 3) {
-        PyErr_SetString(PyExc_ValueError, "output_mask must be a sequence of three bools");
-        status = -1;
-    }
-    for (int i = 0; status == 0 && i < 3; i++) {
-        /* bools and integers only: "False" or None taken by truth value would silently
-           compute gradients the caller did not ask for */
-        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
-        if (!PyBool_Check(item) && !PyLong_Check(item) && !PyArray_IsScalar(item, Bool) &&
-            !PyArray_IsScalar(item, Integer)) {
-            PyErr_Format(PyExc_TypeError, "output_mask must be a sequence of three bools, got %R", obj);
-            status = -1;
-            break;
-        }
-        mask[i] = PyObject_IsTrue(item);
-        if (mask[i] < 0) {
-            status = -1;
-        }
-    }
-    Py_DECREF(seq);
-    return status;
+    return forward(state, &layer_norm_kind, layer_norm_kind.module_name, v[INPUT],
+                   v[NORMALIZED_SHAPE], &v[WEIGHT], v[EPS], NULL, RETURN_SAVED_FOR_GRAD);
 }
 
 PyDoc_STRVAR(layer_norm_backward_doc,
@@ -837,168 +1135,31 @@ PyDoc_STRVAR(layer_norm_backward_doc,
 "                    bias=None, output_mask=(True, True, True))\n"
 "--\n"
 "\n"
-"Gradients of layer_norm, as torch.ops.aten.native_layer_norm_backward.\n"
-"\n"
-"mean and rstd are the statistics native_layer_norm returned for this input.\n"
+"Gradients of layer_norm, as torch.ops.aten.native_layer_norm_backward (the core of\n"
+"layernorm.layer_norm_backward).\n"
 "\n"
 "Returns\n"
 "-------\n"
 "(grad_input, grad_weight, grad_bias)\n"
-"    Each is None where its output_mask entry is False; grad_weight is None\n"
-"    without a weight and grad_bias None without a bias.  grad_weight and\n"
-"    grad_bias have shape normalized_shape.\n");
-
-/* New reference: (grad_input, grad_weight, grad_bias), or NULL with an exception set.
-   The statistics come either as the mean and rstd objects of layer_norm_backward or, with
-   mean_obj NULL, as the bytes that training_forward saved. */
-static PyObject *
-backward(PyObject *grad_output_obj, PyObject *input_obj, const shape_t *ns_arg, PyObject *mean_obj,
-         PyObject *rstd_obj, PyObject *saved_stats, PyObject *weight_obj, PyObject *bias_obj,
-         const int mask[3])
-{
-    PyObject *result = NULL;
-    PyArrayObject *input = NULL, *grad_out = NULL, *input_rows = NULL, *grad_rows = NULL;
-    PyArrayObject *mean = NULL, *rstd = NULL, *weight = NULL, *bias = NULL;
-    PyArrayObject *grad_input = NULL, *grad_weight = NULL, *grad_bias = NULL;
-    const shape_t ns = *ns_arg;
-    npy_intp input_step, grad_step;
-    const char *mean_data, *rstd_data;
-
-    input = as_array(input_obj);
-    if (!input) {
-        goto done;
-    }
-    const int dtype = kernel_dtype(input, "LayerNormBackwardKernelImpl", "layer_norm_backward");
-    if (dtype < 0 || param_array(weight_obj, "weight", &ns, param_type_num[dtype], &weight) < 0 ||
-        param_array(bias_obj, "bias", &ns, param_type_num[dtype], &bias) < 0 ||
-        check_trailing_shape(input, &ns) < 0) {
-        goto done;
-    }
-    grad_out = as_array(grad_output_obj);
-    if (!grad_out) {
-        goto done;
-    }
-    if (PyArray_DESCR(grad_out)->kind != 'f') {
-        PyErr_Format(PyExc_TypeError, "grad_output must have a floating-point dtype, got dtype %S",
-                     (PyObject *)PyArray_DESCR(grad_out));
-        goto done;
-    }
-    if (!PyArray_SAMESHAPE(grad_out, input)) {
-        PyObject *got = dims_as_list(PyArray_DIMS(grad_out), PyArray_NDIM(grad_out));
-        PyObject *want = dims_as_list(PyArray_DIMS(input), PyArray_NDIM(input));
-        if (got && want) {
-            PyErr_Format(PyExc_ValueError,
-                         "grad_output of shape %R does not match input of size%R", got, want);
-        }
-        Py_XDECREF(got);
-        Py_XDECREF(want);
-        goto done;
-    }
-    if (PyArray_TYPE(grad_out) != PyArray_TYPE(input)) {
-        Py_SETREF(grad_out, (PyArrayObject *)PyArray_FromArray(
-                                grad_out, PyArray_DescrFromType(PyArray_TYPE(input)),
-                                NPY_ARRAY_CARRAY_RO | NPY_ARRAY_FORCECAST));
-        if (!grad_out) {
-            goto done;
-        }
-    }
-    const npy_intp rows = batch_size(input, ns.ndim);
-    if (mean_obj) {
-        mean = stats_input(mean_obj, "mean", rows, param_type_num[dtype]);
-        rstd = mean ? stats_input(rstd_obj, "rstd", rows, param_type_num[dtype]) : NULL;
-        if (!rstd) {
-            goto done;
-        }
-        mean_data = PyArray_DATA(mean);
-        rstd_data = PyArray_DATA(rstd);
-    }
-    else {
-        if (!PyBytes_Check(saved_stats) || PyBytes_GET_SIZE(saved_stats) != 2 * rows * param_size[dtype]) {
-            PyErr_SetString(PyExc_ValueError,
-                            "stats must be the bytes that training_forward returned with this input");
-            goto done;
-        }
-        mean_data = PyBytes_AS_STRING(saved_stats);
-        rstd_data = mean_data + rows * param_size[dtype];
-    }
-    input_rows = readable_rows(input, ns.ndim, ns.size, &input_step);
-    grad_rows = input_rows ? readable_rows(grad_out, ns.ndim, ns.size, &grad_step) : NULL;
-    if (!grad_rows) {
-        goto done;
-    }
-    if (mask[0]) {
-        grad_input = (PyArrayObject *)PyArray_SimpleNew(PyArray_NDIM(input), PyArray_DIMS(input),
-                                                        elem_type_num[dtype]);
-        if (!grad_input) {
-            goto done;
-        }
-    }
-    if (mask[1] && weight) {
-        grad_weight = (PyArrayObject *)PyArray_SimpleNew(ns.ndim, ns.dims, param_type_num[dtype]);
-        if (!grad_weight) {
-            goto done;
-        }
-    }
-    if (mask[2] && bias) {
-        grad_bias = (PyArrayObject *)PyArray_SimpleNew(ns.ndim, ns.dims, param_type_num[dtype]);
-        if (!grad_bias) {
-            goto done;
-        }
-    }
-    const ln_backward_args bargs = {
-        .dtype = (ln_dtype)dtype,
-        .rows = rows,
-        .row_len = ns.size,
-        .grad_output = PyArray_DATA(grad_rows),
-        .grad_output_row_step = grad_step,
-        .input = PyArray_DATA(input_rows),
-        .input_row_step = input_step,
-        .mean = mean_data,
-        .rstd = rstd_data,
-        .weight = weight ? PyArray_DATA(weight) : NULL,
-        .grad_input = grad_input ? PyArray_DATA(grad_input) : NULL,
-        .grad_weight = grad_weight ? PyArray_DATA(grad_weight) : NULL,
-        .grad_bias = grad_bias ? PyArray_DATA(grad_bias) : NULL,
-    };
-    int status;
-    Py_BEGIN_ALLOW_THREADS
-    status = ln_backward(&bargs);
-    Py_END_ALLOW_THREADS
-    if (status < 0) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    result = PyTuple_Pack(3, grad_input ? (PyObject *)grad_input : Py_None,
-                          grad_weight ? (PyObject *)grad_weight : Py_None,
-                          grad_bias ? (PyObject *)grad_bias : Py_None);
-done:
-    Py_XDECREF(input);
-    Py_XDECREF(grad_out);
-    Py_XDECREF(input_rows);
-    Py_XDECREF(grad_rows);
-    Py_XDECREF(mean);
-    Py_XDECREF(rstd);
-    Py_XDECREF(weight);
-    Py_XDECREF(bias);
-    Py_XDECREF(grad_input);
-    Py_XDECREF(grad_weight);
-    Py_XDECREF(grad_bias);
-    return result;
-}
+"    Each is None where its output_mask entry is False or its parameter is None.\n");
 
 static PyObject *
 layer_norm_backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    static const char *const names[] = {"grad_output", "input", "normalized_shape", "mean",
-                                        "rstd", "weight", "bias", "output_mask"};
-    PyObject *v[8];
+    enum { GRAD_OUTPUT, INPUT, NORMALIZED_SHAPE, MEAN, RSTD, WEIGHT, BIAS, OUTPUT_MASK, N };
+    static const keyword_id keywords[N] = {KW_GRAD_OUTPUT, KW_INPUT, KW_NORMALIZED_SHAPE, KW_MEAN,
+                                           KW_RSTD, KW_WEIGHT, KW_BIAS, KW_OUTPUT_MASK};
+    module_state *state = get_state(module);
+    PyObject *v[N];
     shape_t ns;
     int mask[3];
-    if (parse_args("layer_norm_backward", args, nargs, kwnames, names, 8, 8, 5, v) < 0 ||
-        parse_normalized_shape(v[2], &ns) < 0 || parse_output_mask(v[7], mask) < 0) {
+    if (parse_args(state, "layer_norm_backward", args, nargs, kwnames, keywords, N, N, RSTD + 1, v) < 0 ||
+        parse_normalized_shape(v[NORMALIZED_SHAPE], &ns) < 0 ||
+        parse_output_mask(v[OUTPUT_MASK], 1 + layer_norm_kind.n_params, mask) < 0) {
         return NULL;
     }
-    return backward(v[0], v[1], &ns, v[3], v[4], NULL, v[5], v[6], mask);
+    return backward(state, &layer_norm_kind, "layer_norm_backward", v[GRAD_OUTPUT], v[INPUT], &ns,
+                    &v[MEAN], NULL, &v[WEIGHT], mask);
 }
 
 PyDoc_STRVAR(saved_backward_doc,
@@ -1012,20 +1173,25 @@ PyDoc_STRVAR(saved_backward_doc,
 static PyObject *
 saved_backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    static const char *const names[] = {"grad_output", "input", "stats", "normalized_shape",
-                                        "weight", "bias", "output_mask"};
-    PyObject *v[7];
+    enum { GRAD_OUTPUT, INPUT, STATS, NORMALIZED_SHAPE, WEIGHT, BIAS, OUTPUT_MASK, N };
+    static const keyword_id keywords[N] = {KW_GRAD_OUTPUT, KW_INPUT, KW_STATS, KW_NORMALIZED_SHAPE,
+                                           KW_WEIGHT, KW_BIAS, KW_OUTPUT_MASK};
+    module_state *state = get_state(module);
+    PyObject *v[N];
     shape_t ns;
     int mask[3];
-    if (parse_args("saved_backward", args, nargs, kwnames, names, 7, 7, 4, v) < 0 ||
-        parse_normalized_shape(v[3], &ns) < 0 || parse_output_mask(v[6], mask) < 0) {
+    if (parse_args(state, "saved_backward", args, nargs, kwnames, keywords, N, N,
+                   NORMALIZED_SHAPE + 1, v) < 0 ||
+        parse_normalized_shape(v[NORMALIZED_SHAPE], &ns) < 0 ||
+        parse_output_mask(v[OUTPUT_MASK], 1 + layer_norm_kind.n_params, mask) < 0) {
         return NULL;
     }
-    return backward(v[0], v[1], &ns, NULL, NULL, v[2], v[4], v[5], mask);
+    return backward(state, &layer_norm_kind, layer_norm_kind.module_name, v[GRAD_OUTPUT], v[INPUT],
+                    &ns, NULL, v[STATS], &v[WEIGHT], mask);
 }
 
 /* ------------------------------------------------------------------------ */
-/* Threads and SIMD level                                                    */
+/* Python-facing functions: threads and SIMD level                           */
 /* ------------------------------------------------------------------------ */
 
 PyDoc_STRVAR(set_num_threads_doc,
@@ -1088,6 +1254,7 @@ available_simd_levels(PyObject *module, PyObject *Py_UNUSED(ignored))
     return levels;
 }
 
+/* The level called `name`, or -1 when there is none. */
 static int
 simd_level_from_name(const char *name)
 {
@@ -1132,10 +1299,10 @@ set_simd_level(PyObject *module, PyObject *arg)
 
 static PyMethodDef layernorm_methods[] = {
     {"layer_norm", (PyCFunction)(void (*)(void))layer_norm, METH_FASTCALL | METH_KEYWORDS, layer_norm_doc},
-    {"training_forward", (PyCFunction)(void (*)(void))training_forward, METH_FASTCALL | METH_KEYWORDS,
-     training_forward_doc},
     {"native_layer_norm", (PyCFunction)(void (*)(void))native_layer_norm, METH_FASTCALL | METH_KEYWORDS,
      native_layer_norm_doc},
+    {"training_forward", (PyCFunction)(void (*)(void))training_forward, METH_FASTCALL | METH_KEYWORDS,
+     training_forward_doc},
     {"layer_norm_backward", (PyCFunction)(void (*)(void))layer_norm_backward,
      METH_FASTCALL | METH_KEYWORDS, layer_norm_backward_doc},
     {"saved_backward", (PyCFunction)(void (*)(void))saved_backward, METH_FASTCALL | METH_KEYWORDS,
@@ -1148,7 +1315,7 @@ static PyMethodDef layernorm_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-/* LAYERNORM_NUM_THREADS and LAYERNORM_SIMD, read once at import. */
+/* Applies LAYERNORM_NUM_THREADS and LAYERNORM_SIMD.  Returns 0, or -1 with ValueError set. */
 static int
 apply_environment(void)
 {
@@ -1178,10 +1345,28 @@ apply_environment(void)
     return 0;
 }
 
+PyDoc_STRVAR(unsupported_dtype_error_doc,
+"An input dtype the kernels do not take; its `dtype` attribute is that dtype.");
+
+/* Fills the module state and applies the environment.  Returns 0, or -1 with an exception
+   set (the module's state is then released by module_clear). */
 static int
 layernorm_exec(PyObject *module)
 {
+    module_state *state = get_state(module);
     if (PyArray_ImportNumPyAPI() < 0) {
+        return -1;
+    }
+    for (int k = 0; k < KW_COUNT; k++) {
+        state->keywords[k] = PyUnicode_InternFromString(keyword_text[k]);
+        if (!state->keywords[k]) {
+            return -1;
+        }
+    }
+    state->unsupported_dtype_error = PyErr_NewExceptionWithDoc(
+        "layernorm._layernorm.UnsupportedDTypeError", unsupported_dtype_error_doc, PyExc_TypeError, NULL);
+    if (!state->unsupported_dtype_error ||
+        PyModule_AddObjectRef(module, "UnsupportedDTypeError", state->unsupported_dtype_error) < 0) {
         return -1;
     }
     return apply_environment();
@@ -1190,7 +1375,14 @@ layernorm_exec(PyObject *module)
 static PyModuleDef_Slot layernorm_slots[] = {
     {Py_mod_exec, layernorm_exec},
 #if PY_VERSION_HEX >= 0x030C0000
-    {Py_mod_multiple_interpreters, Py_MOD_MULTIPLE_INTERPRETERS_NOT_SUPPORTED},
+    /* Every Python object this module holds is in its module state, and the kernel layer's
+       process-wide state is plain C with its own locking: each interpreter may have its own. */
+    {Py_mod_multiple_interpreters, Py_MOD_PER_INTERPRETER_GIL_SUPPORTED},
+#endif
+#ifdef Py_mod_gil
+    /* The module state is read-only once exec has run, and the kernel layer locks its own
+       state: nothing here relies on the GIL. */
+    {Py_mod_gil, Py_MOD_GIL_NOT_USED},
 #endif
     {0, NULL},
 };
@@ -1199,9 +1391,12 @@ static struct PyModuleDef layernorm_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "layernorm._layernorm",
     .m_doc = "LayerNorm kernels on NumPy arrays (the compiled core of the layernorm package).",
-    .m_size = 0,
+    .m_size = sizeof(module_state),
     .m_methods = layernorm_methods,
     .m_slots = layernorm_slots,
+    .m_traverse = module_traverse,
+    .m_clear = module_clear,
+    .m_free = module_free,
 };
 
 PyMODINIT_FUNC

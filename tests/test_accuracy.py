@@ -1,5 +1,5 @@
-"""Accuracy: ours against a float64 reference computed from the very same (upcast) input,
-and against torch's error on the same data.  A large common offset is where LayerNorm
+"""Accuracy: ours against layernorm._reference, float64 from the very same (upcast) input, and
+against torch's error on the same data.  A large common offset is where LayerNorm
 implementations lose digits: torch accumulates float32 statistics in float32.
 """
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import layernorm
-from conftest import f16_ulp, reference_layer_norm, torch_layer_norm
+from helpers import f16_ulp, reference_layer_norm, requires_torch, torch_layer_norm
 
 OFFSETS = [0.0, 1e2, 1e3, 1e4]
 ROW_LENGTHS = [64, 256, 1024, 4096]
@@ -32,6 +32,7 @@ def test_float32_error_within_1e6_of_float64(offset, n):
     assert max_abs_error(layernorm.layer_norm(x, (n,)), y) <= 1e-6
 
 
+@requires_torch
 @pytest.mark.parametrize("n", ROW_LENGTHS)
 @pytest.mark.parametrize("offset", OFFSETS, ids=[f"offset{o:g}" for o in OFFSETS])
 def test_float32_more_accurate_than_torch(offset, n):
@@ -47,6 +48,7 @@ def test_float32_more_accurate_than_torch(offset, n):
         assert ours < theirs
 
 
+@requires_torch
 @pytest.mark.parametrize("n", ROW_LENGTHS)
 def test_torch_error_at_offset_1e4_is_large(n):
     # The gap is real: torch's float32 statistics lose more than 1e-4 at offset 1e4.
@@ -134,6 +136,7 @@ def test_float64_matches_two_pass_reference(offset, n):
     assert max_abs_error(out, y) <= 1e-13 + 4 * np.finfo(np.float64).eps * offset
 
 
+@requires_torch
 def test_float64_huge_offset_is_not_torchs_problem():
     # float64 torch is accurate too: both agree to 1e-12 at offset 1e4.
     x = offset_rows(1e4, 1024, dtype=np.float64, seed=5)

@@ -1,16 +1,16 @@
-"""Every error: its exception type (spec: ValueError for shapes/values, TypeError for types)
-and, where torch has a message for the same mistake, torch's exact text inside ours.
+"""Every error of layer_norm, native_layer_norm, layer_norm_backward and the module's calls:
+its exception type (ValueError for shapes and values, TypeError for types) and, where torch has
+a message for the same mistake, torch's exact text inside ours.
 
-torch's text is obtained by calling torch on the same mistake, never typed in.
+torch's text is obtained by calling torch on the same mistake, never typed in: without torch,
+the exception types are still checked, the texts are not.
 """
 
 import numpy as np
 import pytest
-import torch
-import torch.nn.functional as F
 
 import layernorm
-from conftest import torch_message
+from helpers import F, requires_torch, torch, torch_dtype, torch_message
 
 
 def _native(x, ns, w=None, b=None, eps=1e-5):
@@ -47,6 +47,15 @@ def _pair_id(pair):
 
 @pytest.mark.parametrize("entry", list(ENTRY_POINTS))
 @pytest.mark.parametrize("pair", BAD_SHAPE_PAIRS, ids=_pair_id)
+def test_bad_shape_pairs_raise_value_error(pair, entry):
+    ns, shape = pair
+    with pytest.raises(ValueError, match="normalized_shape"):
+        ENTRY_POINTS[entry](np.ones(shape, np.float32), ns)
+
+
+@requires_torch
+@pytest.mark.parametrize("entry", list(ENTRY_POINTS))
+@pytest.mark.parametrize("pair", BAD_SHAPE_PAIRS, ids=_pair_id)
 def test_bad_shape_pairs_raise_torch_text(pair, entry):
     ns, shape = pair
     ns_tuple = (ns,) if isinstance(ns, int) else ns
@@ -57,6 +66,13 @@ def test_bad_shape_pairs_raise_torch_text(pair, entry):
     assert expected in str(info.value)
 
 
+@pytest.mark.parametrize("ns", [(), []], ids=["tuple", "list"])
+def test_empty_normalized_shape_nonempty_input_raises_value_error(ns):
+    with pytest.raises(ValueError, match="at least 1-dimensional"):
+        layernorm.layer_norm(np.ones((2, 3), np.float64), ns)
+
+
+@requires_torch
 @pytest.mark.parametrize("ns", [(), []], ids=["tuple", "list"])
 def test_empty_normalized_shape_nonempty_input(ns):
     x = np.ones((2, 3), np.float64)
@@ -80,12 +96,20 @@ BAD_PARAM_SHAPES = [
 ]
 
 
+PARAM_SHAPE_IDS = [f"{w}{p!r}-ns{n!r}".replace(" ", "") for w, _, n, p in BAD_PARAM_SHAPES]
+
+
 @pytest.mark.parametrize("entry", list(ENTRY_POINTS))
-@pytest.mark.parametrize(
-    "which,shape,ns,pshape",
-    BAD_PARAM_SHAPES,
-    ids=[f"{w}{p!r}-ns{n!r}".replace(" ", "") for w, _, n, p in BAD_PARAM_SHAPES],
-)
+@pytest.mark.parametrize("which,shape,ns,pshape", BAD_PARAM_SHAPES, ids=PARAM_SHAPE_IDS)
+def test_param_shape_raises_value_error(which, shape, ns, pshape, entry):
+    kw = {which: np.ones(pshape, np.float32)}
+    with pytest.raises(ValueError, match=which):
+        ENTRY_POINTS[entry](np.ones(shape, np.float32), ns, kw.get("weight"), kw.get("bias"))
+
+
+@requires_torch
+@pytest.mark.parametrize("entry", list(ENTRY_POINTS))
+@pytest.mark.parametrize("which,shape,ns,pshape", BAD_PARAM_SHAPES, ids=PARAM_SHAPE_IDS)
 def test_param_shape_raises_torch_text(which, shape, ns, pshape, entry):
     x = np.ones(shape, np.float32)
     p = np.ones(pshape, np.float32)
@@ -102,35 +126,81 @@ def test_param_shape_raises_torch_text(which, shape, ns, pshape, entry):
 # Input dtypes
 # ---------------------------------------------------------------------------
 
+# NumPy dtypes torch has a name for, with that torch dtype's name.
 TORCH_OF = {
-    np.int64: torch.int64,
-    np.int32: torch.int32,
-    np.int16: torch.int16,
-    np.int8: torch.int8,
-    np.uint8: torch.uint8,
-    np.uint16: torch.uint16,
-    np.uint32: torch.uint32,
-    np.uint64: torch.uint64,
-    np.bool_: torch.bool,
-    np.complex64: torch.complex64,
-    np.complex128: torch.complex128,
+    np.int64: "int64",
+    np.int32: "int32",
+    np.int16: "int16",
+    np.int8: "int8",
+    np.uint8: "uint8",
+    np.uint16: "uint16",
+    np.uint32: "uint32",
+    np.uint64: "uint64",
+    np.bool_: "bool",
+    np.complex64: "complex64",
+    np.complex128: "complex128",
 }
 
 
 @pytest.mark.parametrize("entry", list(ENTRY_POINTS))
 @pytest.mark.parametrize("np_dtype", list(TORCH_OF), ids=lambda d: np.dtype(d).name)
-def test_int_bool_complex_input_raise_torch_text(np_dtype, entry):
-    x = np.ones((2, 3), np_dtype)
-    expected = torch_message(lambda: F.layer_norm(torch.ones((2, 3), dtype=TORCH_OF[np_dtype]), (3,)))
-    assert "LayerNormKernelImpl" in expected
+def test_int_bool_complex_input_raise_type_error(np_dtype, entry):
     with pytest.raises(TypeError) as info:
-        ENTRY_POINTS[entry](x, (3,))
+        ENTRY_POINTS[entry](np.ones((2, 3), np_dtype), (3,))
     msg = str(info.value)
-    assert expected in msg
     assert np.dtype(np_dtype).name in msg  # names the numpy dtype
     assert "astype" in msg  # and the fix
 
 
+@requires_torch
+@pytest.mark.parametrize("entry", list(ENTRY_POINTS))
+@pytest.mark.parametrize("np_dtype", list(TORCH_OF), ids=lambda d: np.dtype(d).name)
+def test_int_bool_complex_input_raise_torch_text(np_dtype, entry):
+    x = np.ones((2, 3), np_dtype)
+    expected = torch_message(lambda: F.layer_norm(torch.ones((2, 3), dtype=torch_dtype(TORCH_OF[np_dtype])), (3,)))
+    assert "LayerNormKernelImpl" in expected
+    with pytest.raises(TypeError) as info:
+        ENTRY_POINTS[entry](x, (3,))
+    assert expected in str(info.value)
+
+
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_module_int_input_raises_type_error(mode):
+    # The module's own calls word the refusal as the functions do; training mode names the module.
+    module = layernorm.LayerNorm(3).train(mode == "train")
+    with pytest.raises(TypeError) as info:
+        module(np.ones((2, 3), np.int64))
+    assert ("LayerNorm takes" if mode == "train" else "layer_norm takes") in str(info.value)
+
+
+@requires_torch
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_module_int_input_raises_torch_text(mode):
+    expected = torch_message(lambda: F.layer_norm(torch.ones((2, 3), dtype=torch.int64), (3,)))
+    module = layernorm.LayerNorm(3).train(mode == "train")
+    with pytest.raises(TypeError) as info:
+        module(np.ones((2, 3), np.int64))
+    assert expected in str(info.value)
+
+
+@pytest.mark.parametrize("entry", ["layer_norm", "native_layer_norm", "training_forward"])
+def test_core_refusal_names_the_dtype_not_torch(entry):
+    # The compiled core knows nothing of torch: it raises UnsupportedDTypeError carrying the
+    # dtype, and the Python layer adds torch's name for it.
+    from layernorm import _layernorm
+    with pytest.raises(_layernorm.UnsupportedDTypeError) as info:
+        getattr(_layernorm, entry)(np.ones((2, 3), np.int64), (3,))
+    assert isinstance(info.value, TypeError)
+    assert info.value.dtype == np.dtype(np.int64)
+    assert "not implemented" not in str(info.value) and "int64" in str(info.value)
+
+
+def test_int_list_input_is_int64_data():
+    with pytest.raises(TypeError, match="int64"):
+        layernorm.layer_norm([[1, 2, 3]], (3,))
+
+
+@requires_torch
 def test_int_list_input_is_long():
     # A list of Python ints is int64 data (torch.tensor makes it Long): the same message.
     expected = torch_message(lambda: F.layer_norm(torch.tensor([[1, 2, 3]]), (3,)))
@@ -239,7 +309,9 @@ BAD_OUTS = {
 }
 
 
-@pytest.mark.parametrize("kind", list(BAD_OUTS))
+@pytest.mark.parametrize(
+    "kind", [pytest.param(k, marks=requires_torch) if k.startswith("torch") else k for k in BAD_OUTS]
+)
 def test_bad_out_raises(kind):
     make, exc = BAD_OUTS[kind]
     x = np.ones((4, 3), np.float32)
@@ -291,50 +363,21 @@ def test_too_many_positional_native_layer_norm():
         layernorm.native_layer_norm(np.ones((2, 3)), (3,), None, None, 1e-5, None)
 
 
-def test_missing_arguments_layer_norm():
+@pytest.mark.parametrize("args", [(np.ones((2, 3)),), ()], ids=["input-only", "nothing"])
+def test_missing_arguments_layer_norm(args):
     with pytest.raises(TypeError):
-        layernorm.layer_norm(np.ones((2, 3)))
-    with pytest.raises(TypeError):
-        layernorm.layer_norm()
+        layernorm.layer_norm(*args)
 
 
-def test_missing_arguments_native_layer_norm():
+@pytest.mark.parametrize("args", [(np.ones((2, 3)),), ()], ids=["input-only", "nothing"])
+def test_missing_arguments_native_layer_norm(args):
     with pytest.raises(TypeError):
-        layernorm.native_layer_norm(np.ones((2, 3)))
-    with pytest.raises(TypeError):
-        layernorm.native_layer_norm()
+        layernorm.native_layer_norm(*args)
 
 
 def test_argument_given_twice():
     with pytest.raises(TypeError):
         layernorm.layer_norm(np.ones((2, 3)), (3,), None, weight=np.ones(3))
-
-
-# ---------------------------------------------------------------------------
-# Runtime controls
-# ---------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("n", [0, -1, -100])
-def test_set_num_threads_below_one(n, restore_runtime):
-    before = layernorm.get_num_threads()
-    with pytest.raises(ValueError):
-        layernorm.set_num_threads(n)
-    assert layernorm.get_num_threads() == before
-
-
-@pytest.mark.parametrize("n", ["2", None, 2.5])
-def test_set_num_threads_not_int(n, restore_runtime):
-    with pytest.raises(TypeError):
-        layernorm.set_num_threads(n)
-
-
-@pytest.mark.parametrize("name", ["", "sse2", "AVX2x", "neon", "fast"])
-def test_set_simd_level_unknown(name, restore_runtime):
-    before = layernorm.simd_level()
-    with pytest.raises(ValueError):
-        layernorm.set_simd_level(name)
-    assert layernorm.simd_level() == before
 
 
 # ---------------------------------------------------------------------------
@@ -361,3 +404,273 @@ def test_non_float_param_raises_type_error(kind, entry, which):
         ENTRY_POINTS[entry](x, (3,), **kw)
     msg = str(info.value)
     assert which in msg and str(param.dtype) in msg, msg  # names the parameter and its dtype
+
+# ---------------------------------------------------------------------------
+# layer_norm_backward: shapes, dtypes, output_mask, calling convention
+# ---------------------------------------------------------------------------
+
+
+def good_args(dtype=np.float32):
+    """layer_norm_backward's arguments, by name, for a call that succeeds."""
+    rng = np.random.default_rng(40)
+    x = rng.standard_normal((4, 8)).astype(dtype)
+    dy = rng.standard_normal((4, 8)).astype(dtype)
+    pdt = np.float64 if dtype == np.float64 else np.float32
+    w, b = np.ones(8, pdt), np.zeros(8, pdt)
+    _, mean, rstd = layernorm.native_layer_norm(x, (8,), w, b, 1e-5)
+    return {"grad_output": dy, "input": x, "normalized_shape": (8,), "mean": mean, "rstd": rstd,
+            "weight": w, "bias": b, "output_mask": (True, True, True)}
+
+
+def call(args):
+    return layernorm.layer_norm_backward(*args.values())
+
+
+# Input dtypes, with torch's name for each.
+INPUT_DTYPES = {
+    "int64": (np.int64, "int64"),
+    "int32": (np.int32, "int32"),
+    "uint8": (np.uint8, "uint8"),
+    "bool": (np.bool_, "bool"),
+    "complex64": (np.complex64, "complex64"),
+    "complex128": (np.complex128, "complex128"),
+}
+
+
+def test_backward_weight_shape_torch_text():
+    args = good_args()
+    args["weight"] = np.ones(7, np.float32)
+    with pytest.raises(ValueError) as err:
+        call(args)
+    assert ("Expected weight to be of same shape as normalized_shape, but got weight of shape [7] "
+            "and normalized_shape = [8]") in str(err.value)
+
+
+def test_backward_bias_shape_torch_text():
+    args = good_args()
+    args["bias"] = np.ones(7, np.float32)
+    with pytest.raises(ValueError) as err:
+        call(args)
+    assert ("Expected bias to be of same shape as normalized_shape, but got bias of shape [7] "
+            "and normalized_shape = [8]") in str(err.value)
+
+
+def test_backward_input_trailing_shape_torch_text():
+    args = good_args()
+    args["input"] = np.zeros((4, 9), np.float32)
+    args["grad_output"] = np.zeros((4, 9), np.float32)
+    with pytest.raises(ValueError) as err:
+        call(args)
+    assert ("Given normalized_shape=[8], expected input with shape [*, 8], but got input of "
+            "size[4, 9]") in str(err.value)
+
+
+@pytest.mark.parametrize("shape", [(4, 9), (5, 8), (32,)], ids=["4x9", "5x8", "flat_32"])
+def test_backward_grad_output_shape_mismatch(shape):
+    # DELIBERATE DIFFERENCE: torch does not check grad_output against input; we refuse.
+    args = good_args()
+    args["grad_output"] = np.zeros(shape, np.float32)
+    with pytest.raises(ValueError) as err:
+        call(args)
+    assert "grad_out" in str(err.value)
+
+
+@pytest.mark.parametrize("which", ["mean", "rstd"])
+def test_backward_stats_with_too_few_elements(which):
+    args = good_args()
+    args[which] = args[which][:3]
+    with pytest.raises(ValueError):
+        call(args)
+
+
+def test_backward_empty_normalized_shape():
+    args = good_args()
+    args["normalized_shape"] = ()
+    args["weight"] = args["bias"] = None
+    with pytest.raises(ValueError, match="at least 1-dimensional"):
+        call(args)
+
+
+@pytest.mark.parametrize("kind", list(INPUT_DTYPES))
+def test_backward_non_float_input_raises_type_error(kind):
+    args = good_args()
+    args["input"] = args["input"].astype(INPUT_DTYPES[kind][0])
+    with pytest.raises(TypeError) as info:
+        call(args)
+    msg = str(info.value)
+    assert np.dtype(INPUT_DTYPES[kind][0]).name in msg and "astype" in msg  # the NumPy dtype and the fix
+
+
+@requires_torch
+@pytest.mark.parametrize("kind", list(INPUT_DTYPES))
+def test_backward_non_float_input_raises_type_error_like_the_forward(kind):
+    np_dtype, torch_name = INPUT_DTYPES[kind]
+    # The forward's text for the same dtype (torch names the dtype the same way in both).
+    expected = torch_message(lambda: F.layer_norm(torch.ones((4, 8), dtype=torch_dtype(torch_name)), (8,)))
+    args = good_args()
+    args["input"] = args["input"].astype(np_dtype)
+    with pytest.raises(TypeError) as info:
+        call(args)
+    assert expected.split(" not implemented for ")[1] in str(info.value)  # torch's dtype name, e.g. 'Long'
+
+
+OTHER = {
+    "str": lambda a: a.astype(str),
+    "object": lambda a: a.astype(object),
+    "datetime64": lambda a: np.zeros(a.shape, "datetime64[D]"),
+}
+
+
+@pytest.mark.parametrize("kind", list(OTHER))
+def test_backward_other_input_dtypes_raise_type_error(kind):
+    args = good_args()
+    args["input"] = OTHER[kind](args["input"])
+    with pytest.raises(TypeError) as info:
+        call(args)
+    assert str(args["input"].dtype) in str(info.value)
+
+
+@pytest.mark.parametrize("kind", ["int64", "bool", "complex128", "str", "object"])
+@pytest.mark.parametrize("which", ["grad_output", "weight", "bias"])
+def test_backward_non_float_grad_output_or_param_raises_type_error(which, kind):
+    args = good_args()
+    args[which] = args[which].astype(np.dtype(kind) if kind != "str" else str)
+    with pytest.raises(TypeError) as info:
+        call(args)
+    assert which in str(info.value) and str(args[which].dtype) in str(info.value)
+
+
+@pytest.mark.parametrize("kind", ["int64", "complex128", "str", "None"])
+@pytest.mark.parametrize("which", ["mean", "rstd"])
+def test_backward_non_float_stats_raise_type_error(which, kind):
+    args = good_args()
+    args[which] = None if kind == "None" else args[which].astype(np.dtype(kind) if kind != "str" else str)
+    with pytest.raises(TypeError) as info:
+        call(args)
+    assert which in str(info.value)
+
+
+@pytest.mark.parametrize("mask", [(True, False), (True, True, True, True), ()],
+                         ids=["two", "four", "empty"])
+def test_backward_output_mask_wrong_length_raises_value_error(mask):
+    args = good_args()
+    args["output_mask"] = mask
+    with pytest.raises(ValueError, match="output_mask"):
+        call(args)
+
+
+@pytest.mark.parametrize("mask", [None, 1, 1.5], ids=["None", "int", "float"])
+def test_backward_output_mask_not_a_sequence_raises_type_error(mask):
+    args = good_args()
+    args["output_mask"] = mask
+    with pytest.raises(TypeError, match="output_mask"):
+        call(args)
+
+
+@pytest.mark.parametrize("mask", [("False", "False", "False"), "FFF", (None, [], "x"),
+                                  (True, 0.5, True), (True, np.array(0.5), True),
+                                  (True, np.array([0]), True)],
+                         ids=["str-False", "str-FFF", "mixed", "float", "0-d-float-array",
+                              "1-element-int-array"])
+def test_backward_output_mask_non_bool_entries_raise_type_error(mask):
+    # torch: output_mask must be a List[bool].  A string "False" is true in Python: taking
+    # it silently would return gradients the caller asked not to compute.
+    args = good_args()
+    args["output_mask"] = mask
+    with pytest.raises(TypeError, match="output_mask"):
+        call(args)
+
+
+@pytest.mark.parametrize("mask", [(1, 0, 1), (np.True_, np.False_, np.True_), [True, False, True],
+                                  (np.int64(1), np.uint8(0), np.int32(1))],
+                         ids=["ints", "numpy-bools", "list", "numpy-ints"])
+def test_backward_output_mask_bool_likes_accepted(mask):
+    args = good_args()
+    args["output_mask"] = mask
+    gi, gw, gb = call(args)
+    assert gi is not None and gw is None and gb is not None
+
+
+@pytest.mark.parametrize("ns", [(-8,), (2, -4), -8], ids=["(-8,)", "(2,-4)", "int-8"])
+def test_backward_negative_normalized_shape_raises_value_error(ns):
+    args = good_args()
+    args["normalized_shape"] = ns
+    args["weight"] = args["bias"] = None
+    with pytest.raises(ValueError, match="normalized_shape"):
+        call(args)
+
+
+@pytest.mark.parametrize("ns", [8.0, (8.0,), "8", ("8",), None], ids=["8.0", "(8.0,)", "'8'", "('8',)", "None"])
+def test_backward_non_integer_normalized_shape_raises_type_error(ns):
+    args = good_args()
+    args["normalized_shape"] = ns
+    args["weight"] = args["bias"] = None
+    with pytest.raises(TypeError):
+        call(args)
+
+
+def test_backward_fewer_input_dims_than_normalized_shape_raises_value_error():
+    args = good_args()
+    args["normalized_shape"] = (3, 4, 8)
+    args["weight"] = args["bias"] = None
+    with pytest.raises(ValueError, match="normalized_shape"):
+        call(args)
+
+
+@requires_torch
+def test_backward_fewer_input_dims_than_normalized_shape_torch_text():
+    args = good_args()
+    args["normalized_shape"] = (3, 4, 8)
+    args["weight"] = args["bias"] = None
+    x = args["input"]
+    expected = torch_message(lambda: F.layer_norm(torch.from_numpy(x), (3, 4, 8)))
+    with pytest.raises(ValueError) as info:
+        call(args)
+    assert expected in str(info.value)
+
+
+def test_backward_unknown_keyword():
+    args = good_args()
+    with pytest.raises(TypeError, match="mask"):
+        layernorm.layer_norm_backward(*list(args.values())[:7], mask=(True, True, True))
+
+
+def test_backward_too_many_arguments():
+    with pytest.raises(TypeError):
+        layernorm.layer_norm_backward(*good_args().values(), None)
+
+
+def test_backward_too_few_arguments():
+    with pytest.raises(TypeError):
+        layernorm.layer_norm_backward(*list(good_args().values())[:4])
+
+
+def test_backward_integer_input_names_torch_backward_kernel():
+    args = good_args()
+    args["input"] = args["input"].astype(np.int64)
+    with pytest.raises(TypeError, match="\"LayerNormBackwardKernelImpl\" not implemented for 'Long'"):
+        call(args)
+
+
+# The module's private route: training_forward saves (input, stats bytes), saved_backward reads
+# them.  Statistics that do not belong to the input are an error, never a read past the end.
+def _saved(x, n):
+    from layernorm._layernorm import training_forward
+    return training_forward(x, (n,), None, None, 1e-5)[1]
+
+
+@pytest.mark.parametrize("stats", [b"", b"\0" * 47, b"\0" * 49, bytearray(48), None],
+                         ids=["empty", "short", "long", "bytearray", "None"])
+def test_saved_backward_rejects_stats_of_another_input(stats):
+    from layernorm._layernorm import saved_backward
+    x = np.ones((6, 9), np.float32)
+    with pytest.raises(ValueError, match="training_forward"):
+        saved_backward(x, x, stats, (9,))
+
+
+def test_saved_backward_rejects_stats_of_another_dtype():
+    from layernorm._layernorm import saved_backward
+    x32 = np.ones((6, 9), np.float32)
+    _, stats64 = _saved(x32.astype(np.float64), 9)
+    with pytest.raises(ValueError, match="training_forward"):
+        saved_backward(x32, x32, stats64, (9,))

@@ -1,4 +1,6 @@
-"""layernorm.LayerNorm against torch.nn.LayerNorm (the oracle) and a float64 NumPy formula.
+"""layernorm.LayerNorm against torch.nn.LayerNorm (the oracle) and layernorm._reference: repr,
+attributes, parameters, state_dict, forward, train/eval, copies, and training (backward with
+gradient accumulation).
 
 Every comparison builds the torch module next to ours with the same arguments, so the expected
 repr, attributes, state_dict and outputs come from torch itself, never from a run of our code.
@@ -9,20 +11,20 @@ import pickle
 
 import numpy as np
 import pytest
-import torch
 
 import layernorm
-from conftest import torch_message
+from helpers import (
+    assert_close,
+    reference_backward,
+    reference_output,
+    requires_torch,
+    torch,
+    torch_dtype,
+    torch_message,
+)
 from layernorm import LayerNorm
 
-TORCH_DTYPE = {
-    np.dtype(np.float16): torch.float16,
-    np.dtype(np.float32): torch.float32,
-    np.dtype(np.float64): torch.float64,
-}
-NUMPY_DTYPE = {v: k for k, v in TORCH_DTYPE.items()}
-
-# Tolerances for our output against torch's or the float64 formula, by the dtype of the output.
+# Tolerances for our output against torch's or the float64 reference, by the dtype of the output.
 ATOL = {np.dtype(np.float16): 4e-3, np.dtype(np.float32): 2e-5, np.dtype(np.float64): 1e-12}
 
 
@@ -30,26 +32,24 @@ ATOL = {np.dtype(np.float16): 4e-3, np.dtype(np.float32): 2e-5, np.dtype(np.floa
 # helpers
 # ---------------------------------------------------------------------------------------------
 
-def ref_layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
-    """Ground truth: torch's formula evaluated in float64 (biased variance, eps inside the sqrt)."""
-    x = np.asarray(x, dtype=np.float64)
-    axes = tuple(range(-len(normalized_shape), 0))
-    mean = x.mean(axis=axes, keepdims=True)
-    var = ((x - mean) ** 2).mean(axis=axes, keepdims=True)
-    y = (x - mean) / np.sqrt(var + eps)
-    if weight is not None:
-        y = y * np.asarray(weight, dtype=np.float64)
-    if bias is not None:
-        y = y + np.asarray(bias, dtype=np.float64)
-    return y
-
-
 def spread_input(shape, normalized_shape, dtype, seed):
     """Random input whose rows have a variance well above 0.5 (so eps=-0.5 stays finite)."""
     rng = np.random.default_rng(seed)
     n = int(np.prod(normalized_shape))
     ramp = np.linspace(-3.0, 3.0, n).reshape(normalized_shape) if n > 1 else np.zeros(normalized_shape)
     return (ramp + 0.3 * rng.standard_normal(shape)).astype(dtype)
+
+
+def numpy_dtype_of(tensor):
+    """The NumPy dtype of a torch tensor's dtype (torch.float32 -> float32)."""
+    return np.dtype(str(tensor.dtype).replace("torch.", ""))
+
+
+def randomize(module, seed):
+    """Give one of our modules non-default parameters drawn with NumPy; return it."""
+    rng = np.random.default_rng(seed)
+    module.load_state_dict({name: rng.standard_normal(value.shape) for name, value in module.named_parameters()})
+    return module
 
 
 def torch_out(module, x):
@@ -134,13 +134,21 @@ CTOR_CASES = [
 CTOR_IDS = [c[0] for c in CTOR_CASES]
 
 
-def build_pair(ns, kwargs):
-    ours_kw, torch_kw = dict(kwargs), dict(kwargs)
+def build_ours(ns, kwargs):
+    """Our module for a constructor case."""
+    ours_kw = dict(kwargs)
     if "dtype" in kwargs:
         ours_kw["dtype"] = np.dtype(kwargs["dtype"])
-        torch_kw["dtype"] = TORCH_DTYPE[np.dtype(kwargs["dtype"])]
+    return LayerNorm(ns, **ours_kw)
+
+
+def build_pair(ns, kwargs):
+    """(ours, torch's) for a constructor case."""
+    torch_kw = dict(kwargs)
+    if "dtype" in kwargs:
+        torch_kw["dtype"] = torch_dtype(kwargs["dtype"])
     ns_torch = list(ns) if isinstance(ns, list) else ns
-    return LayerNorm(ns, **ours_kw), torch.nn.LayerNorm(ns_torch, **torch_kw)
+    return build_ours(ns, kwargs), torch.nn.LayerNorm(ns_torch, **torch_kw)
 
 
 # torch stores a numpy integer as given, so its repr prints "(np.int64(4),)"; we store Python ints
@@ -149,18 +157,21 @@ REPR_CASES = [c for c in CTOR_CASES if c[0] != "numpy_int64"]
 REPR_IDS = [c[0] for c in REPR_CASES]
 
 
+@requires_torch
 @pytest.mark.parametrize("case_id, ns, kwargs", REPR_CASES, ids=REPR_IDS)
 def test_repr_identical_to_torch(case_id, ns, kwargs):
     ours, theirs = build_pair(ns, kwargs)
     assert repr(ours) == repr(theirs)
 
 
+@requires_torch
 @pytest.mark.parametrize("case_id, ns, kwargs", REPR_CASES, ids=REPR_IDS)
 def test_extra_repr_identical_to_torch(case_id, ns, kwargs):
     ours, theirs = build_pair(ns, kwargs)
     assert ours.extra_repr() == theirs.extra_repr()
 
 
+@requires_torch
 @pytest.mark.parametrize("case_id, ns, kwargs", CTOR_CASES, ids=CTOR_IDS)
 def test_scalar_attributes_match_torch(case_id, ns, kwargs):
     ours, theirs = build_pair(ns, kwargs)
@@ -171,6 +182,7 @@ def test_scalar_attributes_match_torch(case_id, ns, kwargs):
     assert ours.training is True
 
 
+@requires_torch
 @pytest.mark.parametrize("case_id, ns, kwargs", CTOR_CASES, ids=CTOR_IDS)
 def test_parameters_match_torch(case_id, ns, kwargs):
     ours, theirs = build_pair(ns, kwargs)
@@ -181,10 +193,11 @@ def test_parameters_match_torch(case_id, ns, kwargs):
             continue
         assert isinstance(mine, np.ndarray), name
         assert mine.shape == tuple(ref.shape), name
-        assert mine.dtype == NUMPY_DTYPE[ref.dtype], name
+        assert mine.dtype == numpy_dtype_of(ref), name
         np.testing.assert_array_equal(mine, to_numpy(ref), err_msg=name)
 
 
+@requires_torch
 @pytest.mark.parametrize("case_id, ns, kwargs", CTOR_CASES, ids=CTOR_IDS)
 def test_state_dict_matches_torch(case_id, ns, kwargs):
     ours, theirs = build_pair(ns, kwargs)
@@ -192,10 +205,11 @@ def test_state_dict_matches_torch(case_id, ns, kwargs):
     assert list(sd.keys()) == list(tsd.keys())
     for key, ref in tsd.items():
         assert isinstance(sd[key], np.ndarray), key
-        assert sd[key].dtype == NUMPY_DTYPE[ref.dtype], key
+        assert sd[key].dtype == numpy_dtype_of(ref), key
         np.testing.assert_array_equal(sd[key], ref.numpy(), err_msg=key)
 
 
+@requires_torch
 @pytest.mark.parametrize("case_id, ns, kwargs", CTOR_CASES, ids=CTOR_IDS)
 def test_forward_default_params_matches_torch(case_id, ns, kwargs):
     ours, theirs = build_pair(ns, kwargs)
@@ -207,6 +221,7 @@ def test_forward_default_params_matches_torch(case_id, ns, kwargs):
     np.testing.assert_allclose(y, expected, rtol=ATOL[dtype], atol=ATOL[dtype])
 
 
+@requires_torch
 @pytest.mark.parametrize("case_id, ns, kwargs", CTOR_CASES, ids=CTOR_IDS)
 def test_forward_randn_params_matches_torch_and_float64(case_id, ns, kwargs):
     ours, theirs = build_pair(ns, kwargs)
@@ -216,15 +231,30 @@ def test_forward_randn_params_matches_torch_and_float64(case_id, ns, kwargs):
     x = spread_input((5,) + ours.normalized_shape, ours.normalized_shape, dtype, seed=3)
     y = ours(x)
     np.testing.assert_allclose(y, torch_out(theirs, x), rtol=ATOL[dtype], atol=ATOL[dtype])
-    ref = ref_layer_norm(x, ours.normalized_shape, to_numpy(theirs.weight), to_numpy(theirs.bias),
+    ref = reference_output(x, ours.normalized_shape, to_numpy(theirs.weight), to_numpy(theirs.bias),
                          theirs.eps)
     np.testing.assert_allclose(y, ref, rtol=ATOL[dtype], atol=ATOL[dtype])
 
 
+@pytest.mark.parametrize("case_id, ns, kwargs", CTOR_CASES, ids=CTOR_IDS)
+def test_forward_random_params_matches_reference(case_id, ns, kwargs):
+    ours = randomize(build_ours(ns, kwargs), seed=2)
+    dtype = np.dtype(kwargs.get("dtype", "float32"))
+    x = spread_input((5,) + ours.normalized_shape, ours.normalized_shape, dtype, seed=3)
+    y = ours(x)
+    assert y.dtype == dtype and y.shape == x.shape
+    ref = reference_output(x, ours.normalized_shape, ours.weight, ours.bias, ours.eps)
+    np.testing.assert_allclose(y, ref, rtol=ATOL[dtype], atol=ATOL[dtype])
+
+
 def test_eps_zero_repr_is_eps_0():
-    # torch keeps eps as given: an int 0 prints as "eps=0", not "eps=0.0".
-    assert repr(LayerNorm(4, eps=0)) == repr(torch.nn.LayerNorm(4, eps=0))
+    # eps is kept as given: an int 0 prints as "eps=0", not "eps=0.0".
     assert "eps=0," in repr(LayerNorm(4, eps=0))
+
+
+@requires_torch
+def test_eps_zero_repr_is_torchs():
+    assert repr(LayerNorm(4, eps=0)) == repr(torch.nn.LayerNorm(4, eps=0))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -240,6 +270,7 @@ LOAD_CASES = [
 LOAD_IDS = [c[0] for c in LOAD_CASES]
 
 
+@requires_torch
 @pytest.mark.parametrize("case_id, ns, kwargs", LOAD_CASES, ids=LOAD_IDS)
 def test_load_state_dict_from_sgd_trained_torch(case_id, ns, kwargs):
     ours, theirs = build_pair(ns, kwargs)
@@ -251,6 +282,7 @@ def test_load_state_dict_from_sgd_trained_torch(case_id, ns, kwargs):
     np.testing.assert_allclose(ours(x), torch_out(theirs, x), rtol=ATOL[dtype], atol=ATOL[dtype])
 
 
+@requires_torch
 @pytest.mark.parametrize("case_id, ns, kwargs", LOAD_CASES, ids=LOAD_IDS)
 def test_load_state_dict_from_torch_tensors_copies_values(case_id, ns, kwargs):
     ours, theirs = build_pair(ns, kwargs)
@@ -259,10 +291,11 @@ def test_load_state_dict_from_torch_tensors_copies_values(case_id, ns, kwargs):
     for name, p in theirs.named_parameters():
         mine = getattr(ours, name)
         assert isinstance(mine, np.ndarray)
-        assert mine.dtype == NUMPY_DTYPE[p.dtype]
+        assert mine.dtype == numpy_dtype_of(p)
         np.testing.assert_array_equal(mine, to_numpy(p))
 
 
+@requires_torch
 @pytest.mark.parametrize("case_id, ns, kwargs", LOAD_CASES, ids=LOAD_IDS)
 def test_load_state_dict_from_numpy_arrays(case_id, ns, kwargs):
     ours, theirs = build_pair(ns, kwargs)
@@ -330,6 +363,7 @@ STRICT_BAD = [
 ]
 
 
+@requires_torch
 @pytest.mark.parametrize("case_id, sd", STRICT_BAD, ids=[c[0] for c in STRICT_BAD])
 def test_torch_rejects_strict_case(case_id, sd):
     # The oracle: torch refuses every one of these with strict=True.
@@ -343,14 +377,25 @@ def as_source(sd, source):
     return {k: torch.from_numpy(v) if source == "torch" else v for k, v in sd.items()}
 
 
-@pytest.mark.parametrize("source", ["numpy", "torch"])
+SOURCES = ["numpy", pytest.param("torch", marks=requires_torch)]
+
+
+@pytest.mark.parametrize("source", SOURCES)
 @pytest.mark.parametrize("case_id, sd", STRICT_BAD, ids=[c[0] for c in STRICT_BAD])
 def test_load_state_dict_strict_raises_and_leaves_module_unchanged(case_id, sd, source):
     m = known_module()
     before = params(m)
-    with pytest.raises(RuntimeError) as info:
+    with pytest.raises(RuntimeError, match="Error\\(s\\) in loading state_dict for LayerNorm"):
         m.load_state_dict(as_source(sd, source), strict=True)
     assert_params_equal(m, before)
+
+
+@requires_torch
+@pytest.mark.parametrize("source", ["numpy", "torch"])
+@pytest.mark.parametrize("case_id, sd", STRICT_BAD, ids=[c[0] for c in STRICT_BAD])
+def test_load_state_dict_strict_raises_torch_text(case_id, sd, source):
+    with pytest.raises(RuntimeError) as info:
+        known_module().load_state_dict(as_source(sd, source), strict=True)
     # torch's text (its size-mismatch lines print torch.Size, so compare those by content)
     expected = torch_message(lambda: torch.nn.LayerNorm(4).load_state_dict(as_source(sd, "torch")))
     ours = str(info.value)
@@ -361,7 +406,7 @@ def test_load_state_dict_strict_raises_and_leaves_module_unchanged(case_id, sd, 
         assert ours == expected
 
 
-@pytest.mark.parametrize("source", ["numpy", "torch"])
+@pytest.mark.parametrize("source", SOURCES)
 def test_load_state_dict_checks_everything_before_changing_anything(source):
     # A good weight, then a bias of the wrong shape and an unexpected key: torch lists every
     # problem; nothing may be copied, not even the good weight.
@@ -375,17 +420,27 @@ def test_load_state_dict_checks_everything_before_changing_anything(source):
     assert "size mismatch for bias" in str(info.value)
 
 
-@pytest.mark.parametrize("value", [[("weight", NEW_W), ("bias", NEW_B)], None, "weight"],
-                         ids=["list_of_pairs", "None", "str"])
+NOT_MAPPINGS = [[("weight", NEW_W), ("bias", NEW_B)], None, "weight"]
+NOT_MAPPING_IDS = ["list_of_pairs", "None", "str"]
+
+
+@pytest.mark.parametrize("value", NOT_MAPPINGS, ids=NOT_MAPPING_IDS)
+def test_load_state_dict_not_a_mapping_raises_type_error(value):
+    m = known_module()
+    before = params(m)
+    with pytest.raises(TypeError, match="dict-like"):
+        m.load_state_dict(value)
+    assert_params_equal(m, before)
+
+
+@requires_torch
+@pytest.mark.parametrize("value", NOT_MAPPINGS, ids=NOT_MAPPING_IDS)
 def test_load_state_dict_not_a_mapping_raises_torch_text(value):
     with pytest.raises(TypeError) as theirs:
         torch.nn.LayerNorm(4).load_state_dict(value)
-    m = known_module()
-    before = params(m)
     with pytest.raises(TypeError) as ours:
-        m.load_state_dict(value)
+        known_module().load_state_dict(value)
     assert str(ours.value) == str(theirs.value)
-    assert_params_equal(m, before)
 
 
 def test_load_state_dict_unexpected_weight_on_no_affine_module():
@@ -410,11 +465,15 @@ def test_load_state_dict_non_strict_ignores_unexpected_key():
     np.testing.assert_array_equal(m.bias, NEW_B)
 
 
-def test_load_state_dict_non_strict_wrong_shape_still_raises():
-    # torch raises "size mismatch" even with strict=False; nothing may change.
+@requires_torch
+def test_torch_non_strict_wrong_shape_still_raises():
     tm = torch.nn.LayerNorm(4)
     with pytest.raises(RuntimeError):
         tm.load_state_dict({"weight": torch.ones(5)}, strict=False)
+
+
+def test_load_state_dict_non_strict_wrong_shape_still_raises():
+    # torch raises "size mismatch" even with strict=False; nothing may change.
     m = known_module()
     before = params(m)
     with pytest.raises((RuntimeError, ValueError)):
@@ -426,15 +485,28 @@ def test_load_state_dict_non_strict_wrong_shape_still_raises():
 # reset_parameters, train/eval, copies
 # ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
-def test_reset_parameters_restores_ones_and_zeros(dtype):
+def reset_module(dtype):
     m = LayerNorm((2, 3), dtype=np.dtype(dtype))
     m.load_state_dict({"weight": np.full((2, 3), 3.0), "bias": np.full((2, 3), -1.0)})
     m.reset_parameters()
-    tm = torch.nn.LayerNorm((2, 3), dtype=TORCH_DTYPE[np.dtype(dtype)])
+    return m
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_reset_parameters_restores_ones_and_zeros(dtype):
+    m = reset_module(dtype)
+    assert m.weight.dtype == np.dtype(dtype) and m.bias.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(m.weight, np.ones((2, 3)))
+    np.testing.assert_array_equal(m.bias, np.zeros((2, 3)))
+
+
+@requires_torch
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_reset_parameters_like_torch(dtype):
+    m = reset_module(dtype)
+    tm = torch.nn.LayerNorm((2, 3), dtype=torch_dtype(dtype))
     randomize_torch(tm, seed=10)
     tm.reset_parameters()
-    assert m.weight.dtype == np.dtype(dtype) and m.bias.dtype == np.dtype(dtype)
     np.testing.assert_array_equal(m.weight, to_numpy(tm.weight))
     np.testing.assert_array_equal(m.bias, to_numpy(tm.bias))
 
@@ -478,9 +550,7 @@ def test_train_and_eval_do_not_change_outputs():
 
 @pytest.mark.parametrize("how", ["pickle", "deepcopy", "copy"])
 def test_copy_round_trip_outputs_identical(how):
-    m = LayerNorm((3, 4), eps=1e-3, bias=True)
-    tm = randomize_torch(torch.nn.LayerNorm((3, 4)), seed=12)
-    m.load_state_dict(tm.state_dict())
+    m = randomize(LayerNorm((3, 4), eps=1e-3, bias=True), seed=12)
     m.eval()
     if how == "pickle":
         m2 = pickle.loads(pickle.dumps(m))
@@ -511,7 +581,7 @@ def test_copy_is_independent(how):
 def test_pickle_round_trip_keeps_none_params(kwargs):
     m = LayerNorm(4, **kwargs)
     m2 = pickle.loads(pickle.dumps(m))
-    assert repr(m2) == repr(m) == repr(torch.nn.LayerNorm(4, **kwargs))
+    assert repr(m2) == repr(m)
     assert (m2.weight is None) == (m.weight is None) and m2.bias is None
 
 
@@ -533,10 +603,15 @@ def test_device_not_cpu_raises_value_error(device):
 
 @pytest.mark.parametrize("ns", [-1, [2, -1], (-3, 4)], ids=["int", "list", "tuple"])
 def test_negative_size_raises(ns):
-    with pytest.raises(RuntimeError):  # the oracle
-        torch.nn.LayerNorm(ns)
     with pytest.raises(ValueError):
         LayerNorm(ns)
+
+
+@requires_torch
+@pytest.mark.parametrize("ns", [-1, [2, -1], (-3, 4)], ids=["int", "list", "tuple"])
+def test_torch_negative_size_raises(ns):
+    with pytest.raises(RuntimeError):  # the oracle
+        torch.nn.LayerNorm(ns)
 
 
 def test_negative_size_no_affine_raises_at_latest_in_forward():
@@ -546,9 +621,13 @@ def test_negative_size_no_affine_raises_at_latest_in_forward():
         m(np.zeros((3, 2, 1), np.float32))
 
 
-def test_empty_normalized_shape_raises_in_forward():
+@requires_torch
+def test_torch_empty_normalized_shape_raises_in_forward():
     with pytest.raises(RuntimeError, match="at least 1-dimensional"):
         torch.nn.LayerNorm([])(torch.zeros(3))
+
+
+def test_empty_normalized_shape_raises_in_forward():
     with pytest.raises(ValueError, match="at least 1-dimensional"):
         m = LayerNorm([])
         m(np.zeros(3, np.float32))
@@ -586,12 +665,12 @@ def test_forward_does_not_mutate_input():
     np.testing.assert_array_equal(x, saved)
 
 
-@pytest.mark.parametrize("kind", ["list", "torch_tensor"])
+@pytest.mark.parametrize("kind", ["list", pytest.param("torch_tensor", marks=requires_torch)])
 def test_forward_accepts_array_likes(kind):
     m = known_module()
     x = spread_input((3, 4), (4,), np.float32, seed=17)
     arg = x.tolist() if kind == "list" else torch.from_numpy(x.copy())
-    expected = ref_layer_norm(x, (4,), m.weight, m.bias, m.eps)
+    expected = reference_output(x, (4,), m.weight, m.bias, m.eps)
     y = np.asarray(m(arg))
     np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-5)
 
@@ -607,6 +686,7 @@ MODULE_INFO = [
 ]
 
 
+@requires_torch
 @pytest.mark.parametrize("case_id, args, kwargs, shape", MODULE_INFO, ids=[c[0] for c in MODULE_INFO])
 @pytest.mark.parametrize("params_kind", ["default", "randn"])
 def test_torch_module_info_case(case_id, args, kwargs, shape, params_kind):
@@ -620,11 +700,12 @@ def test_torch_module_info_case(case_id, args, kwargs, shape, params_kind):
     expected = torch_out(theirs, x)
     assert y.shape == expected.shape == shape and y.dtype == np.float32
     np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-5)
-    ref = ref_layer_norm(x, ours.normalized_shape, to_numpy(theirs.weight), to_numpy(theirs.bias),
+    ref = reference_output(x, ours.normalized_shape, to_numpy(theirs.weight), to_numpy(theirs.bias),
                          ours.eps)
     np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
 
 
+@requires_torch
 def test_float16_input_to_float32_module_matches_torch():
     # torch allows half input with float32 parameters; the output stays float16.
     theirs = randomize_torch(torch.nn.LayerNorm(8), seed=20)
@@ -637,6 +718,7 @@ def test_float16_input_to_float32_module_matches_torch():
                                rtol=4e-3, atol=4e-3)
 
 
+@requires_torch
 def test_float64_input_to_float32_module_torch_raises():
     # The oracle's behaviour we deliberately differ from (see the next test).
     with pytest.raises(RuntimeError, match="mixed dtype"):
@@ -648,13 +730,11 @@ def test_float64_input_to_float32_module_torch_raises():
 def test_float64_input_to_float32_module_computed_in_float64(shape, ns):
     # DELIBERATE DIFFERENCE FROM TORCH: torch raises "mixed dtype" for float64 input with float32
     # parameters; we convert the parameters to float64 and compute in float64.
-    theirs = randomize_torch(torch.nn.LayerNorm(ns), seed=22)
-    ours = LayerNorm(ns)
-    ours.load_state_dict(theirs.state_dict())
+    ours = randomize(LayerNorm(ns), seed=22)
     x = np.random.default_rng(23).standard_normal(shape) * 10 + 1e3  # float64, large offset
     y = ours(x)
     assert y.dtype == np.float64
-    expected = ref_layer_norm(x, ns, ours.weight.astype(np.float64), ours.bias.astype(np.float64),
+    expected = reference_output(x, ns, ours.weight.astype(np.float64), ours.bias.astype(np.float64),
                               ours.eps)
     np.testing.assert_allclose(y, expected, rtol=1e-12, atol=1e-12)
 
@@ -662,17 +742,6 @@ def test_float64_input_to_float32_module_computed_in_float64(shape, ns):
 # ---------------------------------------------------------------------------------------------
 # training mode: what forward keeps for backward
 # ---------------------------------------------------------------------------------------------
-
-def torch_grads(x, dy, weight, bias, normalized_shape):
-    """torch autograd through nn.LayerNorm with the given parameters: (grad_input, dw, db)."""
-    tm = torch.nn.LayerNorm(normalized_shape)
-    with torch.no_grad():
-        tm.weight.copy_(torch.from_numpy(weight))
-        tm.bias.copy_(torch.from_numpy(bias))
-    xt = torch.from_numpy(np.array(x, copy=True)).requires_grad_(True)
-    tm(xt).backward(torch.from_numpy(np.array(dy, copy=True)))
-    return xt.grad.numpy(), tm.weight.grad.numpy(), tm.bias.grad.numpy()
-
 
 def _overwrite(kind, x):
     """Return (what to pass to forward, a function that changes its values afterwards)."""
@@ -704,8 +773,8 @@ class KeepsItsArray:
         return self.kept
 
 
-@pytest.mark.parametrize("kind", ["ndarray", "read_only_view", "fortran", "torch_tensor",
-                                  "array_interface"])
+@pytest.mark.parametrize("kind", ["ndarray", "read_only_view", "fortran",
+                                  pytest.param("torch_tensor", marks=requires_torch), "array_interface"])
 def test_input_changed_after_training_forward_does_not_change_backward(kind):
     # torch's autograd refuses a backward through a modified saved tensor; a silently different
     # gradient would be worse than both: backward must use the input as it was at forward time.
@@ -718,7 +787,7 @@ def test_input_changed_after_training_forward_does_not_change_backward(kind):
     ours(arg)
     overwrite()
     grad_input = ours.backward(dy)
-    t_gi, t_dw, t_db = torch_grads(x, dy, ours.weight, ours.bias, (6,))
+    t_gi, t_dw, t_db = reference_backward(dy, x, (6,), ours.weight, ours.bias)
     np.testing.assert_allclose(grad_input, t_gi, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(ours.weight_grad, t_dw, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(ours.bias_grad, t_db, rtol=1e-5, atol=1e-5)
@@ -741,30 +810,42 @@ def test_failed_training_forward_leaves_nothing_for_backward():
 # dtype= and device= spelled the torch way
 # ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("torch_dtype", [torch.float16, torch.float32, torch.float64],
-                         ids=["float16", "float32", "float64"])
-def test_torch_dtype_argument(torch_dtype):
+@requires_torch
+@pytest.mark.parametrize("name", ["float16", "float32", "float64"])
+def test_torch_dtype_argument(name):
     # Code ported from torch passes torch dtypes: the parameters get the matching NumPy dtype.
-    ours, theirs = LayerNorm((2, 3), dtype=torch_dtype), torch.nn.LayerNorm((2, 3), dtype=torch_dtype)
+    dtype = torch_dtype(name)
+    ours, theirs = LayerNorm((2, 3), dtype=dtype), torch.nn.LayerNorm((2, 3), dtype=dtype)
     for name in ("weight", "bias"):
         mine, ref = getattr(ours, name), getattr(theirs, name)
-        assert mine.dtype == NUMPY_DTYPE[ref.dtype], name
+        assert mine.dtype == numpy_dtype_of(ref), name
         np.testing.assert_array_equal(mine, to_numpy(ref), err_msg=name)
 
 
-@pytest.mark.parametrize("dtype", [np.int32, np.bool_, np.complex64, np.longdouble, "U4", object,
-                                   torch.int64, torch.bfloat16, torch.complex64],
-                         ids=["int32", "bool", "complex64", "longdouble", "str", "object",
-                              "torch.int64", "torch.bfloat16", "torch.complex64"])
+@pytest.mark.parametrize("dtype", [np.int32, np.bool_, np.complex64, np.longdouble, "U4", object],
+                         ids=["int32", "bool", "complex64", "longdouble", "str", "object"])
 def test_non_float_dtype_argument_raises_type_error(dtype):
     with pytest.raises(TypeError) as info:
         LayerNorm(4, dtype=dtype)
     assert "float" in str(info.value)
 
 
-def test_torch_device_argument():
+@requires_torch
+@pytest.mark.parametrize("name", ["int64", "bfloat16", "complex64"], ids=lambda n: f"torch.{n}")
+def test_non_float_torch_dtype_argument_raises_type_error(name):
+    with pytest.raises(TypeError) as info:
+        LayerNorm(4, dtype=torch_dtype(name))
+    assert "float" in str(info.value)
+
+
+@requires_torch
+def test_torch_cpu_device_accepted():
     m = LayerNorm(4, device=torch.device("cpu"))
     assert m.weight.shape == (4,)
+
+
+@requires_torch
+def test_torch_meta_device_raises_value_error():
     with pytest.raises(ValueError):
         LayerNorm(4, device=torch.device("meta"))
 
@@ -773,11 +854,12 @@ def test_torch_device_argument():
 # training with float16 / float64 parameters, zero_grad(set_to_none=False)
 # ---------------------------------------------------------------------------------------------
 
-# Relative to the largest expected magnitude: float64 to ~1e-9 (issue 3); float16 results are
-# rounded to float16 once per step and once more when accumulated: 3 half-ulps (2**-11 each).
+# Relative to the largest expected magnitude: float64 to ~1e-9; float16 results are rounded to
+# float16 once per step and once more when accumulated: 3 half-ulps (2**-11 each).
 MODULE_GRAD_RTOL = {"float16": 3 * 2.0**-11, "float64": 1e-9}
 
 
+@requires_torch
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_module_two_training_steps_in_param_dtype_match_torch_float64(dtype):
     rng = np.random.default_rng(32)
@@ -803,22 +885,144 @@ def test_module_two_training_steps_in_param_dtype_match_torch_float64(dtype):
         np.testing.assert_allclose(mine, expected, rtol=0, atol=rtol * np.abs(expected).max(), err_msg=name)
 
 
+def test_zero_grad_set_to_none_false_zeroes_in_place():
+    x = np.random.default_rng(33).standard_normal((3, 6)).astype(np.float32)
+    ours = LayerNorm(6)
+    ours(x)
+    ours.backward(np.ones((3, 6), np.float32))
+    grad = ours.weight_grad
+    ours.zero_grad(set_to_none=False)
+    assert ours.weight_grad is grad  # the same array, zeroed
+    np.testing.assert_array_equal(ours.weight_grad, np.zeros(6))
+    np.testing.assert_array_equal(ours.bias_grad, np.zeros(6))
+
+
+@requires_torch
 def test_zero_grad_set_to_none_false_zeroes_in_place_like_torch():
-    rng = np.random.default_rng(33)
-    x = rng.standard_normal((3, 6)).astype(np.float32)
+    x = np.random.default_rng(33).standard_normal((3, 6)).astype(np.float32)
     ours, theirs = LayerNorm(6), torch.nn.LayerNorm(6)
     ours(x)
     ours.backward(np.ones((3, 6), np.float32))
     theirs(torch.from_numpy(x)).sum().backward()
-    grad = ours.weight_grad
     ours.zero_grad(set_to_none=False)
     theirs.zero_grad(set_to_none=False)
-    assert ours.weight_grad is grad  # the same array, zeroed
     np.testing.assert_array_equal(ours.weight_grad, theirs.weight.grad.numpy())
     np.testing.assert_array_equal(ours.bias_grad, theirs.bias.grad.numpy())
+
+
+def test_zero_grad_set_to_none_false_without_gradients_leaves_none():
     fresh = LayerNorm(6)
     fresh.zero_grad(set_to_none=False)  # no gradient yet: stays None, as in torch
     assert fresh.weight_grad is None and fresh.bias_grad is None
+
+
+@requires_torch
+def test_torch_zero_grad_set_to_none_false_without_gradients_leaves_none():
     fresh_torch = torch.nn.LayerNorm(6)
     fresh_torch.zero_grad(set_to_none=False)
     assert fresh_torch.weight.grad is None
+
+
+# ---------------------------------------------------------------------------------------------
+# training: backward and gradient accumulation against torch autograd
+# ---------------------------------------------------------------------------------------------
+
+def torch_and_ours(ns, seed, **kwargs):
+    tm = torch.nn.LayerNorm(ns, **kwargs)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in tm.parameters():
+            p.copy_(torch.randn(p.shape, generator=g))
+    ours = LayerNorm(ns, **kwargs)
+    ours.load_state_dict(tm.state_dict())
+    return tm, ours
+
+
+def torch_step(tm, x, dy):
+    xt = torch.from_numpy(x.copy()).requires_grad_(True)
+    tm(xt).backward(torch.from_numpy(dy.copy()))
+    return xt.grad.numpy()
+
+
+MODULE_KW = [("affine", {}), ("no_bias", {"bias": False}), ("no_affine", {"elementwise_affine": False})]
+
+
+@requires_torch
+@pytest.mark.parametrize("kw_id, kwargs", MODULE_KW, ids=[k[0] for k in MODULE_KW])
+def test_module_training_forward_backward_matches_torch(kw_id, kwargs):
+    tm, ours = torch_and_ours((3, 5), seed=14, **kwargs)
+    rng = np.random.default_rng(15)
+    x = rng.standard_normal((4, 3, 5)).astype(np.float32)
+    dy = rng.standard_normal((4, 3, 5)).astype(np.float32)
+    assert ours.weight_grad is None and ours.bias_grad is None
+    y = ours(x)
+    with torch.no_grad():
+        np.testing.assert_allclose(y, tm(torch.from_numpy(x)).numpy(), rtol=1e-5, atol=1e-5)
+    gi = ours.backward(dy)
+    tgi = torch_step(tm, x, dy)
+    assert_close(gi, tgi, 1e-5, "grad_input")
+    for name in ("weight", "bias"):
+        tp = getattr(tm, name)
+        mine = getattr(ours, name + "_grad")
+        if tp is None:
+            assert mine is None, name
+        else:
+            assert_close(mine, tp.grad.numpy(), 1e-5, name + "_grad")
+
+
+@requires_torch
+def test_module_two_steps_accumulate_like_torch_grad():
+    tm, ours = torch_and_ours((3, 5), seed=16)
+    rng = np.random.default_rng(17)
+    for step in range(2):
+        x = rng.standard_normal((4, 3, 5)).astype(np.float32)
+        dy = rng.standard_normal((4, 3, 5)).astype(np.float32)
+        gi = ours.backward(dy) if ours(x) is not None else None
+        tgi = torch_step(tm, x, dy)
+        assert_close(gi, tgi, 1e-5, f"grad_input step {step}")
+    assert_close(ours.weight_grad, tm.weight.grad.numpy(), 1e-5, "weight_grad")
+    assert_close(ours.bias_grad, tm.bias.grad.numpy(), 1e-5, "bias_grad")
+    # and the accumulation really is a sum of two different gradients, not the last one
+    single = reference_backward(dy, x, (3, 5), ours.weight, ours.bias)[1]
+    assert not np.allclose(ours.weight_grad, single, rtol=1e-3, atol=1e-3)
+
+
+def test_module_zero_grad_sets_none():
+    ours = randomize(LayerNorm(6), seed=18)
+    x = np.random.default_rng(19).standard_normal((3, 6)).astype(np.float32)
+    ours(x)
+    ours.backward(np.ones((3, 6), np.float32))
+    assert ours.weight_grad is not None and ours.bias_grad is not None
+    ours.zero_grad()
+    assert ours.weight_grad is None and ours.bias_grad is None
+
+
+def test_module_zero_grad_then_backward_starts_fresh():
+    ours = randomize(LayerNorm(6), seed=20)
+    rng = np.random.default_rng(21)
+    x = rng.standard_normal((3, 6)).astype(np.float32)
+    dy = rng.standard_normal((3, 6)).astype(np.float32)
+    ours(x)
+    ours.backward(dy)
+    ours.zero_grad()
+    ours(x)
+    ours.backward(dy)
+    _, dw, db = reference_backward(dy, x, (6,), ours.weight, ours.bias)
+    assert_close(ours.weight_grad, dw, 1e-5, "weight_grad")
+    assert_close(ours.bias_grad, db, 1e-5, "bias_grad")
+
+
+def test_module_backward_before_any_forward_raises():
+    ours = LayerNorm(6)
+    with pytest.raises(RuntimeError):
+        ours.backward(np.ones((3, 6), np.float32))
+    assert ours.weight_grad is None and ours.bias_grad is None
+
+
+def test_module_eval_forward_then_backward_raises():
+    ours = LayerNorm(6).eval()
+    x = np.random.default_rng(22).standard_normal((3, 6)).astype(np.float32)
+    ours(x)
+    with pytest.raises(RuntimeError):
+        ours.backward(np.ones((3, 6), np.float32))
+    assert ours.weight_grad is None and ours.bias_grad is None

@@ -1,4 +1,5 @@
-"""The README's examples run, and print what the README says they print.
+"""The README's examples run, and print what the README says they print (the ones that compare
+with torch need it).
 
 Every number in the README comes from a command in the repo; these tests re-run those
 commands (`python -m layernorm`, the scripts, the quickstart session) so that a change to
@@ -16,9 +17,8 @@ import subprocess
 import sys
 
 import numpy as np
-import pytest
 
-import layernorm
+from helpers import requires_torch
 
 README = os.path.join(os.path.dirname(__file__), os.pardir, "README.md")
 NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
@@ -67,14 +67,6 @@ def assert_same_text(got, want):
     assert same_text(got, want), f"README says:\n{want}\nbut the code printed:\n{got}"
 
 
-@pytest.fixture
-def restore_runtime():
-    threads, level = layernorm.get_num_threads(), layernorm.simd_level()
-    yield
-    layernorm.set_num_threads(threads)
-    layernorm.set_simd_level(level)
-
-
 def demo_output():
     env = {k: v for k, v in os.environ.items() if not k.startswith("LAYERNORM_")}
     proc = subprocess.run([sys.executable, "-m", "layernorm"], capture_output=True, text=True,
@@ -83,6 +75,7 @@ def demo_output():
     return proc.stdout
 
 
+@requires_torch
 def test_demo_output_is_the_readmes():
     text = read_readme()
     start = text.index("<summary>What <code>python -m layernorm</code>")
@@ -101,6 +94,7 @@ def test_pitfall_numbers_in_why_come_from_the_demo():
         assert any(same_text(demo_line, line.strip()) for demo_line in demo_lines), line
 
 
+@requires_torch
 def test_scripts_print_what_the_readme_shows(restore_runtime):
     """Each ```python block that is not a session runs, in order, in one namespace (the training
     check continues the training script); a plain ``` block right after it is its output."""
@@ -125,6 +119,7 @@ class _TolerantChecker(doctest.OutputChecker):
         return super().check_output(want, got, optionflags) or same_text(got, want)
 
 
+@requires_torch
 def test_quickstart_session(restore_runtime):
     sessions = [body for info, body in fenced_blocks(read_readme())
                 if info == "python" and body.lstrip().startswith(">>>")]

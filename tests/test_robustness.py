@@ -1,5 +1,6 @@
 """The C extension's hygiene, forward and backward: inputs never mutated, references and memory
-balanced (also on error paths), thread safety, and the GIL released around the kernel.
+balanced (also on error paths), what the module keeps, thread safety, and the GIL released
+around the kernel.
 """
 
 import gc
@@ -7,12 +8,24 @@ import os
 import sys
 import threading
 import time
+import tracemalloc
 
 import numpy as np
 import pytest
 
 import layernorm
-from conftest import ARRAY_LAYOUTS, FLOAT_DTYPES, dtype_id, layout, make_input, make_params, param_dtype
+from helpers import (
+    ARRAY_LAYOUTS,
+    FLOAT_DTYPES,
+    backward_args,
+    call_backward,
+    dtype_id,
+    layout,
+    make_input,
+    make_params,
+    param_dtype,
+)
+from layernorm import LayerNorm
 
 # ---------------------------------------------------------------------------
 # Inputs are never mutated
@@ -54,6 +67,21 @@ def test_list_input_not_mutated():
     assert data == copy
 
 
+@pytest.mark.parametrize("layout_name", ARRAY_LAYOUTS)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_backward_does_not_mutate_any_argument(dtype, layout_name):
+    args = backward_args((6, 4, 17), dtype, seed=1)
+    args = args._replace(**{name: layout(layout_name, value) for name, value in args._asdict().items()})
+    snapshots = {k: (v.copy(), v.strides, v.dtype, v.flags.writeable) for k, v in args._asdict().items()}
+    call_backward(args, (17,))
+    layernorm.layer_norm_backward(args.grad_output, args.input, (17,), args.mean, args.rstd, None, None,
+                                  (True, False, False))
+    for k, v in args._asdict().items():
+        copy, strides, dt, writeable = snapshots[k]
+        assert v.strides == strides and v.dtype == dt and v.flags.writeable == writeable, k
+        np.testing.assert_array_equal(v, copy, err_msg=k)
+
+
 # ---------------------------------------------------------------------------
 # Reference counts
 # ---------------------------------------------------------------------------
@@ -87,17 +115,25 @@ def test_refcounts_balanced_success(dtype):
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
-def test_results_hold_no_extra_references(dtype):
-    x = make_input((8, 16), dtype)
-    result = layernorm.layer_norm(x, (16,))
+def test_result_holds_no_extra_references(dtype):
+    result = layernorm.layer_norm(make_input((8, 16), dtype), (16,))
     assert sys.getrefcount(result) == 2  # the name and getrefcount's argument
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_out_result_holds_one_reference_to_out(dtype):
+    x = make_input((8, 16), dtype)
     out = np.empty((8, 16), dtype)
     base = sys.getrefcount(out)
     result = layernorm.layer_norm(x, (16,), out=out)
     assert result is out and sys.getrefcount(out) == base + 1
     del result
     assert sys.getrefcount(out) == base
-    res = layernorm.native_layer_norm(x, (16,), None, None, 1e-5)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_native_results_hold_no_extra_references(dtype):
+    res = layernorm.native_layer_norm(make_input((8, 16), dtype), (16,), None, None, 1e-5)
     assert sys.getrefcount(res) == 2
     y, mean, rstd = res
     del res
@@ -209,6 +245,35 @@ def test_memory_flat_over_error_calls():
         _error_calls(x, w, b, out_bad, (256,))
     gc.collect()
     assert _rss_bytes() - start < LEAK_LIMIT
+
+
+def retained_bytes_after_forward(training):
+    """Bytes still allocated after a forward on a 4 MB input once input and output are dropped."""
+    ours = LayerNorm(1024).train(training)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        x = np.random.default_rng(23).standard_normal((1024, 1024)).astype(np.float32)
+        y = ours(x)
+        del x, y
+        gc.collect()
+        retained = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    return retained, ours
+
+
+def test_module_training_forward_keeps_the_input():
+    # Control for the next test: the measurement does see what a training forward keeps.
+    retained, ours = retained_bytes_after_forward(True)
+    assert retained >= 4 * 1024 * 1024
+    del ours
+
+
+def test_module_eval_forward_keeps_nothing():
+    retained, ours = retained_bytes_after_forward(False)
+    assert retained < 1024 * 1024
+    del ours
 
 
 # ---------------------------------------------------------------------------
@@ -364,15 +429,6 @@ def test_gil_released_during_kernel(kind, restore_runtime, short_switch_interval
 # ---------------------------------------------------------------------------
 
 
-def _backward_case(shape, dtype, seed=0):
-    n = shape[-1]
-    x = make_input(shape, dtype, seed=seed)
-    dy = make_input(shape, dtype, seed=seed + 1)
-    w, b = make_params((n,), param_dtype(dtype), "weight+bias", seed=seed + 2)
-    _, mean, rstd = layernorm.native_layer_norm(x, (n,), w, b, 1e-5)
-    return x, dy, w, b, mean, rstd
-
-
 def _backward_error_calls(dy, x, ns, mean, rstd, w, b):
     """Each call raises; returns how many did."""
     bw = layernorm.layer_norm_backward
@@ -401,7 +457,7 @@ def _backward_error_calls(dy, x, ns, mean, rstd, w, b):
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
 def test_backward_refcounts_balanced(dtype):
-    x, dy, w, b, mean, rstd = _backward_case((8, 16), dtype)
+    dy, x, mean, rstd, w, b = backward_args((8, 16), dtype, seed=0)
     xf, dyf = np.asfortranarray(x), np.asfortranarray(dy)  # go through converted copies
     w16 = w.astype(np.float16)  # a converted parameter
     ns, mask = (16,), (True, False, True)
@@ -417,7 +473,7 @@ def test_backward_refcounts_balanced(dtype):
 
 
 def test_backward_results_hold_no_extra_references():
-    x, dy, w, b, mean, rstd = _backward_case((8, 16), np.float32)
+    dy, x, mean, rstd, w, b = backward_args((8, 16), np.float32, seed=0)
     res = layernorm.layer_norm_backward(dy, x, (16,), mean, rstd, w, b)
     assert sys.getrefcount(res) == 2
     grad_input, grad_weight, grad_bias = res
@@ -433,7 +489,7 @@ def test_backward_memory_flat_over_many_calls(kind, restore_runtime):
     # (512 KB): a leak of any of them is >= 200 MB over 400 calls.  (Leaks of the small
     # objects, the result tuple and parameter gradients, are the refcount tests' job.)
     layernorm.set_num_threads(2)
-    x, dy, w, b, mean, rstd = _backward_case((512, 256), np.float32)
+    dy, x, mean, rstd, w, b = backward_args((512, 256), np.float32, seed=0)
     x, dy, w = np.asfortranarray(x), np.asfortranarray(dy), w.astype(np.float16)
     if kind == "success":
         def call():
@@ -462,13 +518,12 @@ def test_concurrent_backward_calls_match_serial(kernel_threads, restore_runtime)
         jobs = []
         for i, dtype in enumerate(FLOAT_DTYPES):
             rows, n = int(rng.integers(1, 300)), int(rng.integers(1, 600))
-            jobs.append(_backward_case((rows, n), dtype, seed=10 * seed + i))
-        jobs.append(_backward_case((64, 4096), np.float32, seed=10 * seed + 9))  # threaded kernel
+            jobs.append(backward_args((rows, n), dtype, seed=10 * seed + i))
+        jobs.append(backward_args((64, 4096), np.float32, seed=10 * seed + 9))  # threaded kernel
         workloads.append(jobs)
 
     def run(jobs):
-        return [layernorm.layer_norm_backward(dy, x, (x.shape[-1],), m, r, w, b)
-                for x, dy, w, b, m, r in jobs]
+        return [call_backward(args) for args in jobs]
 
     serial = [run(jobs) for jobs in workloads]
     errors = []

@@ -1,5 +1,6 @@
-"""SIMD levels and threads: every level and every thread count gives the same bits, and those
-bits match the float64 reference.  Environment variables are honoured at import.
+"""Runtime controls: every SIMD level and every thread count gives the same bits, forward and
+backward, and those bits match layernorm._reference; the controls' own errors; environment
+variables honoured at import.
 """
 
 import os
@@ -10,7 +11,18 @@ import numpy as np
 import pytest
 
 import layernorm
-from conftest import FLOAT_DTYPES, assert_matches_reference, dtype_id, make_input, make_params, param_dtype
+from helpers import (
+    FLOAT_DTYPES,
+    assert_backward_matches_reference,
+    assert_close,
+    assert_matches_reference,
+    dtype_id,
+    make_backward_data,
+    make_input,
+    make_params,
+    param_dtype,
+)
+from layernorm import LayerNorm
 
 LEVELS = layernorm.available_simd_levels()
 ALL_LEVEL_NAMES = ("scalar", "avx2", "avx512")
@@ -40,6 +52,28 @@ def test_unsupported_level_raises(level, restore_runtime):
         pytest.skip("this CPU runs every level")
     with pytest.raises(ValueError):
         layernorm.set_simd_level(level)
+
+
+@pytest.mark.parametrize("n", [0, -1, -100])
+def test_set_num_threads_below_one(n, restore_runtime):
+    before = layernorm.get_num_threads()
+    with pytest.raises(ValueError):
+        layernorm.set_num_threads(n)
+    assert layernorm.get_num_threads() == before
+
+
+@pytest.mark.parametrize("n", ["2", None, 2.5])
+def test_set_num_threads_not_int(n, restore_runtime):
+    with pytest.raises(TypeError):
+        layernorm.set_num_threads(n)
+
+
+@pytest.mark.parametrize("name", ["", "AVX2x", "fast", "sse9000", "avx1024"])
+def test_set_simd_level_unknown(name, restore_runtime):
+    before = layernorm.simd_level()
+    with pytest.raises(ValueError):
+        layernorm.set_simd_level(name)
+    assert layernorm.simd_level() == before
 
 
 def _run_all_levels(fn):
@@ -99,24 +133,6 @@ def test_levels_in_place(n, restore_runtime):
         assert np.array_equal(x, expected), level
 
 
-def _backward_reference(dy, x, n, mean, rstd, w):
-    """float64 backward from the given float32/float64 mean and rstd (what the kernel is handed)."""
-    x64, dy64 = x.astype(np.float64).reshape(-1, n), dy.astype(np.float64).reshape(-1, n)
-    xhat = (x64 - mean.astype(np.float64).reshape(-1, 1)) * rstd.astype(np.float64).reshape(-1, 1)
-    g = dy64 * (w.astype(np.float64) if w is not None else 1.0)
-    dx = rstd.astype(np.float64).reshape(-1, 1) * (
-        g - g.mean(1, keepdims=True) - xhat * (g * xhat).mean(1, keepdims=True))
-    return dx, (dy64 * xhat).sum(0), dy64.sum(0)
-
-
-def _assert_backward_close(grads, dy, x, n, mean, rstd, w, dtype):
-    """Each gradient against float64, relative to the size of the terms it is made of."""
-    tol = {np.float16: 2e-3, np.float32: 1e-6, np.float64: 1e-13}[np.dtype(dtype).type]
-    for name, got, want in zip(("dx", "dweight", "dbias"), grads, _backward_reference(dy, x, n, mean, rstd, w)):
-        scale = max(1.0, float(np.abs(want).max(initial=0.0)))
-        assert np.abs(got.astype(np.float64).reshape(want.shape) - want).max(initial=0.0) <= tol * scale, name
-
-
 @pytest.mark.parametrize("mask", [(True, True, True), (True, False, False), (False, True, True)],
                          ids=["all", "dx", "params"])
 @pytest.mark.parametrize("n", ROW_LENGTHS[1:], ids=[f"N{n}" for n in ROW_LENGTHS[1:]])
@@ -134,7 +150,7 @@ def test_backward_levels_bit_identical_and_correct(dtype, n, mask, restore_runti
         for got, want in zip(grads, first):
             assert got is None or np.array_equal(got, want, equal_nan=True), f"{level} differs from {LEVELS[0]}"
     full = layernorm.layer_norm_backward(dy, x, (n,), mean, rstd, w, b)
-    _assert_backward_close(full, dy, x, n, mean, rstd, w, dtype)
+    assert_backward_matches_reference(full, dy, x, n, w, dtype)
 
 
 # ---------------------------------------------------------------------------
@@ -164,7 +180,7 @@ def test_threads_bit_identical(dtype, shape, threads, restore_runtime):
 
 # Backward takes one of three routes by shape: row blocks, 16 short rows per lane group, or
 # column spans for a few huge rows; each must give the same bits at every thread count.
-BACKWARD_THREAD_SHAPES = THREAD_SHAPES + [(3, 40000), (40, 140000), (40000, 17)]
+BACKWARD_THREAD_SHAPES = THREAD_SHAPES + [(3, 40000), (40, 140000), (40000, 17), (512, 1024)]
 
 
 @pytest.mark.parametrize("threads", [2, 3, 4])
@@ -183,7 +199,7 @@ def test_backward_threads_bit_identical_and_correct(dtype, shape, threads, resto
     for name, got, want in zip(("dx", "dweight", "dbias"), parallel, serial):
         assert np.array_equal(got, want), name
     if threads == 2:
-        _assert_backward_close(parallel, dy, x, n, mean, rstd, w, dtype)
+        assert_backward_matches_reference(parallel, dy, x, n, w, dtype)
 
 
 @pytest.mark.parametrize("shape", THREAD_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
@@ -203,15 +219,43 @@ def test_threaded_in_place(threads, restore_runtime):
     assert np.array_equal(x, expected)
 
 
+def test_module_backward_identical_for_1_and_2_threads(restore_runtime):
+    x, dy, w, b = make_backward_data((512, 1024), (1024,), np.float32, "weight+bias", seed=24)
+    grads = []
+    for n in (1, 2):
+        layernorm.set_num_threads(n)
+        m = LayerNorm(1024)
+        m.load_state_dict({"weight": w, "bias": b})
+        m(x)
+        gi = m.backward(dy)
+        grads.append((gi, m.weight_grad, m.bias_grad))
+    for name, one, two in zip(("grad_input", "weight_grad", "bias_grad"), *grads):
+        assert np.array_equal(one, two), name
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("level", ["scalar", "avx2", "avx512"])
+def test_long_rows_same_at_every_level(level, dtype, restore_runtime):
+    if level not in layernorm.available_simd_levels():
+        pytest.skip(f"{level} not available on this CPU")
+    x, dy, w, b = make_backward_data((33, 1031), (1031,), dtype, "weight+bias", seed=25)
+    layernorm.set_simd_level("scalar")
+    base_fwd = layernorm.native_layer_norm(x, (1031,), w, b, 1e-5)
+    base_bwd = layernorm.layer_norm_backward(dy, x, (1031,), base_fwd[1], base_fwd[2], w, b)
+    layernorm.set_simd_level(level)
+    assert layernorm.simd_level() == level
+    fwd = layernorm.native_layer_norm(x, (1031,), w, b, 1e-5)
+    bwd = layernorm.layer_norm_backward(dy, x, (1031,), fwd[1], fwd[2], w, b)
+    tol = 1e-6 if dtype == "float32" else 1e-12
+    names = ("output", "mean", "rstd", "grad_input", "grad_weight", "grad_bias")
+    for name, mine, base in zip(names, fwd + bwd, base_fwd + base_bwd):
+        assert_close(mine, base, tol, name)
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 7, 64])
 def test_get_num_threads_reflects_set(n, restore_runtime):
     assert layernorm.set_num_threads(n) is None
     assert layernorm.get_num_threads() == n
-
-
-def test_set_num_threads_zero_raises(restore_runtime):
-    with pytest.raises(ValueError):
-        layernorm.set_num_threads(0)
 
 
 # ---------------------------------------------------------------------------
@@ -336,4 +380,4 @@ def test_backward_streamed_dx_same_bits(shape, dtype, threads, restore_runtime):
     got = layernorm.layer_norm_backward(dy, x, (n,), mean, rstd, w, b)
     for name, g, e in zip(("dx", "dweight", "dbias"), got, expected):
         assert np.array_equal(g, e), name
-    _assert_backward_close(got, dy, x, n, mean, rstd, w, dtype)
+    assert_backward_matches_reference(got, dy, x, n, w, dtype)

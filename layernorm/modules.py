@@ -1,19 +1,28 @@
-"""``LayerNorm``: a NumPy counterpart of ``torch.nn.LayerNorm`` built on ``layernorm._layernorm``."""
+"""Norm modules: NumPy counterparts of torch.nn's normalization layers, on ``layernorm._layernorm``.
+
+``NormModule`` holds what every norm module shares (parameters, ``state_dict``, training mode,
+backward with gradient accumulation, pickling, repr); each kind is a small subclass that says
+which parameters it has and calls its kernels.
+"""
 
 from __future__ import annotations
 
 import operator
 from collections import OrderedDict
 from collections.abc import Mapping
-from typing import Any, Iterable, NamedTuple, SupportsIndex, cast
+from typing import Any, ClassVar, Iterable, NamedTuple, Optional, SupportsIndex, Tuple, cast
 
 import numpy as np
 
+from ._layernorm import UnsupportedDTypeError
 from ._layernorm import layer_norm as _layer_norm
 from ._layernorm import saved_backward as _saved_backward
 from ._layernorm import training_forward as _training_forward
+from .functional import _FORWARD_KERNEL, _as_numpy, _torch_worded
 
-__all__ = ["LayerNorm"]
+__all__ = ["LayerNorm", "NormModule"]
+
+_ndarray = np.ndarray
 
 # Parameter dtypes a module can be made with; torch dtypes are matched by their str().
 _FLOAT_DTYPES: dict[str, np.dtype[Any]] = {
@@ -78,15 +87,16 @@ def _as_shape(normalized_shape: Any) -> tuple[int, ...]:
     return tuple(shape)
 
 
-def _as_param_dtype(dtype: Any) -> np.dtype[Any]:
-    """Return the native float16/32/64 dtype that `dtype` (None, NumPy-like or torch) names."""
+def _as_param_dtype(dtype: Any, kind: str) -> np.dtype[Any]:
+    """Return the native float16/32/64 dtype that `dtype` (None, NumPy-like or torch) names;
+    `kind` (the module's name) is what the refusal says supports them."""
     if dtype is None:
         return _FLOAT_DTYPES["float32"]
     name = str(dtype)
     if name.startswith("torch."):  # a torch.dtype, recognised without importing torch
         found = _FLOAT_DTYPES.get(name[len("torch."):])
         if found is None:
-            raise TypeError(f"LayerNorm supports float16, float32 and float64 parameters, got {name}")
+            raise TypeError(f"{kind} supports float16, float32 and float64 parameters, got {name}")
         return found
     try:
         np_dtype = np.dtype(dtype)
@@ -95,7 +105,7 @@ def _as_param_dtype(dtype: Any) -> np.dtype[Any]:
             f"dtype must be a float dtype (float16, float32, float64), got {dtype!r}"
         ) from None
     if np_dtype.kind != "f" or np_dtype.itemsize not in (2, 4, 8):
-        raise TypeError(f"LayerNorm supports float16, float32 and float64 parameters, got {np_dtype}")
+        raise TypeError(f"{kind} supports float16, float32 and float64 parameters, got {np_dtype}")
     return cast("np.dtype[Any]", np_dtype.newbyteorder("="))
 
 
@@ -107,119 +117,74 @@ def _check_device(device: Any) -> None:
         )
 
 
-def _to_numpy(value: Any) -> np.ndarray:
-    """Return value as an ndarray (torch tensors duck-typed via .detach().cpu().numpy())."""
-    if hasattr(value, "detach") and hasattr(value, "cpu") and hasattr(value, "numpy"):
-        value = value.detach().cpu()
-        if str(getattr(value, "dtype", "")) == "torch.bfloat16":  # NumPy has no bfloat16
-            value = value.float()
-        return np.asarray(value.numpy())
-    return np.asarray(value)
+def _checkpoint_array(value: Any) -> np.ndarray:
+    """Return a state_dict value as an ndarray (a bfloat16 tensor widened: NumPy has none)."""
+    if str(getattr(value, "dtype", "")) == "torch.bfloat16":
+        value = value.float()
+    return np.asarray(_as_numpy(value))
 
 
-class LayerNorm:
-    """Layer normalization over the last dimensions of an array, like ``torch.nn.LayerNorm``.
+def _quote(name: str) -> str:
+    return f'"{name}"'
 
-    ``y = (x - mean) / sqrt(var + eps) * weight + bias``, with the mean and the biased
-    variance taken over the last ``len(normalized_shape)`` dimensions.
 
-    Parameters
-    ----------
-    normalized_shape : int or sequence of int
-        Shape of the trailing dimensions to normalize over; an int n means ``(n,)``.
-    eps : float, default 1e-5
-        Added to the variance inside the square root; stored as given.
-    elementwise_affine : bool, default True
-        Whether to have a learnable ``weight`` (ones) and ``bias`` (zeros).
-    bias : bool, default True
-        Whether to have ``bias`` (only when ``elementwise_affine``).
-    device : None or "cpu"
-        Accepted for torch compatibility; anything else raises ValueError.
-    dtype : dtype, optional
-        Parameter dtype: float16, float32 (default) or float64, as NumPy or torch dtypes.
+class NormModule:
+    """What every norm module shares, like the parts of ``torch.nn.Module`` a norm layer uses.
 
-    Attributes
-    ----------
-    weight, bias : ndarray or None
-        Parameters of shape ``normalized_shape``.
-    weight_grad, bias_grad : ndarray or None
-        Gradients accumulated by :meth:`backward`; None until the first backward.
-    training : bool
-        True by default. A training-mode call keeps what :meth:`backward` needs.
-
-    Examples
-    --------
-    >>> ln = LayerNorm(6).eval()
-    >>> ln(np.arange(1, 7, dtype=np.float32)).round(4)
-    array([-1.4638, -0.8783, -0.2928,  0.2928,  0.8783,  1.4638],
-          dtype=float32)
+    A subclass names the torch class it mirrors in ``_KIND`` and its parameters in
+    ``_PARAMETERS``: (name, the attribute its gradient accumulates in, the value it starts at
+    and ``reset_parameters`` restores).  It defines ``__call__`` (the forward, ``forward`` its
+    alias), which in training mode stores in ``_saved`` what its backward kernel needs,
+    ``_gradients`` (that kernel) and ``extra_repr``.
     """
+
+    _KIND: ClassVar[str]
+    _PARAMETERS: ClassVar[Tuple[Tuple[str, str, float], ...]]
+
+    normalized_shape: tuple[int, ...]
+    weight: Optional[np.ndarray]
+    weight_grad: Optional[np.ndarray]
+    training: bool
+    # what the last training-mode call saved for backward; () once backward used it, None
+    # when there was none (a single store keeps the training-mode call cheap)
+    _saved: Optional[Tuple[Any, ...]]
 
     def __init__(
         self,
         normalized_shape: SupportsIndex | Iterable[SupportsIndex],
-        eps: float = 1e-5,
-        elementwise_affine: bool = True,
-        bias: bool = True,
-        device: Any = None,
-        dtype: Any = None,
+        eps: Any,
+        elementwise_affine: bool,
+        device: Any,
+        dtype: Any,
+        present: Iterable[str],
     ) -> None:
+        """Store the settings; with elementwise_affine, make the parameters named in `present`
+        (the others are None)."""
         _check_device(device)
-        param_dtype = _as_param_dtype(dtype)
-        self.normalized_shape: tuple[int, ...] = _as_shape(normalized_shape)
+        param_dtype = _as_param_dtype(dtype, self._KIND)
+        self.normalized_shape = _as_shape(normalized_shape)
         self.eps = eps
         self.elementwise_affine = elementwise_affine
-        self.weight: np.ndarray | None = None
-        self.bias: np.ndarray | None = None
-        if elementwise_affine:
-            self.weight = np.ones(self.normalized_shape, dtype=param_dtype)
-            if bias:
-                self.bias = np.zeros(self.normalized_shape, dtype=param_dtype)
-        self.weight_grad: np.ndarray | None = None
-        self.bias_grad: np.ndarray | None = None
+        made = set(present) if elementwise_affine else set()
+        for name, grad_name, initial in self._PARAMETERS:
+            setattr(self, name, np.full(self.normalized_shape, initial, param_dtype) if name in made else None)
+            setattr(self, grad_name, None)
         self.training = True
-        # (input, mean, rstd) of the last training-mode call; () once backward used them,
-        # None when there was none (a single store keeps the training-mode call cheap).
-        self._saved: tuple[np.ndarray, ...] | None = None
+        self._saved = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         # __call__ is the fast path and forward its alias: a subclass overriding only
         # forward gets a __call__ that goes through it, as in torch.
         super().__init_subclass__(**kwargs)
         if "forward" in cls.__dict__ and "__call__" not in cls.__dict__:
-            def __call__(self: LayerNorm, *args: Any, **kwargs: Any) -> Any:
+            def __call__(self: NormModule, *args: Any, **kwargs: Any) -> Any:
                 return self.forward(*args, **kwargs)
 
             cls.__call__ = __call__  # type: ignore[method-assign]
 
-    # ------------------------------------------------------------------ forward
-
     def __call__(self, input: Any) -> np.ndarray:
-        """Normalize `input` (any array-like); return a new array of its dtype.
-
-        Parameters
-        ----------
-        input : array_like
-            Float16/32/64 data whose trailing dimensions equal ``normalized_shape``.
-
-        Returns
-        -------
-        ndarray
-            The normalized array, C-contiguous, same shape and dtype as `input`.
-        """
-        if not self.training:
-            return _layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
-        # The input comes back as a private copy: the caller may change its own array
-        # before backward(), which must not change the gradients (torch raises there).
-        try:
-            output, self._saved = _training_forward(
-                input, self.normalized_shape, self.weight, self.bias, self.eps
-            )
-        except BaseException:
-            # A failed call must not leave the previous call's values for backward() to use.
-            self._saved = None
-            raise
-        return output
+        """The forward: each kind defines it."""
+        raise NotImplementedError
 
     forward = __call__
 
@@ -228,8 +193,8 @@ class LayerNorm:
     def backward(self, grad_output: Any) -> np.ndarray:
         """Back-propagate `grad_output` through the last training-mode call.
 
-        Accumulates into ``weight_grad`` / ``bias_grad`` (like torch's ``.grad``) and frees
-        the saved values, so a second backward needs a new forward.
+        Accumulates into the parameters' gradients (``weight_grad``, ...; like torch's
+        ``.grad``) and frees the saved values, so a second backward needs a new forward.
 
         Parameters
         ----------
@@ -258,44 +223,50 @@ class LayerNorm:
                 "backward() needs a training-mode forward first: put the module in training "
                 "mode with .train() and call it on an input before calling backward()."
             )
-        input, stats = saved
-        weight, bias = self.weight, self.bias
-        output_mask = (True, weight is not None, bias is not None)
-        grad_input, grad_weight, grad_bias = _saved_backward(
-            grad_output, input, stats, self.normalized_shape, weight, bias, output_mask
-        )
-        if weight is not None:
-            self.weight_grad = _accumulate(self.weight_grad, grad_weight, weight.dtype)
-        if bias is not None:
-            self.bias_grad = _accumulate(self.bias_grad, grad_bias, bias.dtype)
+        if type(grad_output) is not _ndarray:
+            grad_output = _as_numpy(grad_output)
+        grads = self._gradients(grad_output, saved)
+        for index, (name, grad_name, _) in enumerate(self._PARAMETERS, 1):
+            param = getattr(self, name)
+            if param is not None:
+                total = getattr(self, grad_name)
+                if total is None:
+                    setattr(self, grad_name, np.array(grads[index], dtype=param.dtype, copy=None))
+                else:
+                    total += grads[index]
         self._saved = ()
-        return cast(np.ndarray, grad_input)
+        return cast(np.ndarray, grads[0])  # never masked off
+
+    def _gradients(self, grad_output: Any, saved: Tuple[Any, ...]) -> Tuple[Optional[np.ndarray], ...]:
+        """(grad_input, *one gradient per parameter, None where it is None) from what the last
+        training-mode call saved."""
+        raise NotImplementedError
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Reset ``weight_grad`` and ``bias_grad`` to None (or to zeros if not `set_to_none`)."""
-        for name in ("weight_grad", "bias_grad"):
-            grad = getattr(self, name)
+        """Reset the parameters' gradients to None (or to zeros if not `set_to_none`)."""
+        for _, grad_name, _ in self._PARAMETERS:
+            grad = getattr(self, grad_name)
             if set_to_none or grad is None:
-                setattr(self, name, None)
+                setattr(self, grad_name, None)
             else:
                 grad[...] = 0
 
     # ------------------------------------------------------------- parameters
 
     def reset_parameters(self) -> None:
-        """Set ``weight`` back to ones and ``bias`` back to zeros, in place."""
-        if self.weight is not None:
-            self.weight[...] = 1
-        if self.bias is not None:
-            self.bias[...] = 0
+        """Set the parameters back to their initial values (weight ones, bias zeros), in place."""
+        for name, _, initial in self._PARAMETERS:
+            param = getattr(self, name)
+            if param is not None:
+                param[...] = initial
 
     def named_parameters(self) -> list[tuple[str, np.ndarray]]:
         """Return ``[(name, array), ...]`` for the parameters that exist, as torch orders them."""
-        pairs = (("weight", self.weight), ("bias", self.bias))
+        pairs = ((name, getattr(self, name)) for name, _, _ in self._PARAMETERS)
         return [(name, value) for name, value in pairs if value is not None]
 
     def parameters(self) -> list[np.ndarray]:
-        """Return the parameters that exist: ``[weight, bias]``, ``[weight]`` or ``[]``."""
+        """Return the parameters that exist, e.g. ``[weight, bias]``, ``[weight]`` or ``[]``."""
         return [value for _, value in self.named_parameters()]
 
     def state_dict(self) -> OrderedDict[str, np.ndarray]:
@@ -345,7 +316,7 @@ class LayerNorm:
             if name not in state_dict:
                 continue
             try:
-                value = _to_numpy(state_dict[name])
+                value = _checkpoint_array(state_dict[name])
             except Exception as exc:  # e.g. a tensor that can't become an array
                 errors.append(
                     f'While copying the parameter named "{name}", could not convert it '
@@ -373,7 +344,7 @@ class LayerNorm:
 
     # ------------------------------------------------------------------- modes
 
-    def train(self, mode: bool = True) -> LayerNorm:
+    def train(self, mode: bool = True) -> Any:
         """Set training mode (the output is the same; only backward support differs); return self."""
         if not isinstance(mode, bool):
             raise _TrainingModeError("training mode is expected to be boolean")
@@ -382,23 +353,15 @@ class LayerNorm:
             self._saved = None  # an eval-mode call must not back-propagate through stale values
         return self
 
-    def eval(self) -> LayerNorm:
+    def eval(self) -> Any:
         """Same as ``train(False)``; return self."""
         return self.train(False)
 
     # ------------------------------------------------------------------ printing
 
     def extra_repr(self) -> str:
-        """Return torch's text: ``(4,), eps=1e-05, elementwise_affine=True, bias=True``."""
-        # str.format like torch: eps=0 stays "0", np.float32(1e-5) prints as a Python float.
-        return (
-            "{normalized_shape}, eps={eps}, elementwise_affine={elementwise_affine}, bias={use_bias}"
-        ).format(
-            normalized_shape=self.normalized_shape,
-            eps=self.eps,
-            elementwise_affine=self.elementwise_affine,
-            use_bias=self.bias is not None,
-        )
+        """Return the settings as torch's repr prints them inside the parentheses."""
+        return ""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.extra_repr()})"
@@ -411,13 +374,119 @@ class LayerNorm:
         return state
 
 
-def _accumulate(total: np.ndarray | None, grad: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray:
-    """Return total + grad in `dtype`: a new array if total is None, else total updated in place."""
-    if total is None:
-        return np.array(grad, dtype=dtype, copy=None)
-    total += grad
-    return total
+class LayerNorm(NormModule):
+    """Layer normalization over the last dimensions of an array, like ``torch.nn.LayerNorm``.
 
+    ``y = (x - mean) / sqrt(var + eps) * weight + bias``, with the mean and the biased
+    variance taken over the last ``len(normalized_shape)`` dimensions.
 
-def _quote(name: str) -> str:
-    return f'"{name}"'
+    Parameters
+    ----------
+    normalized_shape : int or sequence of int
+        Shape of the trailing dimensions to normalize over; an int n means ``(n,)``.
+    eps : float, default 1e-5
+        Added to the variance inside the square root; stored as given.
+    elementwise_affine : bool, default True
+        Whether to have a learnable ``weight`` (ones) and ``bias`` (zeros).
+    bias : bool, default True
+        Whether to have ``bias`` (only when ``elementwise_affine``).
+    device : None or "cpu"
+        Accepted for torch compatibility; anything else raises ValueError.
+    dtype : dtype, optional
+        Parameter dtype: float16, float32 (default) or float64, as NumPy or torch dtypes.
+
+    Attributes
+    ----------
+    weight, bias : ndarray or None
+        Parameters of shape ``normalized_shape``.
+    weight_grad, bias_grad : ndarray or None
+        Gradients accumulated by :meth:`backward`; None until the first backward.
+    training : bool
+        True by default. A training-mode call keeps what :meth:`backward` needs.
+
+    Examples
+    --------
+    >>> ln = LayerNorm(6).eval()
+    >>> ln(np.arange(1, 7, dtype=np.float32)).round(4)
+    array([-1.4638, -0.8783, -0.2928,  0.2928,  0.8783,  1.4638],
+          dtype=float32)
+    """
+
+    _KIND = "LayerNorm"
+    _PARAMETERS = (("weight", "weight_grad", 1.0), ("bias", "bias_grad", 0.0))
+
+    bias: Optional[np.ndarray]
+    bias_grad: Optional[np.ndarray]
+
+    def __init__(
+        self,
+        normalized_shape: SupportsIndex | Iterable[SupportsIndex],
+        eps: float = 1e-5,
+        elementwise_affine: bool = True,
+        bias: bool = True,
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        super().__init__(
+            normalized_shape, eps, elementwise_affine, device, dtype,
+            ("weight", "bias") if bias else ("weight",),
+        )
+
+    def __call__(self, input: Any) -> np.ndarray:
+        """Normalize `input` (any array-like); return a new array of its dtype.
+
+        Parameters
+        ----------
+        input : array_like
+            Float16/32/64 data whose trailing dimensions equal ``normalized_shape``.
+
+        Returns
+        -------
+        ndarray
+            The normalized array, C-contiguous, same shape and dtype as `input`.
+        """
+        weight, bias = self.weight, self.bias
+        if not (
+            type(input) is _ndarray
+            and (weight is None or type(weight) is _ndarray)
+            and (bias is None or type(bias) is _ndarray)
+        ):
+            input, weight, bias = _as_numpy(input), _as_numpy(weight), _as_numpy(bias)
+        if not self.training:
+            try:
+                return _layer_norm(input, self.normalized_shape, weight, bias, self.eps)
+            except UnsupportedDTypeError as error:
+                raise _torch_worded(error, _FORWARD_KERNEL) from None
+        # The input comes back as a private copy: the caller may change its own array
+        # before backward(), which must not change the gradients (torch raises there).
+        try:
+            output, self._saved = _training_forward(input, self.normalized_shape, weight, bias, self.eps)
+        except BaseException as error:
+            # A failed call must not leave the previous call's values for backward() to use.
+            self._saved = None
+            if isinstance(error, UnsupportedDTypeError):
+                raise _torch_worded(error, _FORWARD_KERNEL) from None
+            raise
+        return output
+
+    forward = __call__
+
+    def _gradients(self, grad_output: Any, saved: Tuple[Any, ...]) -> Tuple[Optional[np.ndarray], ...]:
+        weight, bias = self.weight, self.bias
+        input, stats = saved
+        return _saved_backward(
+            grad_output, input, stats, self.normalized_shape, weight, bias,
+            (True, weight is not None, bias is not None),
+        )
+
+    def extra_repr(self) -> str:
+        """Return torch's text: ``(4,), eps=1e-05, elementwise_affine=True, bias=True``."""
+        # str.format like torch: eps=0 stays "0", np.float32(1e-5) prints as a Python float.
+        return (
+            "{normalized_shape}, eps={eps}, elementwise_affine={elementwise_affine}, bias={use_bias}"
+        ).format(
+            normalized_shape=self.normalized_shape,
+            eps=self.eps,
+            elementwise_affine=self.elementwise_affine,
+            use_bias=self.bias is not None,
+        )

@@ -1,0 +1,462 @@
+"""Helpers the test files share: dtypes and test ids, data, memory layouts, the float64 reference
+with the tolerances results are held to, and torch as the oracle.
+
+layernorm._reference (float64 NumPy) is the ground truth for values; torch is the oracle for
+behaviour and messages.  torch is optional: without it ``torch`` and ``F`` are None, and every
+test that asks torch carries ``requires_torch`` (or its file skips as a whole).
+"""
+
+from typing import NamedTuple
+
+import numpy as np
+import pytest
+
+try:
+    import torch
+    import torch.nn.functional as F
+except ImportError:
+    torch = F = None
+
+import layernorm
+from layernorm import _reference
+
+# ---------------------------------------------------------------------------
+# dtypes and ids
+# ---------------------------------------------------------------------------
+
+FLOAT_DTYPES = (np.float16, np.float32, np.float64)
+
+
+def param_dtype(dtype):
+    """The compute ("param") dtype of the spec: float32 for f16/f32 input, float64 for f64."""
+    return np.float64 if np.dtype(dtype) == np.float64 else np.float32
+
+
+def dtype_id(dtype):
+    return np.dtype(dtype).name
+
+
+def shape_id(shape):
+    return "x".join(str(s) for s in shape) if len(shape) else "scalar"
+
+
+# ---------------------------------------------------------------------------
+# Data
+# ---------------------------------------------------------------------------
+
+AFFINES = ("weight+bias", "weight", "bias", "none")
+
+
+def make_input(shape, dtype, seed=0, scale=2.0, offset=0.0):
+    """Deterministic values exactly representable in ``dtype``, C-contiguous."""
+    rng = np.random.default_rng(seed)
+    return (offset + scale * rng.standard_normal(shape)).astype(dtype)
+
+
+def make_params(normalized_shape, dtype, affine, seed=1):
+    """(weight, bias) for affine in AFFINES."""
+    rng = np.random.default_rng(seed)
+    weight = (1.0 + 0.5 * rng.standard_normal(normalized_shape)).astype(dtype)
+    bias = rng.standard_normal(normalized_shape).astype(dtype)
+    return (
+        weight if affine in ("weight+bias", "weight") else None,
+        bias if affine in ("weight+bias", "bias") else None,
+    )
+
+
+def make_backward_data(shape, normalized_shape, dtype, affine, seed):
+    """(x, grad_output, weight, bias) from one generator; params of the compute dtype."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(shape) * 2 + 0.5).astype(dtype)
+    dy = rng.standard_normal(shape).astype(dtype)
+    pdt = param_dtype(dtype)
+    w = (1 + 0.5 * rng.standard_normal(normalized_shape)).astype(pdt) if affine in ("weight+bias", "weight") else None
+    b = rng.standard_normal(normalized_shape).astype(pdt) if affine in ("weight+bias", "bias") else None
+    return x, dy, w, b
+
+
+class BackwardArgs(NamedTuple):
+    """layer_norm_backward's array arguments, in its order (normalized_shape left out)."""
+
+    grad_output: np.ndarray
+    input: np.ndarray
+    mean: np.ndarray
+    rstd: np.ndarray
+    weight: np.ndarray
+    bias: np.ndarray
+
+
+def backward_args(shape, dtype, seed, eps=1e-5, edit=None):
+    """BackwardArgs over the last axis: input seed, grad_output seed + 1, weight and bias
+    seed + 2, mean and rstd from native_layer_norm; ``edit(x)`` changes the input first."""
+    n = shape[-1]
+    x = make_input(shape, dtype, seed=seed)
+    if edit is not None:
+        edit(x)
+    dy = make_input(shape, dtype, seed=seed + 1)
+    w, b = make_params((n,), param_dtype(dtype), "weight+bias", seed=seed + 2)
+    _, mean, rstd = layernorm.native_layer_norm(x, (n,), w, b, eps)
+    return BackwardArgs(dy, x, mean, rstd, w, b)
+
+
+def call_backward(args, normalized_shape=None, output_mask=(True, True, True)):
+    """layer_norm_backward on BackwardArgs (normalized over the last axis by default)."""
+    ns = (args.input.shape[-1],) if normalized_shape is None else normalized_shape
+    return layernorm.layer_norm_backward(args.grad_output, args.input, ns, args.mean, args.rstd,
+                                         args.weight, args.bias, output_mask)
+
+
+# ---------------------------------------------------------------------------
+# Memory layouts: each maker returns an array-like with exactly the values of ``base``
+# (a C-contiguous ndarray) but laid out differently.
+# ---------------------------------------------------------------------------
+
+
+def _c_order(base):
+    return np.ascontiguousarray(base).copy()
+
+
+def _fortran(base):
+    out = np.asfortranarray(base)
+    if base.ndim >= 2:
+        assert not out.flags.c_contiguous or base.size <= 1 or 1 in base.shape
+    return out
+
+
+def _transposed(base):
+    # A C-contiguous array of the reversed shape, viewed transposed: strides reversed.
+    return np.ascontiguousarray(base.transpose()).transpose()
+
+
+def _step_sliced(base):
+    # Every other element along every axis of a twice-as-large buffer.
+    big = np.zeros(tuple(2 * s for s in base.shape), dtype=base.dtype)
+    view = big[tuple(slice(None, None, 2) for _ in base.shape)]
+    view[...] = base
+    return view
+
+
+def _negative_strides(base):
+    # Reversed along every axis, then reversed back in a view: all strides negative.
+    flipped = np.ascontiguousarray(base[tuple(slice(None, None, -1) for _ in base.shape)])
+    return flipped[tuple(slice(None, None, -1) for _ in base.shape)]
+
+
+def _byte_swapped(base):
+    return base.astype(base.dtype.newbyteorder("S"))
+
+
+def _read_only(base):
+    out = base.copy()
+    out.flags.writeable = False
+    return out
+
+
+def _column_slice(base):
+    # x[..., :N] of a wider array: rows are contiguous but further apart than N.
+    if base.ndim == 0:
+        return base.copy()
+    wide = np.full(base.shape[:-1] + (base.shape[-1] + 3,), 7.0, dtype=base.dtype)
+    wide[..., : base.shape[-1]] = base
+    return wide[..., : base.shape[-1]]
+
+
+def _unaligned(base):
+    # Data starting one byte past an aligned address (numpy allows misaligned arrays).
+    raw = np.zeros(base.nbytes + base.itemsize + 1, dtype=np.uint8)
+    out = raw[1 : 1 + base.nbytes].view(base.dtype).reshape(base.shape)
+    out[...] = base
+    return out
+
+
+def _list(base):
+    return base.tolist()
+
+
+def _torch_tensor(base):
+    if torch is None:
+        pytest.skip("torch is not installed: there is no tensor to lay the values out in")
+    return torch.from_numpy(base.copy())
+
+
+LAYOUTS = {
+    "C": _c_order,
+    "fortran": _fortran,
+    "transposed": _transposed,
+    "step_sliced": _step_sliced,
+    "negative_strides": _negative_strides,
+    "byte_swapped": _byte_swapped,
+    "read_only": _read_only,
+    "column_slice": _column_slice,
+    "unaligned": _unaligned,
+    "list": _list,
+    "torch_tensor": _torch_tensor,
+}
+
+# Layouts that stay numpy arrays (for "the input is never mutated" checks).
+ARRAY_LAYOUTS = tuple(k for k in LAYOUTS if k not in ("list", "torch_tensor"))
+
+# Layouts whose arrays are not C-contiguous.
+STRIDED_LAYOUTS = ("transposed", "step_sliced", "fortran", "negative_strides")
+
+
+def layout(name, base):
+    """Lay out ``base`` as ``name``; lists of floats are float64 by nature."""
+    made = LAYOUTS[name](base)
+    if isinstance(made, np.ndarray):
+        np.testing.assert_array_equal(made, base)
+    return made
+
+
+# ---------------------------------------------------------------------------
+# The ground truth, layernorm._reference, and what results are held to against it
+# ---------------------------------------------------------------------------
+
+
+def reference_layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """Return (y, mean, rstd, scale) from layernorm._reference (float64, exact input values).
+
+    mean/rstd have shape x.shape[:-D] + (1,) * D.  ``scale`` = |xhat * w| + |w| + |b| per
+    element: the size of the terms a kernel rounds while forming y, used to scale tolerances.
+    """
+    y, mean, rstd = _reference.layer_norm(x, normalized_shape, weight, bias, eps)
+    return y, mean, rstd, _reference.output_scale(x, normalized_shape, weight, bias, eps)
+
+
+def reference_output(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """layernorm._reference's float64 LayerNorm output."""
+    return _reference.layer_norm(x, normalized_shape, weight, bias, eps)[0]
+
+
+def reference_backward(grad_output, x, normalized_shape, weight, bias, eps=1e-5):
+    """layernorm._reference's float64 gradients, None for a parameter that is None."""
+    dx, dw, db = _reference.layer_norm_backward(grad_output, x, normalized_shape, weight, bias, eps)
+    return dx, None if weight is None else dw, None if bias is None else db
+
+
+# Relative (to ``scale``) error a correct kernel may make, per output dtype, against the
+# float64 reference.  float64: 1e-12 (~4500 ulps) leaves room for summing 4097 float64 values
+# in any order (naive summation error <= N * eps).  float32: 4 ulps: the spec computes the
+# statistics in float64, so the output only suffers the handful of float32 roundings of
+# (x - mean) * rstd * w + b.  float16: the output rounding is added separately (half an ulp of
+# float16, we allow one), the 4 float32 ulps cover an intermediate computed in float32.
+REF_REL_TOL = {
+    np.dtype(np.float64): 1e-12,
+    np.dtype(np.float32): 4 * float(np.finfo(np.float32).eps),
+    np.dtype(np.float16): 4 * float(np.finfo(np.float32).eps),
+}
+
+
+def f16_ulp(values):
+    """One float16 ulp at |values| (the spacing of the float16 nearest to the value)."""
+    mag = np.abs(np.asarray(values, dtype=np.float64)).astype(np.float16)
+    return np.spacing(mag).astype(np.float64)
+
+
+def max_violation(actual, expected, tol):
+    """Largest |actual - expected| / tol, NaNs required in the same places (inf if not)."""
+    actual = np.asarray(actual, dtype=np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    nan_a, nan_e = np.isnan(actual), np.isnan(expected)
+    if not np.array_equal(nan_a, nan_e):
+        return float("inf")
+    ok = ~nan_e
+    if not ok.any():
+        return 0.0
+    err = np.abs(actual[ok] - expected[ok])
+    bound = np.broadcast_to(tol, expected.shape)[ok]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(err == 0, 0.0, err / bound)
+    return float(ratio.max())
+
+
+def assert_within(actual, expected, tol, what=""):
+    """|actual - expected| <= tol elementwise (tol broadcast), NaN where expected is NaN."""
+    v = max_violation(actual, expected, tol)
+    if v > 1.0:
+        actual = np.asarray(actual, dtype=np.float64)
+        expected = np.asarray(expected, dtype=np.float64)
+        err = np.abs(actual - expected)
+        i = np.unravel_index(np.nanargmax(err), err.shape) if err.size and not np.isnan(err).all() else ()
+        raise AssertionError(
+            f"{what}: error is {v:.3g} x the tolerance; worst at {i}: "
+            f"actual={actual[i] if i else actual!r} expected={expected[i] if i else expected!r}"
+        )
+
+
+def assert_matches_reference(out, x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """Check a layer_norm output against the float64 reference at the per-dtype tolerance."""
+    dtype = np.dtype(out.dtype).newbyteorder("=")
+    y, _, _, scale = reference_layer_norm(x, normalized_shape, weight, bias, eps)
+    tol = REF_REL_TOL[dtype] * scale
+    if dtype == np.float16:
+        tol = tol + f16_ulp(y)
+    assert_within(out, y, tol, f"{dtype.name} output vs float64 reference")
+
+
+def check_output_array(out, x_like, dtype):
+    """A result is a new, writeable, C-contiguous ndarray of `dtype` (native byte order)."""
+    assert isinstance(out, np.ndarray)
+    assert out.dtype == np.dtype(dtype)  # native byte order, the input's precision
+    assert out.flags.c_contiguous
+    assert out.flags.writeable
+    if isinstance(x_like, np.ndarray):
+        assert not np.shares_memory(out, x_like)
+
+
+def assert_close(actual, expected, rtol, what="", scale=1.0):
+    """Relative to the largest expected magnitude (at least `scale`), so near-zero entries that
+    come out of a cancellation are judged against the size of the terms that cancelled."""
+    assert actual is not None, what
+    actual = np.asarray(actual)
+    assert actual.shape == np.shape(expected), what
+    scale = max(float(np.max(np.abs(np.asarray(expected, np.float64)), initial=0.0)), scale)
+    np.testing.assert_allclose(np.asarray(actual, np.float64), np.asarray(expected, np.float64),
+                               rtol=rtol, atol=rtol * scale, err_msg=what)
+
+
+def grad_input_scale(dy, x, normalized_shape, w, eps=1e-5):
+    """Size of the terms grad_input is a cancellation of: max over elements of rstd * |dy * w|."""
+    stats = _reference.normalize(x, normalized_shape, centred=True, eps=eps)
+    g = np.abs(np.asarray(dy, np.float64)) * np.abs(stats.expand(w))
+    return max(float(np.max(stats.rstd * g, initial=0.0)), 1.0)
+
+
+def grad_weight_scale(dy, x, normalized_shape, eps=1e-5):
+    """Size of the products grad_weight sums: per column sum_rows |dy| * (|x| + |mean|) * rstd
+    (an implementation may form x*rstd - mean*rstd, which cancels exactly when N == 1)."""
+    if not np.size(x):
+        return 1.0
+    stats = _reference.normalize(x, normalized_shape, centred=True, eps=eps)
+    size = (np.abs(np.asarray(x, np.float64)) + np.abs(stats.mean)) * stats.rstd
+    batch_axes = tuple(range(np.ndim(x) - len(stats.axes)))
+    return max(float(np.max((np.abs(np.asarray(dy, np.float64)) * size).sum(axis=batch_axes))), 1.0)
+
+
+def assert_backward_matches_reference(grads, dy, x, n, w, dtype):
+    """Each of (dx, dweight, dbias) against layernorm._reference's float64 ones, relative to the
+    size of the terms it is made of: per row rstd * |dy * w| * (1 + (|x| + |mean|) * rstd) for
+    dx (the kernel is handed statistics rounded to the param dtype), the column sums of
+    |dy| * (|x| + |mean|) * rstd for dweight and of |dy| for dbias."""
+    tol = {np.float16: 2e-3, np.float32: 1e-6, np.float64: 1e-13}[np.dtype(dtype).type]
+    stats = _reference.normalize(x, (n,), centred=True, eps=1e-5)
+    x64, dy64 = np.abs(x.astype(np.float64)), np.abs(dy.astype(np.float64))
+    size = (x64 + np.abs(stats.mean)) * stats.rstd
+    g = dy64 * np.abs(w.astype(np.float64))
+    scales = (stats.rstd * g.max(axis=-1, keepdims=True) * (1 + size.max(axis=-1, keepdims=True)),
+              (dy64 * size).sum(axis=0), dy64.sum(axis=0))
+    wants = _reference.layer_norm_backward(dy, x, (n,), w)
+    for name, got, want, scale in zip(("dx", "dweight", "dbias"), grads, wants, scales):
+        err = np.abs(got.astype(np.float64) - want)
+        assert (err <= tol * np.maximum(scale, 1.0)).all(), name
+
+
+# ---------------------------------------------------------------------------
+# torch, the oracle
+# ---------------------------------------------------------------------------
+
+requires_torch = pytest.mark.skipif(torch is None, reason="torch is not installed: it is this test's oracle")
+
+
+def torch_dtype(name):
+    """The torch dtype called `name` ("int64", "bool", ...), looked up when a test runs."""
+    return getattr(torch, name)
+
+
+# Tolerance against torch, relative to the size of the rounded terms (see reference_layer_norm).
+# float64: torch's float64 kernel is accurate too; both are within ~1e-12 of the truth.
+# float32: torch accumulates its statistics in float32 (error ~ a few float32 ulps of |x|/std
+#   on this zero-mean data); 1e-5 (~80 ulps) is loose for that, yet catches an unbiased variance
+#   on short rows or a wrong eps placement on the float64 reference side (tight, REF_REL_TOL).
+# float16: both round a float32-or-better value to float16, each within half an ulp plus a few
+#   float32 ulps: they may differ by one float16 ulp.
+TORCH_REL_TOL = {
+    np.dtype(np.float64): 1e-12,
+    np.dtype(np.float32): 1e-5,
+    np.dtype(np.float16): 8 * float(np.finfo(np.float32).eps),
+}
+
+
+def torch_scale(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """Size of the terms torch's kernel rounds, per element.
+
+    For float32/float64 torch computes (x - mean) * rstd * w + b: our ``scale``.  For float16
+    input torch's CPU kernel computes x * (rstd * w) + (b - mean * rstd * w) in float32, so
+    its error also scales with |x| * rstd * |w| and |mean| * rstd * |w| (that is why torch's
+    float16 output on a constant row of 1234 is off by ~1e-2, see test_torch_float16_...).
+    """
+    y, mean, rstd, scale = reference_layer_norm(x, normalized_shape, weight, bias, eps)
+    if np.asarray(x).dtype != np.float16:
+        return scale
+    w = np.ones(()) if weight is None else np.abs(np.asarray(weight, np.float64))
+    with np.errstate(invalid="ignore", over="ignore"):
+        return scale + (np.abs(np.asarray(x, np.float64)) + np.abs(mean)) * np.abs(rstd) * w
+
+
+def assert_matches_torch(out, expected, scale):
+    """Check an output against torch's at TORCH_REL_TOL of `scale` (plus a float16 ulp)."""
+    dtype = np.dtype(out.dtype).newbyteorder("=")
+    tol = TORCH_REL_TOL[dtype] * scale
+    if dtype == np.float16:
+        tol = tol + np.maximum(f16_ulp(out), f16_ulp(expected))
+    assert_within(out, expected, tol, f"{dtype.name} output vs torch")
+
+
+def to_torch(a, dtype=None):
+    """A NumPy array (None stays None) as a C-contiguous native torch tensor, cast to dtype."""
+    if a is None:
+        return None
+    a = np.asarray(a)
+    if dtype is not None:
+        a = a.astype(dtype)
+    return torch.from_numpy(np.ascontiguousarray(a).astype(a.dtype.newbyteorder("=")))
+
+
+def torch_layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """torch's F.layer_norm on numpy data, params cast to what torch accepts."""
+    x = np.asarray(x)
+    pdt = param_dtype(x.dtype)
+    return F.layer_norm(
+        to_torch(x), list(normalized_shape), to_torch(weight, pdt), to_torch(bias, pdt), eps
+    ).numpy()
+
+
+def torch_native_layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """torch.native_layer_norm on numpy data: (output, mean, rstd) as arrays."""
+    x = np.asarray(x)
+    pdt = param_dtype(x.dtype)
+    out, mean, rstd = torch.native_layer_norm(
+        to_torch(x), list(normalized_shape), to_torch(weight, pdt), to_torch(bias, pdt), eps
+    )
+    return out.numpy(), mean.numpy(), rstd.numpy()
+
+
+def torch_native_backward(dy, x, normalized_shape, mean, rstd, w, b):
+    """torch's backward kernel on the same data and the same mean/rstd (float16 data upcast to
+    float32, the dtype torch computes it in): (grad_input, grad_weight, grad_bias) arrays."""
+    if np.dtype(x.dtype) == np.float16:
+        dy, x = dy.astype(np.float32), x.astype(np.float32)
+    mask = [True, w is not None, b is not None]  # torch refuses True for a missing parameter
+    grads = torch.ops.aten.native_layer_norm_backward(
+        to_torch(dy), to_torch(x), list(normalized_shape), to_torch(mean), to_torch(rstd),
+        to_torch(w), to_torch(b), mask)
+    return tuple(None if g is None else g.numpy() for g in grads)
+
+
+def torch_autograd(dy, x, normalized_shape, w, b, eps=1e-5):
+    """torch autograd through F.layer_norm: (grad_input, grad_weight, grad_bias) arrays."""
+    xt = torch.from_numpy(x.copy()).requires_grad_(True)
+    wt = None if w is None else torch.from_numpy(w.copy()).requires_grad_(True)
+    bt = None if b is None else torch.from_numpy(b.copy()).requires_grad_(True)
+    F.layer_norm(xt, list(normalized_shape), wt, bt, eps).backward(torch.from_numpy(dy.copy()))
+    return tuple(None if p is None else p.grad.numpy() for p in (xt, wt, bt))
+
+
+def torch_message(fn):
+    """The text of the RuntimeError (or subclass) torch raises from ``fn()``."""
+    try:
+        fn()
+    except RuntimeError as exc:
+        return str(exc)
+    raise AssertionError("torch did not raise: the oracle disagrees with the test's premise")
