@@ -9,7 +9,7 @@
  *     y    = (x - mean) * rstd * weight + bias              # rounded once per element
  *
  * and the backward pass of that function.  Results are bit-identical whatever the
- * SIMD level and the thread count (see ln_kernels.c for why that holds).
+ * SIMD level and the thread count (ln_rows.h and ln_internal.h say why).
  */
 #ifndef LN_KERNELS_H
 #define LN_KERNELS_H
