@@ -62,11 +62,11 @@ setup(
         Extension(
             "layernorm._layernorm",
             sources=["src/_layernorm.c", "src/ln_dispatch.c", "src/ln_threads.c", "src/ln_forward.c",
-                     "src/ln_backward.c", "src/ln_level_scalar.c", "src/ln_level_avx2.c",
-                     "src/ln_level_avx512.c"],
+                     "src/ln_backward.c", "src/ln_level_scalar.c", "src/ln_level_vec128.c",
+                     "src/ln_level_avx2.c", "src/ln_level_avx512.c"],
             depends=["src/ln_kernels.h", "src/ln_internal.h", "src/ln_types.h", "src/ln_tuning.h",
                      "src/ln_rows.h", "src/ln_simd_group.h", "src/ln_simd_scalar.h",
-                     "src/ln_simd_avx2.h", "src/ln_simd_avx512.h"],
+                     "src/ln_simd_vec128.h", "src/ln_simd_avx2.h", "src/ln_simd_avx512.h"],
             include_dirs=[numpy.get_include(), "src"],
             define_macros=[
                 ("NPY_NO_DEPRECATED_API", "NPY_1_23_API_VERSION"),

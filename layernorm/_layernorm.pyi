@@ -7,7 +7,7 @@ import numpy.typing as npt
 
 _Shape: TypeAlias = SupportsIndex | Sequence[SupportsIndex]
 _FloatArray: TypeAlias = npt.NDArray[np.floating]
-_SimdLevel: TypeAlias = Literal["scalar", "avx2", "avx512"]
+_SimdLevel: TypeAlias = Literal["scalar", "sse2", "neon", "avx2", "avx512"]
 
 def layer_norm(
     input: npt.ArrayLike,

@@ -7,18 +7,18 @@
 
 #include "ln_internal.h"
 
-/* Each level's name and kernels; no kernels for a level this build lacks. */
+/* Each level's name and kernels; both NULL for a level this build lacks. */
 static const struct {
     const char *name;
     const ln_kernel_table *kernels;
-} ln_levels[] = {
+} ln_levels[LN_SIMD_LEVELS] = {
     [LN_SIMD_SCALAR] = {"scalar", &ln_kernels_scalar},
 #if defined(__x86_64__)
+    [LN_SIMD_VEC128] = {"sse2", &ln_kernels_vec128},
     [LN_SIMD_AVX2] = {"avx2", &ln_kernels_avx2},
     [LN_SIMD_AVX512] = {"avx512", &ln_kernels_avx512},
-#else
-    [LN_SIMD_AVX2] = {"avx2", NULL},
-    [LN_SIMD_AVX512] = {"avx512", NULL},
+#elif defined(__aarch64__)
+    [LN_SIMD_VEC128] = {"neon", &ln_kernels_vec128},
 #endif
 };
 
@@ -36,8 +36,12 @@ ln_simd_level ln_simd_best(void)
         __builtin_cpu_supports("f16c")) {
         return LN_SIMD_AVX2;
     }
-#endif
+    return LN_SIMD_VEC128;  /* SSE2 is part of x86-64 */
+#elif defined(__aarch64__)
+    return LN_SIMD_VEC128;  /* NEON is part of ARMv8-A */
+#else
     return LN_SIMD_SCALAR;
+#endif
 }
 
 ln_simd_level ln_simd_get(void)
@@ -61,7 +65,7 @@ int ln_simd_set(ln_simd_level level)
 
 const char *ln_simd_name(ln_simd_level level)
 {
-    return level >= LN_SIMD_SCALAR && level <= LN_SIMD_AVX512 ? ln_levels[level].name : "unknown";
+    return level >= LN_SIMD_SCALAR && level < LN_SIMD_LEVELS ? ln_levels[level].name : NULL;
 }
 
 const ln_kernel_table *ln_kernels_in_use(void)

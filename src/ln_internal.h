@@ -85,6 +85,9 @@ typedef struct {
 
 /* The levels' tables (ln_level_*.c), each present where its target is. */
 extern const ln_kernel_table ln_kernels_scalar;
+#if defined(__x86_64__) || defined(__aarch64__)
+extern const ln_kernel_table ln_kernels_vec128;
+#endif
 #if defined(__x86_64__)
 extern const ln_kernel_table ln_kernels_avx2;
 extern const ln_kernel_table ln_kernels_avx512;
