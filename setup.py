@@ -6,6 +6,7 @@ Environment switches for development builds:
 """
 import os
 import sysconfig
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy
 from setuptools import Extension, setup
@@ -36,34 +37,47 @@ if sysconfig.get_platform().endswith(("x86_64", "amd64")):
 
 
 class BuildExt(build_ext):
-    """build_ext that compiles each source of an extension with its SIMD level's flags."""
+    """build_ext that compiles an extension's sources in parallel, each with its level's flags.
+
+    setuptools compiles one source after another; the SIMD levels are the slow ones and
+    independent, so they go to a pool of os.cpu_count() threads (each runs a compiler process).
+    """
 
     def build_extension(self, ext):
         compiler = self.compiler
+        listed = {os.path.normpath(source): index for index, source in enumerate(ext.sources)}
 
         def compile_sources(sources, output_dir=None, macros=None, include_dirs=None, debug=0,
                             extra_preargs=None, extra_postargs=None, depends=None):
             macros, objects, extra_postargs, pp_opts, build = compiler._setup_compile(
                 output_dir, macros, include_dirs, sources, depends, extra_postargs)
             cc_args = compiler._get_cc_args(pp_opts, debug, extra_preargs)
-            for obj in objects:
-                if obj in build:
-                    source, source_ext = build[obj]
-                    flags = LEVEL_FLAGS.get(os.path.normpath(source), [])
-                    compiler._compile(obj, source, source_ext, cc_args, extra_postargs + flags, pp_opts)
+
+            def compile_object(obj):
+                source, source_ext = build[obj]
+                flags = LEVEL_FLAGS.get(os.path.normpath(source), [])
+                compiler._compile(obj, source, source_ext, cc_args, extra_postargs + flags, pp_opts)
+
+            # in the order ext.sources lists them (setuptools sorts them by name)
+            stale = sorted((obj for obj in objects if obj in build),
+                           key=lambda obj: listed.get(os.path.normpath(build[obj][0]), len(listed)))
+            with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+                list(pool.map(compile_object, stale))
             return objects
 
         compiler.compile = compile_sources
         super().build_extension(ext)
+
 
 setup(
     cmdclass={"build_ext": BuildExt},
     ext_modules=[
         Extension(
             "layernorm._layernorm",
-            sources=["src/_layernorm.c", "src/ln_dispatch.c", "src/ln_threads.c", "src/ln_forward.c",
-                     "src/ln_backward.c", "src/ln_level_scalar.c", "src/ln_level_vec128.c",
-                     "src/ln_level_avx2.c", "src/ln_level_avx512.c"],
+            # slowest to compile first: they start first in BuildExt's pool
+            sources=["src/ln_level_scalar.c", "src/ln_level_vec128.c", "src/ln_level_avx2.c",
+                     "src/ln_level_avx512.c", "src/_layernorm.c", "src/ln_backward.c", "src/ln_forward.c",
+                     "src/ln_threads.c", "src/ln_dispatch.c"],
             depends=["src/ln_kernels.h", "src/ln_internal.h", "src/ln_types.h", "src/ln_tuning.h",
                      "src/ln_rows.h", "src/ln_simd_group.h", "src/ln_simd_scalar.h",
                      "src/ln_simd_vec128.h", "src/ln_simd_avx2.h", "src/ln_simd_avx512.h"],

@@ -7,6 +7,11 @@
  * its native types ln_vd and ln_vf (a vector_size type, or a plain double and float) and
  * how many of each make a group, LN_VD_PER_GROUP and LN_VF_PER_GROUP, then includes this;
  * GCC/Clang vector extensions give +, -, *, / lane by lane at every width.
+ *
+ * A level's header also says whether ln_rows.h compiles its loops once per weight/bias
+ * case (LN_LOOP_PER_PARAM_CASE 1: no loop tests for them, a few percent faster) or once
+ * for all (0: where a group's arithmetic is many instructions or calls, a quarter of the
+ * code and of the build time, for a level whose speed is not the point).
  */
 #ifndef LN_SIMD_GROUP_H
 #define LN_SIMD_GROUP_H
