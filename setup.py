@@ -5,13 +5,17 @@ Environment switches for development builds:
   LAYERNORM_SANITIZE=1  AddressSanitizer and UndefinedBehaviorSanitizer
 """
 import os
+import sysconfig
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
-# Baseline x86-64 code and strict IEEE semantics (no host-specific -march, no fast-math
-# flags): the wheel must run on any x86-64 and NaN must stay NaN.  SIMD kernels are chosen at run time (see src/ln_kernels.c).
-# -ffp-contract=off keeps every level doing the same roundings (bit-identical results).
+# Baseline code for the target and strict IEEE semantics (no host-specific -march, no
+# fast-math flags): the wheel must run on any CPU of its architecture and NaN must stay NaN.
+# SIMD kernels are chosen at run time (src/ln_dispatch.c).  -ffp-contract=off keeps every
+# level doing the same roundings (bit-identical results).
 compile_args = ["-std=c11", "-O3", "-ffp-contract=off", "-fno-math-errno", "-Wall", "-Wextra",
                 "-Wno-unused-parameter", "-Wno-psabi", "-Wno-missing-field-initializers"]
 link_args = []
@@ -22,12 +26,61 @@ if os.environ.get("LAYERNORM_SANITIZE"):
     compile_args += ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-g"]
     link_args += ["-fsanitize=address,undefined"]
 
+# One translation unit per SIMD level, each compiled for its own instruction set; the x86
+# levels exist only in x86-64 builds (their sources compile to nothing elsewhere).
+LEVEL_FLAGS = {}
+if sysconfig.get_platform().endswith(("x86_64", "amd64")):
+    LEVEL_FLAGS = {
+        os.path.normpath("src/ln_level_avx2.c"): ["-mavx2", "-mfma", "-mf16c"],
+        os.path.normpath("src/ln_level_avx512.c"): ["-mavx512f", "-mavx2", "-mfma", "-mf16c"],
+    }
+
+
+class BuildExt(build_ext):
+    """build_ext that compiles an extension's sources in parallel, each with its level's flags.
+
+    setuptools compiles one source after another; the SIMD levels are the slow ones and
+    independent, so they go to a pool of os.cpu_count() threads (each runs a compiler process).
+    """
+
+    def build_extension(self, ext):
+        compiler = self.compiler
+        listed = {os.path.normpath(source): index for index, source in enumerate(ext.sources)}
+
+        def compile_sources(sources, output_dir=None, macros=None, include_dirs=None, debug=0,
+                            extra_preargs=None, extra_postargs=None, depends=None):
+            macros, objects, extra_postargs, pp_opts, build = compiler._setup_compile(
+                output_dir, macros, include_dirs, sources, depends, extra_postargs)
+            cc_args = compiler._get_cc_args(pp_opts, debug, extra_preargs)
+
+            def compile_object(obj):
+                source, source_ext = build[obj]
+                flags = LEVEL_FLAGS.get(os.path.normpath(source), [])
+                compiler._compile(obj, source, source_ext, cc_args, extra_postargs + flags, pp_opts)
+
+            # in the order ext.sources lists them (setuptools sorts them by name)
+            stale = sorted((obj for obj in objects if obj in build),
+                           key=lambda obj: listed.get(os.path.normpath(build[obj][0]), len(listed)))
+            with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+                list(pool.map(compile_object, stale))
+            return objects
+
+        compiler.compile = compile_sources
+        super().build_extension(ext)
+
+
 setup(
+    cmdclass={"build_ext": BuildExt},
     ext_modules=[
         Extension(
             "layernorm._layernorm",
-            sources=["src/_layernorm.c", "src/ln_kernels.c"],
-            depends=["src/ln_kernels.h", "src/ln_kernel_impl.h"],
+            # slowest to compile first: they start first in BuildExt's pool
+            sources=["src/ln_level_scalar.c", "src/ln_level_vec128.c", "src/ln_level_avx2.c",
+                     "src/ln_level_avx512.c", "src/_layernorm.c", "src/ln_backward.c", "src/ln_forward.c",
+                     "src/ln_threads.c", "src/ln_dispatch.c"],
+            depends=["src/ln_kernels.h", "src/ln_internal.h", "src/ln_types.h", "src/ln_tuning.h",
+                     "src/ln_rows.h", "src/ln_simd_group.h", "src/ln_simd_scalar.h",
+                     "src/ln_simd_vec128.h", "src/ln_simd_avx2.h", "src/ln_simd_avx512.h"],
             include_dirs=[numpy.get_include(), "src"],
             define_macros=[
                 ("NPY_NO_DEPRECATED_API", "NPY_1_23_API_VERSION"),

@@ -10,7 +10,7 @@ import numpy.typing as npt
 
 _Shape = Union[SupportsIndex, Sequence[SupportsIndex]]
 _FloatArray = npt.NDArray[np.floating[Any]]
-_SimdLevel = Literal["scalar", "avx2", "avx512"]
+_SimdLevel = Literal["scalar", "sse2", "neon", "avx2", "avx512"]
 _Gradients = Tuple[Optional[_FloatArray], Optional[_FloatArray], Optional[_FloatArray]]
 
 class UnsupportedDTypeError(TypeError):

@@ -1227,7 +1227,7 @@ get_num_threads(PyObject *module, PyObject *Py_UNUSED(ignored))
 }
 
 PyDoc_STRVAR(simd_level_doc,
-"simd_level($module, /)\n--\n\nThe kernel variant in use: 'scalar', 'avx2' or 'avx512'.");
+"simd_level($module, /)\n--\n\nThe kernel variant in use, one of available_simd_levels().");
 
 static PyObject *
 simd_level(PyObject *module, PyObject *Py_UNUSED(ignored))
@@ -1242,14 +1242,22 @@ static PyObject *
 available_simd_levels(PyObject *module, PyObject *Py_UNUSED(ignored))
 {
     const int best = (int)ln_simd_best();
-    PyObject *levels = PyTuple_New(best + 1);
-    for (int level = 0; levels && level <= best; level++) {
-        PyObject *name = PyUnicode_FromString(ln_simd_name((ln_simd_level)level));
+    Py_ssize_t count = 0;
+    for (int level = 0; level <= best; level++) {
+        count += ln_simd_name((ln_simd_level)level) != NULL;
+    }
+    PyObject *levels = PyTuple_New(count);
+    for (int level = 0, i = 0; levels && level <= best; level++) {
+        const char *name = ln_simd_name((ln_simd_level)level);
         if (!name) {
+            continue;  /* a level this build lacks */
+        }
+        PyObject *item = PyUnicode_FromString(name);
+        if (!item) {
             Py_CLEAR(levels);
             break;
         }
-        PyTuple_SET_ITEM(levels, level, name);
+        PyTuple_SET_ITEM(levels, i++, item);
     }
     return levels;
 }
@@ -1258,8 +1266,9 @@ available_simd_levels(PyObject *module, PyObject *Py_UNUSED(ignored))
 static int
 simd_level_from_name(const char *name)
 {
-    for (int level = LN_SIMD_SCALAR; level <= LN_SIMD_AVX512; level++) {
-        if (strcmp(name, ln_simd_name((ln_simd_level)level)) == 0) {
+    for (int level = 0; level < LN_SIMD_LEVELS; level++) {
+        const char *level_name = ln_simd_name((ln_simd_level)level);
+        if (level_name && strcmp(name, level_name) == 0) {
             return level;
         }
     }
@@ -1284,10 +1293,11 @@ set_simd_level(PyObject *module, PyObject *arg)
     }
     int level = simd_level_from_name(name);
     if (level < 0 || ln_simd_set((ln_simd_level)level) < 0) {
-        PyErr_Format(PyExc_ValueError,
-                     "unknown or unsupported SIMD level %R; this CPU runs %s or below "
-                     "(levels: scalar, avx2, avx512)",
-                     arg, ln_simd_name(ln_simd_best()));
+        PyObject *levels = available_simd_levels(module, NULL);
+        if (levels) {
+            PyErr_Format(PyExc_ValueError, "unknown or unsupported SIMD level %R; this CPU runs %R", arg, levels);
+            Py_DECREF(levels);
+        }
         return NULL;
     }
     Py_RETURN_NONE;
@@ -1334,7 +1344,7 @@ apply_environment(void)
     if (simd && *simd) {
         int level = simd_level_from_name(simd);
         if (level < 0) {
-            PyErr_Format(PyExc_ValueError, "LAYERNORM_SIMD must be scalar, avx2 or avx512, got '%s'", simd);
+            PyErr_Format(PyExc_ValueError, "LAYERNORM_SIMD must name a SIMD level of this build, got '%s'", simd);
             return -1;
         }
         /* a level above what the CPU runs falls back to the best it does run */

@@ -9,7 +9,7 @@
  *     y    = (x - mean) * rstd * weight + bias              # rounded once per element
  *
  * and the backward pass of that function.  Results are bit-identical whatever the
- * SIMD level and the thread count (see ln_kernels.c for why that holds).
+ * SIMD level and the thread count (ln_rows.h and ln_internal.h say why).
  */
 #ifndef LN_KERNELS_H
 #define LN_KERNELS_H
@@ -22,7 +22,15 @@
  * handed in or out are of the same param type. */
 typedef enum { LN_F16 = 0, LN_F32 = 1, LN_F64 = 2 } ln_dtype;
 
-typedef enum { LN_SIMD_SCALAR = 0, LN_SIMD_AVX2 = 1, LN_SIMD_AVX512 = 2 } ln_simd_level;
+/* Kernel variants, slowest first.  LN_SIMD_VEC128 is SSE2 on x86-64 and NEON on aarch64;
+ * a build has the levels its target can run (ln_simd_name says which). */
+typedef enum {
+    LN_SIMD_SCALAR = 0,
+    LN_SIMD_VEC128 = 1,
+    LN_SIMD_AVX2 = 2,
+    LN_SIMD_AVX512 = 3,
+} ln_simd_level;
+#define LN_SIMD_LEVELS 4
 
 typedef struct {
     ln_dtype dtype;
@@ -61,7 +69,8 @@ int ln_backward(const ln_backward_args *args);
 /* SIMD dispatch: the best level this CPU runs is chosen on first use. */
 ln_simd_level ln_simd_best(void);            /* what the CPU and the build allow */
 ln_simd_level ln_simd_get(void);             /* what is in use now */
-int ln_simd_set(ln_simd_level level);        /* 0, or -1 if the CPU can't run it */
+int ln_simd_set(ln_simd_level level);        /* 0, or -1 if the CPU or the build can't run it */
+/* "scalar", "sse2" or "neon", "avx2", "avx512"; NULL for a level this build lacks. */
 const char *ln_simd_name(ln_simd_level level);
 
 /* Threads: a small pthread pool shared by every call in the process. */

@@ -1,0 +1,74 @@
+/*
+ * ln_dispatch.c -- which SIMD levels this build has, which this CPU runs, and which is in
+ * use.  The best level the CPU runs is chosen on first use; ln_simd_set changes it for
+ * the whole process (results are the same bits at every level).
+ */
+#include <stdatomic.h>
+
+#include "ln_internal.h"
+
+/* Each level's name and kernels; both NULL for a level this build lacks. */
+static const struct {
+    const char *name;
+    const ln_kernel_table *kernels;
+} ln_levels[LN_SIMD_LEVELS] = {
+    [LN_SIMD_SCALAR] = {"scalar", &ln_kernels_scalar},
+#if defined(__x86_64__)
+    [LN_SIMD_VEC128] = {"sse2", &ln_kernels_vec128},
+    [LN_SIMD_AVX2] = {"avx2", &ln_kernels_avx2},
+    [LN_SIMD_AVX512] = {"avx512", &ln_kernels_avx512},
+#elif defined(__aarch64__)
+    [LN_SIMD_VEC128] = {"neon", &ln_kernels_vec128},
+#endif
+};
+
+static _Atomic int ln_simd_current = -1;
+
+ln_simd_level ln_simd_best(void)
+{
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") &&
+        __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
+        return LN_SIMD_AVX512;
+    }
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c")) {
+        return LN_SIMD_AVX2;
+    }
+    return LN_SIMD_VEC128;  /* SSE2 is part of x86-64 */
+#elif defined(__aarch64__)
+    return LN_SIMD_VEC128;  /* NEON is part of ARMv8-A */
+#else
+    return LN_SIMD_SCALAR;
+#endif
+}
+
+ln_simd_level ln_simd_get(void)
+{
+    int level = atomic_load(&ln_simd_current);
+    if (level < 0) {
+        level = ln_simd_best();
+        atomic_store(&ln_simd_current, level);
+    }
+    return (ln_simd_level)level;
+}
+
+int ln_simd_set(ln_simd_level level)
+{
+    if (level < LN_SIMD_SCALAR || level > ln_simd_best() || !ln_levels[level].kernels) {
+        return -1;
+    }
+    atomic_store(&ln_simd_current, (int)level);
+    return 0;
+}
+
+const char *ln_simd_name(ln_simd_level level)
+{
+    return level >= LN_SIMD_SCALAR && level < LN_SIMD_LEVELS ? ln_levels[level].name : NULL;
+}
+
+const ln_kernel_table *ln_kernels_in_use(void)
+{
+    return ln_levels[ln_simd_get()].kernels;
+}

@@ -1,0 +1,923 @@
+/*
+ * ln_rows.h -- the row algorithms, written once against the group primitives.
+ *
+ * Each ln_level_<level>.c includes its level's ln_simd_<level>.h, defines LN_LEVEL_KERNELS
+ * (the name of its table), then includes this file: the functions here are plain statics
+ * of that translation unit, and the table is its only export.
+ *
+ * Every level performs the same IEEE operations in the same order -- groups of 16
+ * elements, 16 accumulation lanes, lane k taking the elements i with i % 16 == k, then a
+ * fixed reduction tree (ln_sum_lanes) -- so every level returns bit-identical results.
+ *
+ * Forward, per row of N elements (statistics in float64):
+ *
+ *     chunk c (<= LN_CHUNK elements, K = its first element, one pass):
+ *         s1 = sum(x - K),  s2 = sum((x - K)^2)
+ *         moments_c = (n_c, K + s1 / n_c, s2 - s1^2 / n_c)
+ *         (float16 data: x - K and its square in float32, summed in float32 over blocks
+ *         of LN_F16_BLOCK groups, the block sums added in float64)
+ *     row:
+ *         moments = chan_merge(moments_0, moments_1, ...)          (left to right)
+ *         rstd = 1 / sqrt(m2 / N + eps)
+ *     output, float16/float32 data, in float32 with a two-part mean:
+ *         mean_hi = float(mean),  mean_lo = float(mean - mean_hi),  a_j = float(rstd) * w_j
+ *         y_j = fma((x_j - mean_hi) - mean_lo, a_j, b_j)
+ *     output, float64 data:
+ *         y_j = fma(x_j - mean, rstd * w_j, b_j)
+ *
+ * Backward, per row (dy = dL/dy, g = dy * w, xhat = (x - mean) * rstd, N elements):
+ *
+ *     y = xhat * w + b, so dL/dxhat_j = g_j, and since xhat depends on every x through
+ *     mean and rstd (dmean/dx_j = 1/N, drstd/dx_j = -rstd^3 (x_j - mean) / N):
+ *         dx_j = rstd * (g_j - mean(g) - xhat_j * mean(g * xhat))
+ *     dweight_j = sum over rows of dy_j * xhat_j,   dbias_j = sum over rows of dy_j
+ *
+ *     pass 1: the row sums of g and g * xhat (float64 lanes; float32 products summed in
+ *             float32 over blocks of LN_GRAD_SUM_BLOCK groups for float16/float32 data)
+ *     pass 2: dx (float32 arithmetic for float16/float32 data, float64 for float64),
+ *             and dy * xhat, dy added into float64 column sums, LN_GRAD_ROWS rows at a time
+ */
+#if !defined(LN_LEVEL_KERNELS) || !defined(LN_LOOP_PER_PARAM_CASE)
+#error "include a level's ln_simd_<level>.h and define LN_LEVEL_KERNELS before ln_rows.h"
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Group loads and stores by element type (dtype is a constant after inlining) */
+/* ------------------------------------------------------------------------ */
+
+/* 16 elements from p[i] as float32 (float16 and float32 only). */
+static LN_ALWAYS_INLINE gf load_as_f32(ln_dtype dtype, const void *p, ptrdiff_t i)
+{
+    if (dtype == LN_F16) {
+        return gf_load_f16((const uint16_t *)p + i);
+    }
+    return gf_load((const float *)p + i);
+}
+
+static LN_ALWAYS_INLINE void store_from_f32(ln_dtype dtype, void *p, ptrdiff_t i, gf v)
+{
+    if (dtype == LN_F16) {
+        gf_store_f16((uint16_t *)p + i, v);
+    }
+    else {
+        gf_store((float *)p + i, v);
+    }
+}
+
+/* 16 elements from p[i] as float64. */
+static LN_ALWAYS_INLINE gd load_as_f64(ln_dtype dtype, const void *p, ptrdiff_t i)
+{
+    if (dtype == LN_F64) {
+        return gd_load((const double *)p + i);
+    }
+    if (dtype == LN_F32) {
+        return gd_load_f32((const float *)p + i);
+    }
+    return gf_widen(gf_load_f16((const uint16_t *)p + i));
+}
+
+/* ------------------------------------------------------------------------ */
+/* Forward: statistics                                                       */
+/* ------------------------------------------------------------------------ */
+
+/* Mean and M2 of one chunk of 1 <= n <= LN_CHUNK elements in one pass, in float64,
+   with the sums taken about the chunk's first element K.  Because K is one of the data,
+   M2 >= (K - mean)^2, so S2 = M2 + n (mean - K)^2 is at most (n + 1) M2 and the
+   subtraction below loses at most log2(n + 1) bits of float64's 53; x - K is exact for
+   float16/float32 data.  Even and odd groups use separate accumulators, so no add waits
+   on the one before it.  The accumulator is a type of its own so that the pipelined row
+   loop (forward_rows_pipelined) performs exactly the same operations. */
+typedef struct {
+    double shift;
+    gd shift_v, s1_even, s2_even, s1_odd, s2_odd;
+    /* float16 data: float32 sums over blocks of LN_F16_BLOCK groups, added into s1_even and
+       s2_even (float64) at the end of each block */
+    gf shift_f, block_s1_even, block_s2_even, block_s1_odd, block_s2_odd;
+} moments_acc;
+
+static LN_ALWAYS_INLINE void moments_start(moments_acc *acc, ln_dtype dtype, const void *x)
+{
+    acc->shift = ln_load1_as_f64(dtype, x, 0);
+    acc->shift_v = gd_splat(acc->shift);
+    acc->s1_even = acc->s2_even = acc->s1_odd = acc->s2_odd = gd_splat(0.0);
+    if (dtype == LN_F16) {
+        acc->shift_f = gf_splat((float)acc->shift);
+        acc->block_s1_even = acc->block_s2_even = acc->block_s1_odd = acc->block_s2_odd = gf_splat(0.0f);
+    }
+}
+
+/* float16: the block's float32 sums into the float64 ones. */
+static LN_ALWAYS_INLINE void moments_flush_f16(moments_acc *acc)
+{
+    acc->s1_even = gd_add(acc->s1_even, gf_widen(gf_add(acc->block_s1_even, acc->block_s1_odd)));
+    acc->s2_even = gd_add(acc->s2_even, gf_widen(gf_add(acc->block_s2_even, acc->block_s2_odd)));
+    acc->block_s1_even = acc->block_s2_even = acc->block_s1_odd = acc->block_s2_odd = gf_splat(0.0f);
+}
+
+/* Adds the group of 16 at x[i]; `odd` picks the accumulators: (i / 16) % 2. */
+static LN_ALWAYS_INLINE void moments_add(moments_acc *acc, ln_dtype dtype, const void *x, ptrdiff_t i,
+                                         int odd)
+{
+    if (dtype == LN_F16) {
+        /* x - K is exact in float32 for float16 values of similar size, and the squares of
+           such differences are too; the float32 block sums of 8 terms round at 2^-24
+           relative, far below float16's 2^-11 (the float64 path made this case
+           conversion-bound: 2048x1024 float16, AVX2, 2 threads: 488 -> 351 us). */
+        const gf d = gf_sub(load_as_f32(dtype, x, i), acc->shift_f);
+        if (odd) {
+            acc->block_s1_odd = gf_add(acc->block_s1_odd, d);
+            acc->block_s2_odd = gf_fma(d, d, acc->block_s2_odd);
+        }
+        else {
+            acc->block_s1_even = gf_add(acc->block_s1_even, d);
+            acc->block_s2_even = gf_fma(d, d, acc->block_s2_even);
+        }
+        if ((i / 16) % LN_F16_BLOCK == LN_F16_BLOCK - 1) {
+            moments_flush_f16(acc);
+        }
+        return;
+    }
+    const gd d = gd_sub(load_as_f64(dtype, x, i), acc->shift_v);
+    if (odd) {
+        acc->s1_odd = gd_add(acc->s1_odd, d);
+        acc->s2_odd = gd_fma(d, d, acc->s2_odd);
+    }
+    else {
+        acc->s1_even = gd_add(acc->s1_even, d);
+        acc->s2_even = gd_fma(d, d, acc->s2_even);
+    }
+}
+
+/* The moments, once every whole group before x[i] has been added: the elements from i
+   to n go into the lanes one by one. */
+static LN_ALWAYS_INLINE ln_moments moments_finish(moments_acc *acc, ln_dtype dtype, const void *x,
+                                                  ptrdiff_t i, ptrdiff_t n)
+{
+    double s1_lanes[16], s2_lanes[16];
+    if (dtype == LN_F16) {
+        moments_flush_f16(acc);
+    }
+    gd_store(s1_lanes, gd_add(acc->s1_even, acc->s1_odd));
+    gd_store(s2_lanes, gd_add(acc->s2_even, acc->s2_odd));
+    for (; i < n; i++) {
+        const double d = ln_load1_as_f64(dtype, x, i) - acc->shift;
+        s1_lanes[i & 15] += d;
+        s2_lanes[i & 15] = fma(d, d, s2_lanes[i & 15]);
+    }
+    const double sum1 = ln_sum_lanes(s1_lanes), sum2 = ln_sum_lanes(s2_lanes);
+    const double mean_offset = sum1 / (double)n;
+    ln_moments m = {(double)n, acc->shift + mean_offset, sum2 - sum1 * mean_offset};
+    return m;
+}
+
+static LN_ALWAYS_INLINE ln_moments chunk_moments(ln_dtype dtype, const void *x, ptrdiff_t n)
+{
+    moments_acc acc;
+    moments_start(&acc, dtype, x);
+    ptrdiff_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        moments_add(&acc, dtype, x, i, 0);
+        moments_add(&acc, dtype, x, i + 16, 1);
+    }
+    if (i + 16 <= n) {
+        moments_add(&acc, dtype, x, i, 0);
+        i += 16;
+    }
+    return moments_finish(&acc, dtype, x, i, n);
+}
+
+/* Moments of a whole row: its chunks, merged left to right. */
+static LN_ALWAYS_INLINE ln_moments row_moments(ln_dtype dtype, const char *x, ptrdiff_t n)
+{
+    const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(dtype);
+    ln_moments m = chunk_moments(dtype, x, n < LN_CHUNK ? n : LN_CHUNK);
+    for (ptrdiff_t start = LN_CHUNK; start < n; start += LN_CHUNK) {
+        const ptrdiff_t len = n - start < LN_CHUNK ? n - start : LN_CHUNK;
+        m = ln_merge(m, chunk_moments(dtype, x + start * elsize, len));
+    }
+    return m;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Forward: normalize                                                        */
+/* ------------------------------------------------------------------------ */
+
+/* One row's normalization, per element:
+       float16/float32: y = fma((x - mean_hi) - mean_lo, float(rstd) * w, b), computed in
+                        float32, mean_hi = float(mean), mean_lo = float(mean - mean_hi)
+       float64:         y = fma(x - mean, rstd * w, b)
+   weight and bias are of the param type (float32, or float64 for float64 data), or NULL. */
+typedef struct {
+    float mean_hi, mean_lo, scale;
+    gf mean_hi_v, mean_lo_v, scale_v;
+    double mean, rstd;
+    gd mean_v, rstd_v;
+} row_norm;
+
+static LN_ALWAYS_INLINE row_norm row_norm_of(ln_dtype dtype, double mean, double rstd)
+{
+    row_norm k = {0};
+    if (dtype == LN_F64) {
+        k.mean = mean;
+        k.rstd = rstd;
+        k.mean_v = gd_splat(mean);
+        k.rstd_v = gd_splat(rstd);
+    }
+    else {
+        k.mean_hi = (float)mean;
+        k.mean_lo = (float)(mean - (double)k.mean_hi);
+        k.scale = (float)rstd;
+        k.mean_hi_v = gf_splat(k.mean_hi);
+        k.mean_lo_v = gf_splat(k.mean_lo);
+        k.scale_v = gf_splat(k.scale);
+    }
+    return k;
+}
+
+/* y[i .. i + 16) from x[i .. i + 16); `streaming`: float32/float64 output by non-temporal
+   stores, y + i 64-byte aligned. */
+static LN_ALWAYS_INLINE void normalize_group(ln_dtype dtype, const row_norm *k, const void *x, void *y,
+                                             ptrdiff_t i, const void *weight, const void *bias, int streaming)
+{
+    if (dtype == LN_F64) {
+        const gd centred = gd_sub(gd_load((const double *)x + i), k->mean_v);
+        const gd a = weight ? gd_mul(gd_load((const double *)weight + i), k->rstd_v) : k->rstd_v;
+        const gd b = bias ? gd_load((const double *)bias + i) : gd_splat(0.0);
+        const gd value = gd_fma(centred, a, b);
+        if (streaming) {
+            gd_stream((double *)y + i, value);
+        }
+        else {
+            gd_store((double *)y + i, value);
+        }
+    }
+    else {
+        const gf centred = gf_sub(gf_sub(load_as_f32(dtype, x, i), k->mean_hi_v), k->mean_lo_v);
+        const gf a = weight ? gf_mul(gf_load((const float *)weight + i), k->scale_v) : k->scale_v;
+        const gf b = bias ? gf_load((const float *)bias + i) : gf_splat(0.0f);
+        const gf value = gf_fma(centred, a, b);
+        if (streaming && dtype == LN_F32) {
+            gf_stream((float *)y + i, value);
+        }
+        else {
+            store_from_f32(dtype, y, i, value);
+        }
+    }
+}
+
+/* y[i] from x[i]: the same arithmetic, one element. */
+static LN_ALWAYS_INLINE void normalize_one(ln_dtype dtype, const row_norm *k, const void *x, void *y,
+                                           ptrdiff_t i, const void *weight, const void *bias)
+{
+    if (dtype == LN_F64) {
+        const double a = weight ? ((const double *)weight)[i] * k->rstd : k->rstd;
+        ((double *)y)[i] = fma(((const double *)x)[i] - k->mean, a, bias ? ((const double *)bias)[i] : 0.0);
+        return;
+    }
+    const float centred = ((float)ln_load1_as_f64(dtype, x, i) - k->mean_hi) - k->mean_lo;
+    const float a = weight ? ((const float *)weight)[i] * k->scale : k->scale;
+    const float out = fmaf(centred, a, bias ? ((const float *)bias)[i] : 0.0f);
+    if (dtype == LN_F16) {
+        ((uint16_t *)y)[i] = ln_float_to_half(out);
+    }
+    else {
+        ((float *)y)[i] = out;
+    }
+}
+
+/* y[0 .. n) from x[0 .. n).  `streaming`, for rows too long to stay in cache: the output
+   bypasses the caches, so it does not evict the input that the loop is about to read
+   again, and costs no read for ownership.  The head up to a 64-byte boundary then goes
+   one element at a time; the values are the same.  float16 output is stored as usual
+   (its 32-byte groups are half a cache line): only float32 and float64 stream. */
+static LN_ALWAYS_INLINE void normalize(ln_dtype dtype, int streaming, const void *x, void *y, ptrdiff_t n,
+                                       double mean, double rstd, const void *weight, const void *bias)
+{
+    const row_norm k = row_norm_of(dtype, mean, rstd);
+    const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(dtype);
+    ptrdiff_t i = 0;
+    for (; streaming && i < n && ((uintptr_t)((char *)y + i * elsize) & 63) != 0; i++) {
+        normalize_one(dtype, &k, x, y, i, weight, bias);
+    }
+    for (; i + 16 <= n; i += 16) {
+        normalize_group(dtype, &k, x, y, i, weight, bias, streaming);
+    }
+    for (; i < n; i++) {
+        normalize_one(dtype, &k, x, y, i, weight, bias);
+    }
+    if (streaming) {
+        stream_fence();
+    }
+}
+
+/* normalize() with the weight/bias cases compiled apart, so that no loop tests them, at
+   levels where a loop per case is worth its build time (LN_LOOP_PER_PARAM_CASE). */
+static LN_ALWAYS_INLINE void normalize_row(ln_dtype dtype, int streaming, const void *x, void *y, ptrdiff_t n,
+                                           double mean, double rstd, const void *weight, const void *bias)
+{
+    if (!LN_LOOP_PER_PARAM_CASE || (weight && bias)) {
+        normalize(dtype, streaming, x, y, n, mean, rstd, weight, bias);
+    }
+    else if (weight) {
+        normalize(dtype, streaming, x, y, n, mean, rstd, weight, NULL);
+    }
+    else if (bias) {
+        normalize(dtype, streaming, x, y, n, mean, rstd, NULL, bias);
+    }
+    else {
+        normalize(dtype, streaming, x, y, n, mean, rstd, NULL, NULL);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Forward: rows                                                             */
+/* ------------------------------------------------------------------------ */
+
+/* Rows shorter than one group (n < 16), where per-row overhead dominates.  Rows go
+   in blocks of 16: per row, the textbook two passes in float64; per block, the
+   divisions and square roots as one group operation (IEEE division and sqrt are
+   correctly rounded, so lane and scalar results agree bit for bit). */
+static LN_ALWAYS_INLINE void forward_short_rows(ln_dtype dtype, const ln_forward_args *a, ptrdiff_t begin,
+                                                ptrdiff_t end)
+{
+    const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(dtype), n = a->row_len;
+    const gd n_v = gd_splat((double)n), eps_v = gd_splat(a->eps);
+    const gd one_v = gd_splat(1.0);
+    for (ptrdiff_t block = begin; block < end; block += 16) {
+        const ptrdiff_t rows = end - block < 16 ? end - block : 16;
+        double values[16][16], firsts[16], means[16], m2s[16], rstds[16];
+        for (ptrdiff_t k = 0; k < 16; k++) {
+            /* sums about the first element, so that a constant row has mean == x exactly */
+            double sum = 0.0;
+            firsts[k] = 0.0;
+            if (k < rows) {
+                const char *x = (const char *)a->input + (block + k) * a->input_row_step * elsize;
+                firsts[k] = ln_load1_as_f64(dtype, x, 0);
+                for (ptrdiff_t i = 0; i < n; i++) {
+                    values[k][i] = ln_load1_as_f64(dtype, x, i);
+                    sum += values[k][i] - firsts[k];
+                }
+            }
+            means[k] = sum;
+        }
+        gd_store(means, gd_add(gd_load(firsts), gd_div(gd_load(means), n_v)));
+        for (ptrdiff_t k = 0; k < 16; k++) {
+            double m2 = 0.0;
+            for (ptrdiff_t i = 0; k < rows && i < n; i++) {
+                const double d = values[k][i] - means[k];
+                m2 += d * d;
+            }
+            m2s[k] = m2;
+        }
+        const gd var = gd_div(gd_load(m2s), n_v);
+        gd_store(rstds, gd_div(one_v, gd_sqrt(gd_add(var, eps_v))));
+        for (ptrdiff_t k = 0; k < rows; k++) {
+            const double mean = means[k];
+            const double rstd = isfinite(mean) ? rstds[k] : NAN;
+            char *y = (char *)a->output + (block + k) * n * elsize;
+            ln_store_stats(a, block + k, mean, rstd);
+            if (dtype == LN_F64) {
+                const double *weight = a->weight, *bias = a->bias;
+                for (ptrdiff_t i = 0; i < n; i++) {
+                    const double scale = weight ? weight[i] * rstd : rstd;
+                    ((double *)y)[i] = fma(values[k][i] - mean, scale, bias ? bias[i] : 0.0);
+                }
+            }
+            else {
+                const float *weight = a->weight, *bias = a->bias;
+                const float mean_hi = (float)mean, mean_lo = (float)(mean - (double)mean_hi);
+                const float scale = (float)rstd;
+                for (ptrdiff_t i = 0; i < n; i++) {
+                    const float centred = ((float)values[k][i] - mean_hi) - mean_lo;
+                    const float out = fmaf(centred, weight ? weight[i] * scale : scale, bias ? bias[i] : 0.0f);
+                    if (dtype == LN_F16) {
+                        ((uint16_t *)y)[i] = ln_float_to_half(out);
+                    }
+                    else {
+                        ((float *)y)[i] = out;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* Rows of 16 to LN_CHUNK elements, software-pipelined: one loop normalizes row r - 1
+   while it gathers the statistics of row r, so the statistics' float64 arithmetic and
+   the normalized row's loads and stores overlap instead of taking turns (16x768 float32:
+   3.2 -> 2.7 us).  It runs the same operations as chunk_moments and normalize, so the
+   results are the plain path's, bit for bit. */
+static LN_ALWAYS_INLINE void forward_rows_pipelined(ln_dtype dtype, const ln_forward_args *a, ptrdiff_t begin,
+                                                    ptrdiff_t end, const void *weight, const void *bias)
+{
+    const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(dtype), n = a->row_len;
+    row_norm previous = row_norm_of(dtype, 0.0, 0.0);
+    for (ptrdiff_t r = begin; r <= end; r++) {
+        const int gather = r < end, emit = r > begin;
+        /* pointers only to rows that exist: row end and row begin - 1 may lie outside */
+        const char *x = gather ? (const char *)a->input + r * a->input_row_step * elsize : NULL;
+        const char *x_previous = emit ? (const char *)a->input + (r - 1) * a->input_row_step * elsize : NULL;
+        char *y_previous = emit ? (char *)a->output + (r - 1) * n * elsize : NULL;
+        moments_acc acc = {0};
+        if (gather) {
+            moments_start(&acc, dtype, x);
+        }
+        ptrdiff_t i = 0;
+        for (; i + 32 <= n; i += 32) {
+            if (gather) {
+                moments_add(&acc, dtype, x, i, 0);
+                moments_add(&acc, dtype, x, i + 16, 1);
+            }
+            if (emit) {
+                normalize_group(dtype, &previous, x_previous, y_previous, i, weight, bias, 0);
+                normalize_group(dtype, &previous, x_previous, y_previous, i + 16, weight, bias, 0);
+            }
+        }
+        if (i + 16 <= n) {
+            if (gather) {
+                moments_add(&acc, dtype, x, i, 0);
+            }
+            if (emit) {
+                normalize_group(dtype, &previous, x_previous, y_previous, i, weight, bias, 0);
+            }
+            i += 16;
+        }
+        for (ptrdiff_t j = i; emit && j < n; j++) {
+            normalize_one(dtype, &previous, x_previous, y_previous, j, weight, bias);
+        }
+        if (gather) {
+            const ln_moments m = moments_finish(&acc, dtype, x, i, n);
+            const double rstd = ln_rstd_of(m, a->eps);
+            ln_store_stats(a, r, m.mean, rstd);
+            previous = row_norm_of(dtype, m.mean, rstd);
+        }
+    }
+}
+
+/* Rows [begin, end): statistics, then the normalized row, while the row is in cache. */
+static LN_ALWAYS_INLINE void forward_rows(ln_dtype dtype, const ln_forward_args *a, ptrdiff_t begin,
+                                          ptrdiff_t end)
+{
+    const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(dtype);
+    if (a->row_len < 16) {
+        forward_short_rows(dtype, a, begin, end);
+        return;
+    }
+    if (a->row_len <= LN_CHUNK) {
+        /* the weight/bias cases compiled apart, so that no loop tests them (avx512, one
+           thread, 256x1024 float32 with both: 64 -> 59 us), where the level wants it */
+        if (!LN_LOOP_PER_PARAM_CASE || (a->weight && a->bias)) {
+            forward_rows_pipelined(dtype, a, begin, end, a->weight, a->bias);
+        }
+        else if (a->weight) {
+            forward_rows_pipelined(dtype, a, begin, end, a->weight, NULL);
+        }
+        else if (a->bias) {
+            forward_rows_pipelined(dtype, a, begin, end, NULL, a->bias);
+        }
+        else {
+            forward_rows_pipelined(dtype, a, begin, end, NULL, NULL);
+        }
+        return;
+    }
+    const ln_dtype_kernels *kernels = &LN_LEVEL_KERNELS.by_dtype[dtype];
+    const ln_normalize_fn normalize_span = ln_forward_streams(a) ? kernels->normalize_row_streaming
+                                                                 : kernels->normalize_row;
+    for (ptrdiff_t r = begin; r < end; r++) {
+        const char *x = (const char *)a->input + r * a->input_row_step * elsize;
+        char *y = (char *)a->output + r * a->row_len * elsize;
+        const ln_moments m = row_moments(dtype, x, a->row_len);
+        const double rstd = ln_rstd_of(m, a->eps);
+        ln_store_stats(a, r, m.mean, rstd);
+        ln_normalize_spans_backwards(normalize_span, dtype, x, y, 0, a->row_len, m.mean, rstd, a->weight,
+                                     a->bias);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Backward: pass 1, the row sums                                            */
+/* ------------------------------------------------------------------------ */
+
+/* Pass 1 over a span of n elements of one row, for float16/float32 data:
+       sums[0] = sum(g),  sums[1] = sum(g * xhat),   g = dy * weight, xhat = (x - mean) * rstd
+   The products are formed in float32 (mean and rstd are float32 for this data, so x - mean
+   is exact for x near the mean) and summed in float32 over blocks of LN_GRAD_SUM_BLOCK
+   groups whose sums are added in float64.  `weight` points at the span's first column,
+   or is NULL. */
+static LN_ALWAYS_INLINE void grad_sums_single(ln_dtype dtype, const void *dy, const void *x, const float *weight,
+                                              ptrdiff_t n, double mean, double rstd, double sums[2])
+{
+    const gf mean_v = gf_splat((float)mean);
+    gd g_sum = gd_splat(0.0), gc_sum = gd_splat(0.0);
+    double g_lanes[16], gc_lanes[16];
+    ptrdiff_t i = 0;
+    const gf zero_v = gf_splat(0.0f);
+    while (i + 16 <= n) {
+        /* even and odd groups in separate accumulators, so no add waits on the one before */
+        gf even_g = zero_v, even_gc = zero_v, odd_g = zero_v, odd_gc = zero_v;
+        do {
+            gf g = load_as_f32(dtype, dy, i);
+            if (weight) {
+                g = gf_mul(g, gf_load(weight + i));
+            }
+            const gf centred = gf_sub(load_as_f32(dtype, x, i), mean_v);
+            if ((i / 16) % 2 == 0) {
+                even_g = gf_add(even_g, g);
+                even_gc = gf_fma(g, centred, even_gc);
+            }
+            else {
+                odd_g = gf_add(odd_g, g);
+                odd_gc = gf_fma(g, centred, odd_gc);
+            }
+            i += 16;
+        } while (i + 16 <= n && (i / 16) % LN_GRAD_SUM_BLOCK != 0);
+        g_sum = gd_add(g_sum, gf_widen(gf_add(even_g, odd_g)));
+        gc_sum = gd_add(gc_sum, gf_widen(gf_add(even_gc, odd_gc)));
+    }
+    gd_store(g_lanes, g_sum);
+    gd_store(gc_lanes, gc_sum);
+    for (; i < n; i++) {
+        float g = (float)ln_load1_as_f64(dtype, dy, i);
+        if (weight) {
+            g *= weight[i];
+        }
+        const float centred = (float)ln_load1_as_f64(dtype, x, i) - (float)mean;
+        g_lanes[i & 15] += g;
+        gc_lanes[i & 15] += g * centred;
+    }
+    sums[0] = ln_sum_lanes(g_lanes);
+    sums[1] = ln_sum_lanes(gc_lanes) * rstd;
+}
+
+/* The same for float64 data, all in float64. */
+static LN_ALWAYS_INLINE void grad_sums_double(const double *dy, const double *x, const double *weight,
+                                              ptrdiff_t n, double mean, double rstd, double sums[2])
+{
+    const gd mean_v = gd_splat(mean), rstd_v = gd_splat(rstd);
+    gd g_sum = gd_splat(0.0), gx_sum = gd_splat(0.0);
+    double g_lanes[16], gx_lanes[16];
+    ptrdiff_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        gd g = gd_load(dy + i);
+        if (weight) {
+            g = gd_mul(g, gd_load(weight + i));
+        }
+        const gd xhat = gd_mul(gd_sub(gd_load(x + i), mean_v), rstd_v);
+        g_sum = gd_add(g_sum, g);
+        gx_sum = gd_add(gx_sum, gd_mul(g, xhat));
+    }
+    gd_store(g_lanes, g_sum);
+    gd_store(gx_lanes, gx_sum);
+    for (; i < n; i++) {
+        const double g = weight ? dy[i] * weight[i] : dy[i];
+        g_lanes[i & 15] += g;
+        gx_lanes[i & 15] += g * ((x[i] - mean) * rstd);
+    }
+    sums[0] = ln_sum_lanes(g_lanes);
+    sums[1] = ln_sum_lanes(gx_lanes);
+}
+
+static LN_ALWAYS_INLINE void grad_sums(ln_dtype dtype, const void *dy, const void *x, const void *weight,
+                                       ptrdiff_t n, double mean, double rstd, double sums[2])
+{
+    if (dtype == LN_F64) {
+        grad_sums_double(dy, x, weight, n, mean, rstd, sums);
+    }
+    else {
+        grad_sums_single(dtype, dy, x, weight, n, mean, rstd, sums);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Backward: pass 2, dx and the parameter gradients                          */
+/* ------------------------------------------------------------------------ */
+
+/* Pass 2 over one span of the rows of `group` (all pointers at the span's first column),
+   given each row's g_mean = mean(g) and gx_mean = mean(g * xhat).  With xc = x - mean,
+       dx_j       = rstd * ((g_j - g_mean) - xhat_j * gx_mean)
+                  = fma(rstd, g_j, fma(-rstd^2 * gx_mean, xc_j, -rstd * g_mean))
+       dweight_j += dy_j * xhat_j = fma(dy_j * xc_j, rstd, ...),   dbias_j += dy_j
+   in float32 for float16/float32 data (the per-row constants rounded once from float64).
+   dx, dweight and dbias may each be NULL.  A group's rows pass over a column together:
+   their (at most LN_GRAD_ROWS) terms are summed in registers, and dweight and dbias, in
+   float64, go to memory once per group instead of once per row. */
+static LN_ALWAYS_INLINE void grad_apply_single(ln_dtype dtype, const ln_grad_rows *group, const float *weight,
+                                               ptrdiff_t n, double *dweight, double *dbias)
+{
+    gf mean_v[LN_GRAD_ROWS], rstd_v[LN_GRAD_ROWS], xc_scale_v[LN_GRAD_ROWS], offset_v[LN_GRAD_ROWS];
+    float mean[LN_GRAD_ROWS], rstd[LN_GRAD_ROWS], xc_scale[LN_GRAD_ROWS], offset[LN_GRAD_ROWS];
+    const int count = group->count;
+    for (int k = 0; k < count; k++) {
+        mean[k] = (float)group->mean[k];
+        rstd[k] = (float)group->rstd[k];
+        xc_scale[k] = (float)(-group->rstd[k] * group->rstd[k] * group->gx_mean[k]);
+        offset[k] = (float)(-group->rstd[k] * group->g_mean[k]);
+        mean_v[k] = gf_splat(mean[k]);
+        rstd_v[k] = gf_splat(rstd[k]);
+        xc_scale_v[k] = gf_splat(xc_scale[k]);
+        offset_v[k] = gf_splat(offset[k]);
+    }
+    const int want_dx = group->dx[0] != NULL;
+    ptrdiff_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        const gf w = weight ? gf_load(weight + j) : gf_splat(1.0f);
+        gf group_dweight = gf_splat(0.0f), group_dbias = group_dweight;
+        for (int k = 0; k < count; k++) {
+            const gf dy_v = load_as_f32(dtype, group->dy[k], j);
+            const gf xc = gf_sub(load_as_f32(dtype, group->x[k], j), mean_v[k]);
+            if (want_dx) {
+                const gf g = weight ? gf_mul(dy_v, w) : dy_v;
+                const gf dx = gf_fma(rstd_v[k], g, gf_fma(xc_scale_v[k], xc, offset_v[k]));
+                if (dtype == LN_F32 && group->stream_dx) {
+                    gf_stream16((float *)group->dx[k] + j, dx);
+                }
+                else {
+                    store_from_f32(dtype, group->dx[k], j, dx);
+                }
+            }
+            if (dweight) {
+                group_dweight = gf_fma(gf_mul(dy_v, xc), rstd_v[k], group_dweight);
+            }
+            if (dbias) {
+                group_dbias = gf_add(group_dbias, dy_v);
+            }
+        }
+        if (dweight) {
+            gd_store(dweight + j, gd_add(gd_load(dweight + j), gf_widen(group_dweight)));
+        }
+        if (dbias) {
+            gd_store(dbias + j, gd_add(gd_load(dbias + j), gf_widen(group_dbias)));
+        }
+    }
+    for (; j < n; j++) {
+        float group_dweight = 0.0f, group_dbias = 0.0f;
+        for (int k = 0; k < count; k++) {
+            const float dy_1 = (float)ln_load1_as_f64(dtype, group->dy[k], j);
+            const float xc = (float)ln_load1_as_f64(dtype, group->x[k], j) - mean[k];
+            if (want_dx) {
+                const float g = weight ? dy_1 * weight[j] : dy_1;
+                ln_store1_from_f64(dtype, group->dx[k], j, fmaf(rstd[k], g, fmaf(xc_scale[k], xc, offset[k])));
+            }
+            group_dweight = fmaf(dy_1 * xc, rstd[k], group_dweight);
+            group_dbias += dy_1;
+        }
+        if (dweight) {
+            dweight[j] += (double)group_dweight;
+        }
+        if (dbias) {
+            dbias[j] += (double)group_dbias;
+        }
+    }
+}
+
+/* The same for float64 data, all in float64. */
+static LN_ALWAYS_INLINE void grad_apply_double(const ln_grad_rows *group, const double *weight, ptrdiff_t n,
+                                               double *dweight, double *dbias)
+{
+    gd mean_v[LN_GRAD_ROWS], rstd_v[LN_GRAD_ROWS], xc_scale_v[LN_GRAD_ROWS], offset_v[LN_GRAD_ROWS];
+    double xc_scale[LN_GRAD_ROWS], offset[LN_GRAD_ROWS];
+    const int count = group->count;
+    for (int k = 0; k < count; k++) {
+        xc_scale[k] = -group->rstd[k] * group->rstd[k] * group->gx_mean[k];
+        offset[k] = -group->rstd[k] * group->g_mean[k];
+        mean_v[k] = gd_splat(group->mean[k]);
+        rstd_v[k] = gd_splat(group->rstd[k]);
+        xc_scale_v[k] = gd_splat(xc_scale[k]);
+        offset_v[k] = gd_splat(offset[k]);
+    }
+    const int want_dx = group->dx[0] != NULL;
+    ptrdiff_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        const gd w = weight ? gd_load(weight + j) : gd_splat(1.0);
+        gd dweight_v = dweight ? gd_load(dweight + j) : gd_splat(0.0);
+        gd dbias_v = dbias ? gd_load(dbias + j) : gd_splat(0.0);
+        for (int k = 0; k < count; k++) {
+            const gd dy_v = gd_load((const double *)group->dy[k] + j);
+            const gd xc = gd_sub(gd_load((const double *)group->x[k] + j), mean_v[k]);
+            if (want_dx) {
+                const gd g = weight ? gd_mul(dy_v, w) : dy_v;
+                const gd dx = gd_fma(rstd_v[k], g, gd_fma(xc_scale_v[k], xc, offset_v[k]));
+                if (group->stream_dx) {
+                    gd_stream16((double *)group->dx[k] + j, dx);
+                }
+                else {
+                    gd_store((double *)group->dx[k] + j, dx);
+                }
+            }
+            if (dweight) {
+                dweight_v = gd_fma(gd_mul(dy_v, xc), rstd_v[k], dweight_v);
+            }
+            if (dbias) {
+                dbias_v = gd_add(dbias_v, dy_v);
+            }
+        }
+        if (dweight) {
+            gd_store(dweight + j, dweight_v);
+        }
+        if (dbias) {
+            gd_store(dbias + j, dbias_v);
+        }
+    }
+    for (; j < n; j++) {
+        for (int k = 0; k < count; k++) {
+            const double dy_1 = ((const double *)group->dy[k])[j];
+            const double xc = ((const double *)group->x[k])[j] - group->mean[k];
+            if (want_dx) {
+                const double g = weight ? dy_1 * weight[j] : dy_1;
+                ((double *)group->dx[k])[j] = fma(group->rstd[k], g, fma(xc_scale[k], xc, offset[k]));
+            }
+            if (dweight) {
+                dweight[j] = fma(dy_1 * xc, group->rstd[k], dweight[j]);
+            }
+            if (dbias) {
+                dbias[j] += dy_1;
+            }
+        }
+    }
+}
+
+static LN_ALWAYS_INLINE void grad_apply(ln_dtype dtype, const ln_grad_rows *group, const void *weight,
+                                        ptrdiff_t n, double *dweight, double *dbias)
+{
+    if (dtype == LN_F64) {
+        grad_apply_double(group, weight, n, dweight, dbias);
+    }
+    else {
+        grad_apply_single(dtype, group, weight, n, dweight, dbias);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Backward: rows                                                            */
+/* ------------------------------------------------------------------------ */
+
+/* Rows shorter than one group (n < 16), where per-row overhead would dominate: 16 rows
+   at a time, one row per lane, all in float64.  Lane k of the parameter accumulators
+   takes rows block + k; the lanes are added by the fixed tree when the range is done. */
+static LN_ALWAYS_INLINE void backward_short_rows(ln_dtype dtype, const ln_backward_args *a, ptrdiff_t begin,
+                                                 ptrdiff_t end, double *dweight, double *dbias)
+{
+    const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(dtype), n = a->row_len;
+    const gd n_v = gd_splat((double)n), zero_v = gd_splat(0.0);
+    gd dweight_lanes[16], dbias_lanes[16];   /* [column], a lane per row slot */
+    for (ptrdiff_t i = 0; i < n; i++) {
+        dweight_lanes[i] = zero_v;
+        dbias_lanes[i] = zero_v;
+    }
+    for (ptrdiff_t block = begin; block < end; block += 16) {
+        const ptrdiff_t rows = end - block < 16 ? end - block : 16;
+        double dy_t[16][16], x_t[16][16], dx_t[16][16];   /* [column][row slot] */
+        double means[16], rstds[16];
+        for (ptrdiff_t k = 0; k < 16; k++) {
+            if (k >= rows) {   /* padding slots past the last row: zeros */
+                means[k] = rstds[k] = 0.0;
+                for (ptrdiff_t i = 0; i < n; i++) {
+                    dy_t[i][k] = x_t[i][k] = 0.0;
+                }
+                continue;
+            }
+            const ptrdiff_t r = block + k;
+            const char *dy = (const char *)a->grad_output + r * a->grad_output_row_step * elsize;
+            const char *x = (const char *)a->input + r * a->input_row_step * elsize;
+            means[k] = ln_load1_param_as_f64(dtype, a->mean, r);
+            rstds[k] = ln_load1_param_as_f64(dtype, a->rstd, r);
+            for (ptrdiff_t i = 0; i < n; i++) {
+                dy_t[i][k] = ln_load1_as_f64(dtype, dy, i);
+                x_t[i][k] = ln_load1_as_f64(dtype, x, i);
+            }
+        }
+        const gd mean_v = gd_load(means), rstd_v = gd_load(rstds);
+        gd g_sum = zero_v, gx_sum = zero_v;
+        for (ptrdiff_t i = 0; i < n; i++) {
+            const gd dy_v = gd_load(dy_t[i]);
+            const gd xhat = gd_mul(gd_sub(gd_load(x_t[i]), mean_v), rstd_v);
+            const gd g = a->weight ? gd_mul(dy_v, gd_splat(ln_load1_param_as_f64(dtype, a->weight, i))) : dy_v;
+            g_sum = gd_add(g_sum, g);
+            gx_sum = gd_add(gx_sum, gd_mul(g, xhat));
+            if (dweight) {
+                dweight_lanes[i] = gd_add(dweight_lanes[i], gd_mul(dy_v, xhat));
+            }
+            if (dbias) {
+                dbias_lanes[i] = gd_add(dbias_lanes[i], dy_v);
+            }
+            gd_store(x_t[i], xhat);
+            gd_store(dy_t[i], g);
+        }
+        if (!a->grad_input) {
+            continue;
+        }
+        const gd g_mean = gd_div(g_sum, n_v), gx_mean = gd_div(gx_sum, n_v);
+        for (ptrdiff_t i = 0; i < n; i++) {
+            const gd inner = gd_sub(gd_sub(gd_load(dy_t[i]), g_mean), gd_mul(gd_load(x_t[i]), gx_mean));
+            gd_store(dx_t[i], gd_mul(inner, rstd_v));
+        }
+        for (ptrdiff_t k = 0; k < rows; k++) {
+            char *dx = (char *)a->grad_input + (block + k) * n * elsize;
+            for (ptrdiff_t i = 0; i < n; i++) {
+                ln_store1_from_f64(dtype, dx, i, dx_t[i][k]);
+            }
+        }
+    }
+    for (ptrdiff_t i = 0; i < n; i++) {
+        double lanes[16];
+        if (dweight) {
+            gd_store(lanes, dweight_lanes[i]);
+            dweight[i] += ln_sum_lanes(lanes);
+        }
+        if (dbias) {
+            gd_store(lanes, dbias_lanes[i]);
+            dbias[i] += ln_sum_lanes(lanes);
+        }
+    }
+}
+
+/* Rows [begin, end): pass 1 row by row, pass 2 over groups of LN_GRAD_ROWS rows, each
+   group still in cache from pass 1. */
+static LN_ALWAYS_INLINE void backward_rows(ln_dtype dtype, const ln_backward_args *a, ptrdiff_t begin,
+                                           ptrdiff_t end, double *dweight, double *dbias)
+{
+    const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(dtype), n = a->row_len;
+    if (n < 16) {
+        backward_short_rows(dtype, a, begin, end, dweight, dbias);
+        return;
+    }
+    const int stream_dx = ln_backward_streams_dx(a);
+    for (ptrdiff_t first = begin; first < end; first += LN_GRAD_ROWS) {
+        ln_grad_rows group = {.count = (int)(end - first < LN_GRAD_ROWS ? end - first : LN_GRAD_ROWS),
+                              .stream_dx = stream_dx};
+        for (int k = 0; k < group.count; k++) {
+            const ptrdiff_t r = first + k;
+            group.dy[k] = (const char *)a->grad_output + r * a->grad_output_row_step * elsize;
+            group.x[k] = (const char *)a->input + r * a->input_row_step * elsize;
+            group.dx[k] = a->grad_input ? (char *)a->grad_input + r * n * elsize : NULL;
+            group.mean[k] = ln_load1_param_as_f64(dtype, a->mean, r);
+            group.rstd[k] = ln_load1_param_as_f64(dtype, a->rstd, r);
+            double sums[2] = {0.0, 0.0};
+            if (a->grad_input) {
+                grad_sums(dtype, group.dy[k], group.x[k], a->weight, n, group.mean[k], group.rstd[k], sums);
+            }
+            group.g_mean[k] = sums[0] / (double)n;
+            group.gx_mean[k] = sums[1] / (double)n;
+        }
+        grad_apply(dtype, &group, a->weight, n, dweight, dbias);
+    }
+    if (stream_dx) {
+        stream_fence();
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* The level's kernel table                                                  */
+/* ------------------------------------------------------------------------ */
+
+/* The table's functions for one element type: each fixes dtype, a constant, so the code
+   above is compiled for that type alone. */
+#define LN_DTYPE_FUNCTIONS(DTYPE, suffix)                                                          \
+    static void forward_rows_##suffix(const ln_forward_args *a, ptrdiff_t begin, ptrdiff_t end)    \
+    {                                                                                              \
+        forward_rows(DTYPE, a, begin, end);                                                        \
+    }                                                                                              \
+    static ln_moments chunk_moments_##suffix(const void *x, ptrdiff_t n)                           \
+    {                                                                                              \
+        return chunk_moments(DTYPE, x, n);                                                         \
+    }                                                                                              \
+    static void normalize_row_##suffix(const void *x, void *y, ptrdiff_t n, double mean,          \
+                                       double rstd, const void *weight, const void *bias)          \
+    {                                                                                              \
+        normalize_row(DTYPE, 0, x, y, n, mean, rstd, weight, bias);                                \
+    }                                                                                              \
+    static void normalize_row_streaming_##suffix(const void *x, void *y, ptrdiff_t n, double mean, \
+                                                 double rstd, const void *weight, const void *bias) \
+    {                                                                                              \
+        normalize_row(DTYPE, 1, x, y, n, mean, rstd, weight, bias);                                \
+    }                                                                                              \
+    static void backward_rows_##suffix(const ln_backward_args *a, ptrdiff_t begin, ptrdiff_t end,  \
+                                       double *dweight, double *dbias)                             \
+    {                                                                                              \
+        backward_rows(DTYPE, a, begin, end, dweight, dbias);                                       \
+    }                                                                                              \
+    static void grad_sums_##suffix(const void *dy, const void *x, const void *weight, ptrdiff_t n, \
+                                   double mean, double rstd, double sums[2])                       \
+    {                                                                                              \
+        grad_sums(DTYPE, dy, x, weight, n, mean, rstd, sums);                                      \
+    }                                                                                              \
+    static void grad_apply_##suffix(const ln_grad_rows *group, const void *weight, ptrdiff_t n,     \
+                                    double *dweight, double *dbias)                                \
+    {                                                                                              \
+        grad_apply(DTYPE, group, weight, n, dweight, dbias);                                       \
+    }
+
+LN_FOR_EACH_DTYPE(LN_DTYPE_FUNCTIONS)
+
+#define LN_DTYPE_TABLE_ENTRY(DTYPE, suffix)                         \
+    [DTYPE] = {                                                     \
+        .forward_rows = forward_rows_##suffix,                      \
+        .chunk_moments = chunk_moments_##suffix,                    \
+        .normalize_row = normalize_row_##suffix,                    \
+        .normalize_row_streaming = normalize_row_streaming_##suffix, \
+        .backward_rows = backward_rows_##suffix,                    \
+        .grad_sums = grad_sums_##suffix,                            \
+        .grad_apply = grad_apply_##suffix,                          \
+    },
+
+const ln_kernel_table LN_LEVEL_KERNELS = {.by_dtype = {LN_FOR_EACH_DTYPE(LN_DTYPE_TABLE_ENTRY)}};

@@ -1,0 +1,111 @@
+/*
+ * ln_simd_avx2.h -- the group primitives of the avx2 level: AVX2 + FMA + F16C, x86-64
+ * only; the translation unit is compiled with -mavx2 -mfma -mf16c.  A group is 4 __m256d
+ * or 2 __m256.
+ */
+#ifndef LN_SIMD_AVX2_H
+#define LN_SIMD_AVX2_H
+
+#if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
+#error "the avx2 level is compiled with -mavx2 -mfma -mf16c"
+#endif
+
+#include <immintrin.h>
+
+#include "ln_internal.h"
+
+typedef double ln_vd __attribute__((vector_size(32)));  /* __m256d */
+typedef float ln_vf __attribute__((vector_size(32)));   /* __m256 */
+#define LN_VD_PER_GROUP 4
+#define LN_VF_PER_GROUP 2
+#define LN_LOOP_PER_PARAM_CASE 1
+
+#include "ln_simd_group.h"
+
+static LN_ALWAYS_INLINE gd gd_load_f32(const float *p)
+{
+    gd r;
+    FOR_VD(k) { r.v[k] = (ln_vd)_mm256_cvtps_pd(_mm_loadu_ps(p + 4 * k)); }
+    return r;
+}
+
+static LN_ALWAYS_INLINE gd gd_sqrt(gd a)
+{
+    FOR_VD(k) { a.v[k] = (ln_vd)_mm256_sqrt_pd((__m256d)a.v[k]); }
+    return a;
+}
+
+/* a * b + c, rounded once */
+static LN_ALWAYS_INLINE gd gd_fma(gd a, gd b, gd c)
+{
+    FOR_VD(k) { a.v[k] = (ln_vd)_mm256_fmadd_pd((__m256d)a.v[k], (__m256d)b.v[k], (__m256d)c.v[k]); }
+    return a;
+}
+
+static LN_ALWAYS_INLINE gf gf_fma(gf a, gf b, gf c)
+{
+    FOR_VF(k) { a.v[k] = (ln_vf)_mm256_fmadd_ps((__m256)a.v[k], (__m256)b.v[k], (__m256)c.v[k]); }
+    return a;
+}
+
+static LN_ALWAYS_INLINE gd gf_widen(gf a)
+{
+    gd r;
+    FOR_VF(k) {
+        r.v[2 * k] = (ln_vd)_mm256_cvtps_pd(_mm256_castps256_ps128((__m256)a.v[k]));
+        r.v[2 * k + 1] = (ln_vd)_mm256_cvtps_pd(_mm256_extractf128_ps((__m256)a.v[k], 1));
+    }
+    return r;
+}
+
+static LN_ALWAYS_INLINE gf gf_load_f16(const uint16_t *p)
+{
+    gf r;
+    FOR_VF(k) { r.v[k] = (ln_vf)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8 * k))); }
+    return r;
+}
+
+static LN_ALWAYS_INLINE void gf_store_f16(uint16_t *p, gf a)
+{
+    FOR_VF(k) {
+        _mm_storeu_si128((__m128i *)(p + 8 * k), _mm256_cvtps_ph((__m256)a.v[k], _MM_FROUND_TO_NEAREST_INT));
+    }
+}
+
+/* Streaming stores, p 64-byte aligned: 32-byte non-temporal stores. */
+static LN_ALWAYS_INLINE void gd_stream(double *p, gd a)
+{
+    FOR_VD(k) { _mm256_stream_pd(p + 4 * k, (__m256d)a.v[k]); }
+}
+
+static LN_ALWAYS_INLINE void gf_stream(float *p, gf a)
+{
+    FOR_VF(k) { _mm256_stream_ps(p + 8 * k, (__m256)a.v[k]); }
+}
+
+/* Streaming stores, p 16-byte aligned: 16-byte non-temporal stores (SSE2 movntps), which
+   NumPy's allocations and rows of a multiple of 16 bytes allow where a 32-byte alignment
+   would not. */
+static LN_ALWAYS_INLINE void stream16_256(char *p, __m256 v)
+{
+    _mm_stream_ps((float *)p, _mm256_castps256_ps128(v));
+    _mm_stream_ps((float *)(p + 16), _mm256_extractf128_ps(v, 1));
+}
+
+static LN_ALWAYS_INLINE void gd_stream16(double *p, gd a)
+{
+    FOR_VD(k) { stream16_256((char *)(p + 4 * k), _mm256_castpd_ps((__m256d)a.v[k])); }
+}
+
+static LN_ALWAYS_INLINE void gf_stream16(float *p, gf a)
+{
+    FOR_VF(k) { stream16_256((char *)(p + 8 * k), (__m256)a.v[k]); }
+}
+
+/* Non-temporal stores are weakly ordered: finish them before the output is handed on. */
+static LN_ALWAYS_INLINE void stream_fence(void)
+{
+    _mm_sfence();
+}
+
+#endif

@@ -1,0 +1,80 @@
+/*
+ * ln_simd_group.h -- the group operations that every SIMD level writes the same way.
+ *
+ * A group is 16 consecutive elements held in the level's native registers: gd as float64,
+ * gf as float32.  Storing a group writes its elements in order, which is what makes "lane
+ * k takes the elements i with i % 16 == k" hold at every level.  A level's header defines
+ * its native types ln_vd and ln_vf (a vector_size type, or a plain double and float) and
+ * how many of each make a group, LN_VD_PER_GROUP and LN_VF_PER_GROUP, then includes this;
+ * GCC/Clang vector extensions give +, -, *, / lane by lane at every width.
+ *
+ * A level's header also says whether ln_rows.h compiles its loops once per weight/bias
+ * case (LN_LOOP_PER_PARAM_CASE 1: no loop tests for them, a few percent faster) or once
+ * for all (0: where a group's arithmetic is many instructions or calls, a quarter of the
+ * code and of the build time, for a level whose speed is not the point).
+ */
+#ifndef LN_SIMD_GROUP_H
+#define LN_SIMD_GROUP_H
+
+#include "ln_internal.h"
+
+typedef struct { ln_vd v[LN_VD_PER_GROUP]; } gd;
+typedef struct { ln_vf v[LN_VF_PER_GROUP]; } gf;
+
+#define LN_VD_LANES (16 / LN_VD_PER_GROUP)  /* float64 lanes of one ln_vd */
+#define LN_VF_LANES (16 / LN_VF_PER_GROUP)  /* float32 lanes of one ln_vf */
+#define FOR_VD(k) for (int k = 0; k < LN_VD_PER_GROUP; k++)
+#define FOR_VF(k) for (int k = 0; k < LN_VF_PER_GROUP; k++)
+
+/* Unaligned, aliasing-safe views of memory as native vectors. */
+typedef ln_vd ln_vd_mem __attribute__((aligned(1), may_alias));
+typedef ln_vf ln_vf_mem __attribute__((aligned(1), may_alias));
+
+static LN_ALWAYS_INLINE gd gd_splat(double value)
+{
+    gd r;
+    FOR_VD(k) { r.v[k] = (ln_vd){0} + value; }
+    return r;
+}
+
+static LN_ALWAYS_INLINE gd gd_add(gd a, gd b) { FOR_VD(k) { a.v[k] += b.v[k]; } return a; }
+static LN_ALWAYS_INLINE gd gd_sub(gd a, gd b) { FOR_VD(k) { a.v[k] -= b.v[k]; } return a; }
+static LN_ALWAYS_INLINE gd gd_mul(gd a, gd b) { FOR_VD(k) { a.v[k] *= b.v[k]; } return a; }
+static LN_ALWAYS_INLINE gd gd_div(gd a, gd b) { FOR_VD(k) { a.v[k] /= b.v[k]; } return a; }
+
+static LN_ALWAYS_INLINE gd gd_load(const double *p)
+{
+    gd r;
+    FOR_VD(k) { r.v[k] = *(const ln_vd_mem *)(p + LN_VD_LANES * k); }
+    return r;
+}
+
+static LN_ALWAYS_INLINE void gd_store(double *p, gd a)
+{
+    FOR_VD(k) { *(ln_vd_mem *)(p + LN_VD_LANES * k) = a.v[k]; }
+}
+
+static LN_ALWAYS_INLINE gf gf_splat(float value)
+{
+    gf r;
+    FOR_VF(k) { r.v[k] = (ln_vf){0} + value; }
+    return r;
+}
+
+static LN_ALWAYS_INLINE gf gf_add(gf a, gf b) { FOR_VF(k) { a.v[k] += b.v[k]; } return a; }
+static LN_ALWAYS_INLINE gf gf_sub(gf a, gf b) { FOR_VF(k) { a.v[k] -= b.v[k]; } return a; }
+static LN_ALWAYS_INLINE gf gf_mul(gf a, gf b) { FOR_VF(k) { a.v[k] *= b.v[k]; } return a; }
+
+static LN_ALWAYS_INLINE gf gf_load(const float *p)
+{
+    gf r;
+    FOR_VF(k) { r.v[k] = *(const ln_vf_mem *)(p + LN_VF_LANES * k); }
+    return r;
+}
+
+static LN_ALWAYS_INLINE void gf_store(float *p, gf a)
+{
+    FOR_VF(k) { *(ln_vf_mem *)(p + LN_VF_LANES * k) = a.v[k]; }
+}
+
+#endif

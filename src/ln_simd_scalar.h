@@ -1,0 +1,89 @@
+/*
+ * ln_simd_scalar.h -- the group primitives of the scalar level: any GCC/Clang target,
+ * no vector instructions asked for (the compiler may still vectorize what it can prove
+ * equivalent).  A group is 16 plain doubles or floats; the streaming stores are ordinary
+ * stores.
+ */
+#ifndef LN_SIMD_SCALAR_H
+#define LN_SIMD_SCALAR_H
+
+#include "ln_internal.h"
+
+typedef double ln_vd;
+typedef float ln_vf;
+#define LN_VD_PER_GROUP 16
+#define LN_VF_PER_GROUP 16
+#define LN_LOOP_PER_PARAM_CASE 0  /* 16 scalar operations a group operation */
+
+#include "ln_simd_group.h"
+
+static LN_ALWAYS_INLINE gd gd_load_f32(const float *p)
+{
+    gd r;
+    FOR_VD(k) { r.v[k] = (double)p[k]; }
+    return r;
+}
+
+static LN_ALWAYS_INLINE gd gd_sqrt(gd a)
+{
+    FOR_VD(k) { a.v[k] = sqrt(a.v[k]); }
+    return a;
+}
+
+/* a * b + c, rounded once */
+static LN_ALWAYS_INLINE gd gd_fma(gd a, gd b, gd c)
+{
+    FOR_VD(k) { a.v[k] = fma(a.v[k], b.v[k], c.v[k]); }
+    return a;
+}
+
+static LN_ALWAYS_INLINE gf gf_fma(gf a, gf b, gf c)
+{
+    FOR_VF(k) { a.v[k] = fmaf(a.v[k], b.v[k], c.v[k]); }
+    return a;
+}
+
+static LN_ALWAYS_INLINE gd gf_widen(gf a)
+{
+    gd r;
+    FOR_VD(k) { r.v[k] = (double)a.v[k]; }
+    return r;
+}
+
+static LN_ALWAYS_INLINE gf gf_load_f16(const uint16_t *p)
+{
+    gf r;
+    FOR_VF(k) { r.v[k] = ln_half_to_float(p[k]); }
+    return r;
+}
+
+static LN_ALWAYS_INLINE void gf_store_f16(uint16_t *p, gf a)
+{
+    FOR_VF(k) { p[k] = ln_float_to_half(a.v[k]); }
+}
+
+/* Streaming stores (p 64-byte aligned) and 16-byte streaming stores (p 16-byte aligned):
+   ordinary stores at this level. */
+static LN_ALWAYS_INLINE void gd_stream(double *p, gd a)
+{
+    gd_store(p, a);
+}
+
+static LN_ALWAYS_INLINE void gf_stream(float *p, gf a)
+{
+    gf_store(p, a);
+}
+
+static LN_ALWAYS_INLINE void gd_stream16(double *p, gd a)
+{
+    gd_store(p, a);
+}
+
+static LN_ALWAYS_INLINE void gf_stream16(float *p, gf a)
+{
+    gf_store(p, a);
+}
+
+static LN_ALWAYS_INLINE void stream_fence(void) {}
+
+#endif

@@ -1,0 +1,105 @@
+/*
+ * ln_tuning.h -- every tuning threshold of the kernel layer, each with its reason.
+ *
+ * Timings quoted are from the machine they were measured on (AMD EPYC, 2 threads unless
+ * said otherwise).  None of these changes a result bit except LN_CHUNK, LN_F16_BLOCK and
+ * LN_GRAD_SUM_BLOCK, which fix the order of the sums.
+ */
+#ifndef LN_TUNING_H
+#define LN_TUNING_H
+
+#include <stddef.h>
+
+/* ------------------------------------------------------------------------ */
+/* Summation order (changing these changes results)                          */
+/* ------------------------------------------------------------------------ */
+
+/* Elements per statistics chunk: 16 KiB of float64, so a chunk stays in L1 between its
+   two passes.  Chunk boundaries are fixed from the row start, whoever computes them. */
+#define LN_CHUNK 2048
+
+/* Forward, float16 data: groups whose float32 sums are added into the float64 ones
+   (8 terms a lane round at 2^-24 relative, far below float16's 2^-11). */
+#define LN_F16_BLOCK 8
+
+/* Backward pass 1, float16/float32 data: groups whose float32 sums of g and g * xhat
+   are added into the float64 ones. */
+#define LN_GRAD_SUM_BLOCK 8
+
+/* ------------------------------------------------------------------------ */
+/* Threads                                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* Below this many elements a call runs on the calling thread alone. */
+#define LN_PARALLEL_MIN_ELEMENTS 65536
+
+/* Rows at least this long, when there are few of them, are split across the threads
+   (forward: fewer than 4 rows a thread; backward: fewer rows than LN_GRAD_BLOCKS), so
+   that no thread waits while one works through a huge row. */
+#define LN_SPLIT_ROW_MIN (8 * LN_CHUNK)
+
+/* Backward splits rows this long into column spans however many rows there are: row
+   blocks would each need partial sums as long as the row. */
+#define LN_COLUMN_SPANS_MIN (64 * LN_CHUNK)
+
+/* The pool's most threads; ln_threads_set clamps to it. */
+#define LN_MAX_THREADS 256
+
+/* Pause iterations a worker spins for the next job (back-to-back calls are common), and
+   the caller for the last worker, before sleeping on a condition variable. */
+#define LN_SPIN_ITERATIONS 20000
+
+/* ------------------------------------------------------------------------ */
+/* Backward                                                                  */
+/* ------------------------------------------------------------------------ */
+
+/* Rows that make backward pass 2 together: their terms of a column are summed in
+   registers, and dweight and dbias go to memory once per group instead of once per row. */
+#define LN_GRAD_ROWS 4
+
+/* Row blocks for the parameter gradients: enough to share evenly among threads, one for
+   inputs too small to be worth a thread, and at most LN_GRAD_PARTIALS_MAX / row_len. */
+#define LN_GRAD_BLOCKS 16
+
+/* At most this many float64 partial sums per parameter gradient (64 MiB for both). */
+#define LN_GRAD_PARTIALS_MAX ((ptrdiff_t)1 << 22)
+
+/* The backward partial sums take a few hundred KiB on mid-sized inputs.  A fresh calloc
+   of that size is an mmap, and its page faults cost more than the kernel itself
+   (512x768 float32 backward: 185 -> 155 us without them).  So one zeroed buffer of up to
+   this many bytes is kept between calls. */
+#define LN_SCRATCH_MAX ((size_t)16 << 20)
+
+/* ------------------------------------------------------------------------ */
+/* Memory traffic                                                            */
+/* ------------------------------------------------------------------------ */
+
+/* Rows of at least this many bytes do not stay in L2 between the statistics pass and
+   the normalize pass: their float32/float64 output is written with non-temporal stores,
+   which keep it from evicting the input about to be read again and need no read for
+   ownership (8x1000000 float32: ours/torch 0.91-1.07 -> 0.75-0.83). */
+#define LN_STREAM_MIN_BYTES ((ptrdiff_t)1 << 20)
+
+/* An output of this many bytes in all does not stay in cache for its reader either (L2 is
+   1 MiB a core, L3 is shared with the other cores): rows longer than LN_CHUNK are then
+   written with non-temporal stores too, whatever their length (Zen 4, 2048x4096 float32
+   into out=: ours/copy 1.20-1.26 -> 0.73-0.91; into a new array, whose pages the OS has
+   just zeroed through the cache, about 4% slower: 4.2 -> 4.4 ms). */
+#define LN_STREAM_MIN_OUTPUT_BYTES ((ptrdiff_t)16 << 20)
+
+/* Backward writes dx with non-temporal stores when dx is this large: it does not stay in
+   cache for its reader anyway, and the stores then cost no read for ownership (1024x1024
+   float64 1.17 -> 0.80 ms, 8x1000000 float32 8.3 -> 7.5 ms).  They are 16-byte stores, so
+   float32/float64 rows of a multiple of 16 bytes from a 16-byte aligned start (every NumPy
+   allocation) qualify; float16 is stored as usual. */
+#define LN_BACKWARD_STREAM_MIN_BYTES ((ptrdiff_t)4 << 20)
+
+/* The normalize pass goes through a long row from the end back, so that the part the
+   statistics pass read last, still in cache, is used first, one span at a time, and through
+   each span forward.  A span of 16384 elements (64 KiB of float32) is long enough for the
+   hardware prefetchers to get going on x, weight and bias at each span; at 2048 elements
+   they restarted every 8 KiB (Zen 4, float32 into out=: 8x1000000 2.19 -> 1.94 ms,
+   2048x4096 2.16 -> 1.82 ms). */
+#define LN_NORMALIZE_SPAN 16384
+
+#endif
