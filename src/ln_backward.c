@@ -150,6 +150,8 @@ done:
 
 int ln_backward(const ln_backward_args *a)
 {
+    assert(a && 0 <= a->dtype && a->dtype < LN_DTYPES && a->rows >= 0 && a->row_len >= 0);
+    assert(a->rows == 0 || a->row_len == 0 || (a->grad_output && a->input && a->mean && a->rstd));
     ln_backward_job job = {
         .args = a,
         .kernels = &ln_kernels_in_use()->by_dtype[a->dtype],

@@ -5,6 +5,10 @@
  */
 #include <stdatomic.h>
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
 #include "ln_internal.h"
 
 /* Each level's name and kernels; both NULL for a level this build lacks. */
@@ -24,16 +28,25 @@ static const struct {
 
 static _Atomic int ln_simd_current = -1;
 
+#if defined(__x86_64__)
+/* F16C, from CPUID leaf 1 (Clang's __builtin_cpu_supports does not know it); the avx2 test
+   beside it checks that the OS saves the AVX registers. */
+static int ln_cpu_has_f16c(void)
+{
+    unsigned int eax, ebx, ecx, edx;
+    return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
+}
+#endif
+
 ln_simd_level ln_simd_best(void)
 {
 #if defined(__x86_64__)
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") &&
-        __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
+    const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && ln_cpu_has_f16c();
+    if (avx2 && __builtin_cpu_supports("avx512f")) {
         return LN_SIMD_AVX512;
     }
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c")) {
+    if (avx2) {
         return LN_SIMD_AVX2;
     }
     return LN_SIMD_VEC128;  /* SSE2 is part of x86-64 */
@@ -70,5 +83,7 @@ const char *ln_simd_name(ln_simd_level level)
 
 const ln_kernel_table *ln_kernels_in_use(void)
 {
-    return ln_levels[ln_simd_get()].kernels;
+    const ln_kernel_table *kernels = ln_levels[ln_simd_get()].kernels;
+    assert(kernels);
+    return kernels;
 }

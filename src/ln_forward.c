@@ -49,6 +49,8 @@ static void ln_forward_huge_row_normalize(void *ctx, ptrdiff_t begin, ptrdiff_t 
 
 int ln_forward(const ln_forward_args *a)
 {
+    assert(a && 0 <= a->dtype && a->dtype < LN_DTYPES && a->row_len >= 0);
+    assert(a->rows <= 0 || a->row_len == 0 || (a->input && a->output));
     ln_forward_job job = {.args = a, .kernels = &ln_kernels_in_use()->by_dtype[a->dtype]};
     const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(a->dtype);
     if (a->rows <= 0) {

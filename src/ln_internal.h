@@ -21,6 +21,7 @@
 #ifndef LN_INTERNAL_H
 #define LN_INTERNAL_H
 
+#include <assert.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -182,6 +183,7 @@ static inline void ln_normalize_spans_backwards(ln_normalize_fn normalize, ln_dt
                                                 double rstd, const void *weight, const void *bias)
 {
     const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(dtype), param_elsize = (ptrdiff_t)ln_param_size(dtype);
+    assert(normalize && x && y && 0 <= begin && begin <= end);
     for (ptrdiff_t stop = end; stop > begin;) {
         const ptrdiff_t start = stop - begin > LN_NORMALIZE_SPAN ? stop - LN_NORMALIZE_SPAN : begin;
         normalize((const char *)x + start * elsize, (char *)y + start * elsize, stop - start, mean, rstd,

@@ -172,6 +172,7 @@ static LN_ALWAYS_INLINE ln_moments moments_finish(moments_acc *acc, ln_dtype dty
 
 static LN_ALWAYS_INLINE ln_moments chunk_moments(ln_dtype dtype, const void *x, ptrdiff_t n)
 {
+    assert(x && 1 <= n && n <= LN_CHUNK);
     moments_acc acc;
     moments_start(&acc, dtype, x);
     ptrdiff_t i = 0;
@@ -293,6 +294,7 @@ static LN_ALWAYS_INLINE void normalize_one(ln_dtype dtype, const row_norm *k, co
 static LN_ALWAYS_INLINE void normalize(ln_dtype dtype, int streaming, const void *x, void *y, ptrdiff_t n,
                                        double mean, double rstd, const void *weight, const void *bias)
 {
+    assert(x && y && 1 <= n && n <= LN_NORMALIZE_SPAN);
     const row_norm k = row_norm_of(dtype, mean, rstd);
     const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(dtype);
     ptrdiff_t i = 0;
@@ -341,6 +343,7 @@ static LN_ALWAYS_INLINE void forward_short_rows(ln_dtype dtype, const ln_forward
                                                 ptrdiff_t end)
 {
     const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(dtype), n = a->row_len;
+    assert(1 <= n && n < 16);
     const gd n_v = gd_splat((double)n), eps_v = gd_splat(a->eps);
     const gd one_v = gd_splat(1.0);
     for (ptrdiff_t block = begin; block < end; block += 16) {
@@ -411,6 +414,7 @@ static LN_ALWAYS_INLINE void forward_rows_pipelined(ln_dtype dtype, const ln_for
                                                     ptrdiff_t end, const void *weight, const void *bias)
 {
     const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(dtype), n = a->row_len;
+    assert(16 <= n && n <= LN_CHUNK);
     row_norm previous = row_norm_of(dtype, 0.0, 0.0);
     for (ptrdiff_t r = begin; r <= end; r++) {
         const int gather = r < end, emit = r > begin;
@@ -458,6 +462,8 @@ static LN_ALWAYS_INLINE void forward_rows_pipelined(ln_dtype dtype, const ln_for
 static LN_ALWAYS_INLINE void forward_rows(ln_dtype dtype, const ln_forward_args *a, ptrdiff_t begin,
                                           ptrdiff_t end)
 {
+    assert(a && a->input && a->output && a->row_len >= 1);
+    assert(0 <= begin && begin <= end && end <= a->rows);
     const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(dtype);
     if (a->row_len < 16) {
         forward_short_rows(dtype, a, begin, end);
@@ -580,6 +586,7 @@ static LN_ALWAYS_INLINE void grad_sums_double(const double *dy, const double *x,
 static LN_ALWAYS_INLINE void grad_sums(ln_dtype dtype, const void *dy, const void *x, const void *weight,
                                        ptrdiff_t n, double mean, double rstd, double sums[2])
 {
+    assert(dy && x && n >= 1 && sums);
     if (dtype == LN_F64) {
         grad_sums_double(dy, x, weight, n, mean, rstd, sums);
     }
@@ -739,6 +746,10 @@ static LN_ALWAYS_INLINE void grad_apply_double(const ln_grad_rows *group, const 
 static LN_ALWAYS_INLINE void grad_apply(ln_dtype dtype, const ln_grad_rows *group, const void *weight,
                                         ptrdiff_t n, double *dweight, double *dbias)
 {
+    assert(group && 1 <= group->count && group->count <= LN_GRAD_ROWS && n >= 1);
+    for (int k = 0; k < group->count; k++) {
+        assert(group->dy[k] && group->x[k] && (group->dx[k] != NULL) == (group->dx[0] != NULL));
+    }
     if (dtype == LN_F64) {
         grad_apply_double(group, weight, n, dweight, dbias);
     }
@@ -758,6 +769,7 @@ static LN_ALWAYS_INLINE void backward_short_rows(ln_dtype dtype, const ln_backwa
                                                  ptrdiff_t end, double *dweight, double *dbias)
 {
     const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(dtype), n = a->row_len;
+    assert(1 <= n && n < 16);
     const gd n_v = gd_splat((double)n), zero_v = gd_splat(0.0);
     gd dweight_lanes[16], dbias_lanes[16];   /* [column], a lane per row slot */
     for (ptrdiff_t i = 0; i < n; i++) {
@@ -836,6 +848,8 @@ static LN_ALWAYS_INLINE void backward_short_rows(ln_dtype dtype, const ln_backwa
 static LN_ALWAYS_INLINE void backward_rows(ln_dtype dtype, const ln_backward_args *a, ptrdiff_t begin,
                                            ptrdiff_t end, double *dweight, double *dbias)
 {
+    assert(a && a->grad_output && a->input && a->mean && a->rstd && a->row_len >= 1);
+    assert(0 <= begin && begin <= end && end <= a->rows);
     const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(dtype), n = a->row_len;
     if (n < 16) {
         backward_short_rows(dtype, a, begin, end, dweight, dbias);

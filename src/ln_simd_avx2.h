@@ -75,11 +75,13 @@ static LN_ALWAYS_INLINE void gf_store_f16(uint16_t *p, gf a)
 /* Streaming stores, p 64-byte aligned: 32-byte non-temporal stores. */
 static LN_ALWAYS_INLINE void gd_stream(double *p, gd a)
 {
+    assert(((uintptr_t)p & 63) == 0);
     FOR_VD(k) { _mm256_stream_pd(p + 4 * k, (__m256d)a.v[k]); }
 }
 
 static LN_ALWAYS_INLINE void gf_stream(float *p, gf a)
 {
+    assert(((uintptr_t)p & 63) == 0);
     FOR_VF(k) { _mm256_stream_ps(p + 8 * k, (__m256)a.v[k]); }
 }
 
@@ -94,11 +96,13 @@ static LN_ALWAYS_INLINE void stream16_256(char *p, __m256 v)
 
 static LN_ALWAYS_INLINE void gd_stream16(double *p, gd a)
 {
+    assert(((uintptr_t)p & 15) == 0);
     FOR_VD(k) { stream16_256((char *)(p + 4 * k), _mm256_castpd_ps((__m256d)a.v[k])); }
 }
 
 static LN_ALWAYS_INLINE void gf_stream16(float *p, gf a)
 {
+    assert(((uintptr_t)p & 15) == 0);
     FOR_VF(k) { stream16_256((char *)(p + 8 * k), (__m256)a.v[k]); }
 }
 

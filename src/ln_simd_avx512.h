@@ -72,11 +72,13 @@ static LN_ALWAYS_INLINE void gf_store_f16(uint16_t *p, gf a)
 /* Streaming stores, p 64-byte aligned: 64-byte non-temporal stores. */
 static LN_ALWAYS_INLINE void gd_stream(double *p, gd a)
 {
+    assert(((uintptr_t)p & 63) == 0);
     FOR_VD(k) { _mm512_stream_pd(p + 8 * k, (__m512d)a.v[k]); }
 }
 
 static LN_ALWAYS_INLINE void gf_stream(float *p, gf a)
 {
+    assert(((uintptr_t)p & 63) == 0);
     _mm512_stream_ps(p, (__m512)a.v[0]);
 }
 
@@ -91,6 +93,7 @@ static LN_ALWAYS_INLINE void stream16_256(char *p, __m256 v)
 
 static LN_ALWAYS_INLINE void gd_stream16(double *p, gd a)
 {
+    assert(((uintptr_t)p & 15) == 0);
     FOR_VD(k) {
         const __m512d v = (__m512d)a.v[k];
         stream16_256((char *)(p + 8 * k), _mm256_castpd_ps(_mm512_castpd512_pd256(v)));
@@ -100,6 +103,7 @@ static LN_ALWAYS_INLINE void gd_stream16(double *p, gd a)
 
 static LN_ALWAYS_INLINE void gf_stream16(float *p, gf a)
 {
+    assert(((uintptr_t)p & 15) == 0);
     const __m512d v = _mm512_castps_pd((__m512)a.v[0]);
     stream16_256((char *)p, _mm256_castpd_ps(_mm512_castpd512_pd256(v)));
     stream16_256((char *)(p + 8), _mm256_castpd_ps(_mm512_extractf64x4_pd(v, 1)));

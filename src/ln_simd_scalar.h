@@ -66,21 +66,25 @@ static LN_ALWAYS_INLINE void gf_store_f16(uint16_t *p, gf a)
    ordinary stores at this level. */
 static LN_ALWAYS_INLINE void gd_stream(double *p, gd a)
 {
+    assert(((uintptr_t)p & 63) == 0);
     gd_store(p, a);
 }
 
 static LN_ALWAYS_INLINE void gf_stream(float *p, gf a)
 {
+    assert(((uintptr_t)p & 63) == 0);
     gf_store(p, a);
 }
 
 static LN_ALWAYS_INLINE void gd_stream16(double *p, gd a)
 {
+    assert(((uintptr_t)p & 15) == 0);
     gd_store(p, a);
 }
 
 static LN_ALWAYS_INLINE void gf_stream16(float *p, gf a)
 {
+    assert(((uintptr_t)p & 15) == 0);
     gf_store(p, a);
 }
 

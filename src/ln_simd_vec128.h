@@ -120,11 +120,13 @@ static LN_ALWAYS_INLINE void gf_store_f16(uint16_t *p, gf a)
 
 static LN_ALWAYS_INLINE void gd_stream16(double *p, gd a)
 {
+    assert(((uintptr_t)p & 15) == 0);
     FOR_VD(k) { _mm_stream_pd(p + 2 * k, (__m128d)a.v[k]); }
 }
 
 static LN_ALWAYS_INLINE void gf_stream16(float *p, gf a)
 {
+    assert(((uintptr_t)p & 15) == 0);
     FOR_VF(k) { _mm_stream_ps(p + 4 * k, (__m128)a.v[k]); }
 }
 
@@ -138,11 +140,13 @@ static LN_ALWAYS_INLINE void stream_fence(void)
 
 static LN_ALWAYS_INLINE void gd_stream16(double *p, gd a)
 {
+    assert(((uintptr_t)p & 15) == 0);
     gd_store(p, a);
 }
 
 static LN_ALWAYS_INLINE void gf_stream16(float *p, gf a)
 {
+    assert(((uintptr_t)p & 15) == 0);
     gf_store(p, a);
 }
 
@@ -152,11 +156,13 @@ static LN_ALWAYS_INLINE void stream_fence(void) {}
 
 static LN_ALWAYS_INLINE void gd_stream(double *p, gd a)
 {
+    assert(((uintptr_t)p & 63) == 0);
     gd_stream16(p, a);
 }
 
 static LN_ALWAYS_INLINE void gf_stream(float *p, gf a)
 {
+    assert(((uintptr_t)p & 63) == 0);
     gf_stream16(p, a);
 }
 

@@ -63,6 +63,7 @@ static struct {
 
 void ln_range_of_part(ptrdiff_t n, int parts, int part, ptrdiff_t *begin, ptrdiff_t *end)
 {
+    assert(n >= 0 && 0 <= part && part < parts);
     *begin = (ptrdiff_t)((long double)n * part / parts);
     *end = (ptrdiff_t)((long double)n * (part + 1) / parts);
 }
@@ -150,6 +151,7 @@ static int ln_pool_grow(int wanted)
 
 void ln_parallel_for(ptrdiff_t n, ptrdiff_t min_per_part, ln_range_fn fn, void *ctx)
 {
+    assert(n >= 0 && fn);
     ptrdiff_t max_parts = min_per_part > 0 ? n / min_per_part : n;
     int parts = ln_threads_get();
     if (max_parts < parts) {

@@ -40,7 +40,13 @@ static inline size_t ln_param_size(ln_dtype dtype)
     return dtype == LN_F64 ? 8 : 4;
 }
 
-/* IEEE binary16 <-> binary32, round to nearest even (the hardware's rounding). */
+/*
+ * IEEE binary16 <-> binary32, rounding to nearest even, NaN kept quiet with the top of its
+ * payload (what F16C and NEON do).  _Float16 where the compiler has it on this target;
+ * otherwise (Clang 14 on x86-64) the same conversions on the bits.
+ */
+#if defined(__FLT16_MANT_DIG__)
+
 static inline float ln_half_to_float(uint16_t h)
 {
     _Float16 value;
@@ -55,6 +61,58 @@ static inline uint16_t ln_float_to_half(float f)
     memcpy(&h, &value, sizeof h);
     return h;
 }
+
+#else
+
+static inline float ln_half_to_float(uint16_t h)
+{
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    const uint32_t exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
+    uint32_t bits;
+    if (exponent == 0x1f) {  /* Inf, or NaN made quiet */
+        bits = sign | 0x7f800000 | (mantissa << 13) | (mantissa ? 0x400000 : 0);
+    }
+    else if (exponent != 0) {  /* normal: rebias the exponent from 15 to 127 */
+        bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+    }
+    else {  /* zero or subnormal: mantissa * 2^-24, exact in float32 */
+        const float magnitude = (float)mantissa * 0x1p-24f;
+        memcpy(&bits, &magnitude, sizeof bits);
+        bits |= sign;
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static inline uint16_t ln_float_to_half(float f)
+{
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    const uint16_t sign = (uint16_t)((bits >> 16) & 0x8000);
+    uint32_t magnitude = bits & 0x7fffffff;
+    if (magnitude > 0x7f800000) {  /* NaN: quiet, the top 10 bits of the payload */
+        return (uint16_t)(sign | 0x7e00 | ((magnitude >> 13) & 0x3ff));
+    }
+    if (magnitude >= 0x47800000) {  /* 2^16 or more (and Inf): Inf */
+        return (uint16_t)(sign | 0x7c00);
+    }
+    if (magnitude < 0x38800000) {
+        /* below 2^-14, a subnormal half: adding 0.5, whose float32 ulp is 2^-24 (the half
+           subnormal step), rounds |f| to a multiple of 2^-24, to nearest even */
+        float rounded;
+        memcpy(&rounded, &magnitude, sizeof rounded);
+        rounded += 0.5f;
+        memcpy(&magnitude, &rounded, sizeof magnitude);
+        return (uint16_t)(sign | (magnitude - 0x3f000000));
+    }
+    /* normal: rebias the exponent from 127 to 15 and round the 13 dropped bits to nearest
+       even (a carry out of the mantissa steps the exponent, up to Inf from 65520 on) */
+    magnitude += ((uint32_t)(15 - 127) << 23) + 0xfff + ((magnitude >> 13) & 1);
+    return (uint16_t)(sign | (magnitude >> 13));
+}
+
+#endif
 
 /* Element i of p, of the element type, as float64 (exact). */
 static inline double ln_load1_as_f64(ln_dtype dtype, const void *p, ptrdiff_t i)
