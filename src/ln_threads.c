@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #if defined(__x86_64__)
 #include <emmintrin.h>
@@ -201,6 +202,12 @@ int ln_threads_default(void)
         if (count > 0) {
             return count;
         }
+    }
+#else
+    /* no affinity masks (macOS): the CPUs online */
+    const long online = sysconf(_SC_NPROCESSORS_ONLN);
+    if (online > 0) {
+        return online < LN_MAX_THREADS ? (int)online : LN_MAX_THREADS;
     }
 #endif
     return 1;
