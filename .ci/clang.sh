@@ -36,7 +36,7 @@ venv=build/venv-clang
 [[ -x $venv/bin/python ]] || python3 -m venv "$venv"
 # no torch: the tests whose oracle it is skip, the rest check the clang build against the
 # float64 reference (the README's test command runs them all with the gcc build)
-"$venv/bin/python" -m pip install -q numpy pytest hypothesis setuptools
+"$venv/bin/python" -m pip install -q numpy pytest hypothesis "setuptools>=77"
 # An editable install builds in a new temporary directory each time, so nothing built before
 # by another compiler is reused; the package metadata it installs is what the suite expects.
 CC=$clang "$venv/bin/python" -m pip install -q --no-build-isolation -e .
