@@ -21,6 +21,7 @@
 
 #include <numpy/arrayobject.h>
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -121,6 +122,51 @@ static void
 module_free(void *module)
 {
     module_clear((PyObject *)module);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Helpers: sizes and memory                                                 */
+/* ------------------------------------------------------------------------ */
+
+/* Every size, stride or offset this file multiplies goes through these two, so that an
+   overflow is an error, never a wrong size. */
+
+/* Stores a * b into *product.  Returns 0, or -1 when it does not fit in an npy_intp. */
+static inline int
+checked_mul(npy_intp a, npy_intp b, npy_intp *product)
+{
+    return __builtin_mul_overflow(a, b, product) ? -1 : 0;
+}
+
+/* Stores the product of factors[0 .. n) into *product.  Returns 0, or -1 when it (or a
+   partial product) does not fit in an npy_intp. */
+static int
+checked_product(const npy_intp factors[], int n, npy_intp *product)
+{
+    npy_intp result = 1;
+    for (int i = 0; i < n; i++) {
+        if (checked_mul(result, factors[i], &result) < 0) {
+            return -1;
+        }
+    }
+    *product = result;
+    return 0;
+}
+
+/* Stores into *bytes the size of `count` groups of `rows` items of `item_size` bytes.
+   Returns 0, or -1 with MemoryError set, naming `what`, when no address space holds it. */
+static int
+checked_bytes(const char *fname, const char *what, npy_intp count, npy_intp rows, npy_intp item_size,
+              npy_intp *bytes)
+{
+    const npy_intp factors[] = {count, rows, item_size};
+    if (checked_product(factors, 3, bytes) == 0) {
+        return 0;
+    }
+    PyErr_Format(PyExc_MemoryError,
+                 "%s: cannot allocate %s: %zd x %zd x %zd bytes is more than an address space holds",
+                 fname, what, (Py_ssize_t)count, (Py_ssize_t)rows, (Py_ssize_t)item_size);
+    return -1;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -507,13 +553,12 @@ rows_view(PyArrayObject *arr, int inner_ndim, npy_intp *row_step)
     }
     npy_intp expected = itemsize;
     for (int k = ndim - 1; k >= ndim - inner_ndim; k--) {
-        if (dims[k] != 1 && strides[k] != expected) {
+        if ((dims[k] != 1 && strides[k] != expected) || checked_mul(expected, dims[k], &expected) < 0) {
             return 0;
         }
-        expected *= dims[k];
     }
     *row_step = expected / itemsize;
-    npy_intp next_stride = 0, next_dim = 0;
+    npy_intp next_stride = 0, next_dim = 0, collapsed;
     int seen = 0;
     for (int k = ndim - inner_ndim - 1; k >= 0; k--) {
         if (dims[k] == 1) {
@@ -526,7 +571,7 @@ rows_view(PyArrayObject *arr, int inner_ndim, npy_intp *row_step)
             *row_step = strides[k] / itemsize;
             seen = 1;
         }
-        else if (strides[k] != next_stride * next_dim) {
+        else if (checked_mul(next_stride, next_dim, &collapsed) < 0 || strides[k] != collapsed) {
             return 0;
         }
         next_stride = strides[k];
@@ -550,35 +595,36 @@ readable_rows(PyArrayObject *arr, int inner_ndim, npy_intp row_len, npy_intp *ro
                                                   NPY_ARRAY_ENSURECOPY | NPY_ARRAY_FORCECAST);
 }
 
-/* Stores the bytes [lo, hi) an array's elements span (lo == hi when empty). */
-static void
-memory_extent(PyArrayObject *arr, char **lo, char **hi)
+/* Stores the addresses [lo, hi) an array's elements span (lo == hi when empty).  Returns 0,
+   or -1 when its strides reach past any address space (a view made with as_strided). */
+static int
+memory_extent(PyArrayObject *arr, uintptr_t *lo, uintptr_t *hi)
 {
-    char *start = PyArray_BYTES(arr), *end = PyArray_BYTES(arr);
+    npy_intp low = 0, high = PyArray_ITEMSIZE(arr), reach;  /* offsets from the first element */
     for (int k = 0; k < PyArray_NDIM(arr); k++) {
-        npy_intp dim = PyArray_DIM(arr, k), stride = PyArray_STRIDE(arr, k);
+        const npy_intp dim = PyArray_DIM(arr, k);
         if (dim == 0) {
-            *lo = *hi = start;
-            return;
+            high = low;
+            break;
         }
-        if (stride > 0) {
-            end += stride * (dim - 1);
-        }
-        else {
-            start += stride * (dim - 1);
+        if (checked_mul(PyArray_STRIDE(arr, k), dim - 1, &reach) < 0 ||
+            __builtin_add_overflow(reach > 0 ? high : low, reach, reach > 0 ? &high : &low)) {
+            return -1;
         }
     }
-    *lo = start;
-    *hi = end + PyArray_ITEMSIZE(arr);
+    *lo = (uintptr_t)PyArray_BYTES(arr) + (uintptr_t)low;
+    *hi = (uintptr_t)PyArray_BYTES(arr) + (uintptr_t)high;
+    return 0;
 }
 
 /* 1 when the memory of a and b may overlap, else 0. */
 static int
 arrays_overlap(PyArrayObject *a, PyArrayObject *b)
 {
-    char *a_lo, *a_hi, *b_lo, *b_hi;
-    memory_extent(a, &a_lo, &a_hi);
-    memory_extent(b, &b_lo, &b_hi);
+    uintptr_t a_lo, a_hi, b_lo, b_hi;
+    if (memory_extent(a, &a_lo, &a_hi) < 0 || memory_extent(b, &b_lo, &b_hi) < 0) {
+        return 1;
+    }
     return a_lo < a_hi && b_lo < b_hi && a_lo < b_hi && b_lo < a_hi;
 }
 
@@ -635,15 +681,16 @@ done:
     return result;
 }
 
-/* The number of rows: the product of the dims before the normalized ones. */
-static npy_intp
-batch_size(PyArrayObject *arr, int ns_ndim)
+/* Stores the number of rows, the product of the dims before the normalized ones, into
+   *rows.  Returns 0, or -1 with ValueError set when it overflows (NumPy makes no such array). */
+static int
+batch_size(PyArrayObject *arr, int ns_ndim, npy_intp *rows)
 {
-    npy_intp rows = 1;
-    for (int k = 0; k < PyArray_NDIM(arr) - ns_ndim; k++) {
-        rows *= PyArray_DIM(arr, k);
+    if (checked_product(PyArray_DIMS(arr), PyArray_NDIM(arr) - ns_ndim, rows) < 0) {
+        PyErr_SetString(PyExc_ValueError, "the input has more rows than an npy_intp can count");
+        return -1;
     }
-    return rows;
+    return 0;
 }
 
 /* New reference: an uninitialised array of the input's batch dims + (1,) * ns_ndim, or NULL. */
@@ -783,7 +830,10 @@ forward(module_state *state, const norm_kind *kind, const char *what, PyObject *
             goto done;
         }
     }
-    const npy_intp batch = batch_size(input, ns.ndim);
+    npy_intp batch;
+    if (batch_size(input, ns.ndim, &batch) < 0) {
+        goto done;
+    }
     const int first_stat = 2 - kind->n_stats;  /* index into (mean, rstd) */
     if (returns == RETURN_STATS) {
         for (int s = first_stat; s < 2; s++) {
@@ -797,13 +847,18 @@ forward(module_state *state, const norm_kind *kind, const char *what, PyObject *
     if (returns == RETURN_SAVED_FOR_GRAD) {
         /* One bytes object instead of arrays: a third of a small training-mode call went
            into making the statistics' arrays, which only saved_backward reads. */
-        saved_stats = PyBytes_FromStringAndSize(NULL, kind->n_stats * batch * param_size[dtype]);
+        npy_intp stats_bytes;
+        if (checked_bytes(what, "the statistics saved for backward", kind->n_stats, batch,
+                          param_size[dtype], &stats_bytes) < 0) {
+            goto done;
+        }
+        saved_stats = PyBytes_FromStringAndSize(NULL, stats_bytes);
         saved_input = saved_stats ? private_input(input, rows) : NULL;
         if (!saved_input) {
             goto done;
         }
         for (int s = first_stat; s < 2; s++) {
-            stats_data[s] = PyBytes_AS_STRING(saved_stats) + (s - first_stat) * batch * param_size[dtype];
+            stats_data[s] = PyBytes_AS_STRING(saved_stats) + (s - first_stat) * (stats_bytes / kind->n_stats);
         }
     }
 
@@ -952,7 +1007,10 @@ backward(module_state *state, const norm_kind *kind, const char *what, PyObject 
             goto done;
         }
     }
-    const npy_intp rows = batch_size(input, ns.ndim);
+    npy_intp rows;
+    if (batch_size(input, ns.ndim, &rows) < 0) {
+        goto done;
+    }
     const int first_stat = 2 - kind->n_stats;  /* index into (mean, rstd) */
     if (stat_objs) {
         for (int s = first_stat; s < 2; s++) {
@@ -965,14 +1023,16 @@ backward(module_state *state, const norm_kind *kind, const char *what, PyObject 
         }
     }
     else {
-        if (!PyBytes_Check(saved_stats) ||
-            PyBytes_GET_SIZE(saved_stats) != kind->n_stats * rows * param_size[dtype]) {
+        const npy_intp factors[] = {kind->n_stats, rows, param_size[dtype]};
+        npy_intp stats_bytes;
+        if (!PyBytes_Check(saved_stats) || checked_product(factors, 3, &stats_bytes) < 0 ||
+            PyBytes_GET_SIZE(saved_stats) != stats_bytes) {
             PyErr_SetString(PyExc_ValueError,
                             "stats must be the bytes that training_forward returned with this input");
             goto done;
         }
         for (int s = first_stat; s < 2; s++) {
-            stats_data[s] = PyBytes_AS_STRING(saved_stats) + (s - first_stat) * rows * param_size[dtype];
+            stats_data[s] = PyBytes_AS_STRING(saved_stats) + (s - first_stat) * (stats_bytes / kind->n_stats);
         }
     }
     input_rows = readable_rows(input, ns.ndim, ns.size, &input_step);

@@ -1,0 +1,103 @@
+"""Bad input to every public entry point, one case per test id: the exact exception type and
+the exact message.
+
+Each case is a Python expression evaluated after SETUP, which names an input ``x``, its
+statistics, parameters and a module.  Where torch refuses the same mistake the case also holds
+torch's expression: with torch installed, torch must raise it too, and a RuntimeError's text
+(torch's wording of a bad value, which we raise as ValueError) must be part of our message.
+
+Cases that could crash, hang or exhaust memory (huge sizes, products that overflow,
+allocations that must fail) are ``isolated``: they run in a child process under a memory limit
+and a timeout (``helpers.run_in_child``), so that a crash fails the case instead of ending the
+run.  ``peak`` bounds how far such a child's resident memory may grow during the call.
+"""
+
+import re
+from typing import NamedTuple, Optional, Pattern, Union
+
+import pytest
+
+from helpers import requires_torch, run_in_child
+
+SETUP = """
+import numpy as np
+import layernorm
+from layernorm import LayerNorm, layer_norm, layer_norm_backward, native_layer_norm
+x = np.arange(8, dtype=np.float32).reshape(2, 4)
+module = LayerNorm(4)
+"""
+
+TORCH_SETUP = """
+import torch
+import torch.nn.functional as F
+tx = torch.arange(8, dtype=torch.float32).reshape(2, 4)
+"""
+
+MiB = 2**20
+
+
+class Case(NamedTuple):
+    call: str  # a Python expression, evaluated after SETUP
+    error: type  # the exact exception class
+    message: Union[str, Pattern[str]]  # the exact text, or a pattern all of it matches
+    torch: Optional[str] = None  # torch's expression for the same mistake (after TORCH_SETUP)
+    isolated: bool = False  # run in a child process, under a memory limit and a timeout
+    peak: Optional[int] = None  # isolated: bytes the child's resident memory may grow by
+
+
+CASES = {
+    # ------------------------------------------------------------------ sizes at the limits
+    "module-training-stats-bytes-overflow-to-zero": Case(
+        "LayerNorm(0)(np.empty((2**61, 0), np.float16))",
+        MemoryError,
+        "LayerNorm: cannot allocate the statistics saved for backward: 2 x 2305843009213693952 x 4 "
+        "bytes is more than an address space holds",
+        isolated=True),
+    "module-training-stats-bytes-overflow-to-16": Case(
+        "LayerNorm(0)(np.empty((2**61 + 1, 0), np.float16))",
+        MemoryError,
+        "LayerNorm: cannot allocate the statistics saved for backward: 2 x 2305843009213693953 x 4 "
+        "bytes is more than an address space holds",
+        isolated=True),
+}
+
+
+def _check(case, error_name, message):
+    assert error_name == case.error.__name__, f"raised {error_name}: {message}"
+    if isinstance(case.message, str):
+        assert message == case.message
+    else:
+        assert case.message.fullmatch(message), message
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_bad_input(name):
+    case = CASES[name]
+    if case.isolated:
+        outcome = run_in_child(case.call, SETUP)
+        _check(case, outcome.error, outcome.message)
+        if case.peak is not None and outcome.peak_growth is not None:
+            assert outcome.peak_growth <= case.peak, f"resident memory grew by {outcome.peak_growth} bytes"
+        return
+    space = {}
+    exec(SETUP, space)
+    with pytest.raises(BaseException) as info:
+        eval(case.call, space)
+    assert type(info.value) is case.error, info.value
+    _check(case, type(info.value).__name__, str(info.value))
+
+
+@requires_torch
+@pytest.mark.parametrize("name", [name for name, case in CASES.items() if case.torch])
+def test_torch_refuses_alike(name):
+    case = CASES[name]
+    space = {}
+    exec(TORCH_SETUP, space)
+    with pytest.raises(Exception) as info:
+        eval(case.torch, space)
+    if isinstance(info.value, TypeError):
+        assert issubclass(case.error, TypeError), info.value
+    else:
+        assert type(info.value) is RuntimeError, info.value
+        assert issubclass(case.error, ValueError) or case.error is RuntimeError
+        assert str(info.value) in case.message, str(info.value)
