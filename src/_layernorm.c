@@ -232,7 +232,7 @@ parse_args(module_state *state, const char *fname, PyObject *const *args, Py_ssi
 typedef struct {
     int ndim;
     npy_intp dims[LN_MAX_DIMS];
-    npy_intp size;  /* product of dims */
+    npy_intp size;  /* product of dims, set once an input has been checked against them */
 } shape_t;
 
 /* New reference: the dims as a Python list, for messages that print like torch's [2, 3]. */
@@ -261,7 +261,6 @@ parse_normalized_shape(PyObject *obj, shape_t *shape)
                        (PyArray_Check(obj) && PyArray_NDIM((PyArrayObject *)obj) == 0) ||
                        (PyIndex_Check(obj) && !PySequence_Check(obj));
     shape->ndim = 0;
-    shape->size = 1;
     if (scalar) {
         Py_ssize_t n = PyNumber_AsSsize_t(obj, PyExc_OverflowError);
         if (n == -1 && PyErr_Occurred()) {
@@ -314,7 +313,6 @@ parse_normalized_shape(PyObject *obj, shape_t *shape)
             }
             goto done;
         }
-        shape->size *= shape->dims[i];
     }
     if (shape->ndim == 0) {
         PyErr_SetString(PyExc_ValueError,
@@ -459,20 +457,29 @@ static const int param_type_num[] = {NPY_FLOAT, NPY_FLOAT, NPY_DOUBLE};
 static const npy_intp param_size[] = {4, 4, 8};
 static const int elem_type_num[] = {NPY_HALF, NPY_FLOAT, NPY_DOUBLE};
 
-/* Checks that arr's trailing dims equal the normalized shape.  Returns 0, or -1 with torch's
-   ValueError text set. */
+/* Checks that arr's trailing dims equal the normalized shape, then stores their product in
+   ns->size: only an array's dims are known to multiply without overflow, not any sizes a
+   caller writes.  Returns 0, or -1 with torch's ValueError text set. */
 static int
-check_trailing_shape(PyArrayObject *arr, const shape_t *ns)
+check_trailing_shape(PyArrayObject *arr, shape_t *ns)
 {
     const int ndim = PyArray_NDIM(arr);
     int ok = ndim >= ns->ndim;
     for (int i = 0; ok && i < ns->ndim; i++) {
         ok = PyArray_DIM(arr, ndim - ns->ndim + i) == ns->dims[i];
     }
-    if (ok) {
-        return 0;
-    }
     PyObject *ns_list = NULL, *size_list = NULL, *ns_text = NULL, *tail = NULL;
+    if (ok) {
+        if (checked_product(ns->dims, ns->ndim, &ns->size) == 0) {
+            return 0;
+        }
+        ns_list = dims_as_list(ns->dims, ns->ndim);
+        if (ns_list) {
+            PyErr_Format(PyExc_ValueError, "normalized_shape = %R has more elements than an array can hold",
+                         ns_list);
+        }
+        goto done;
+    }
     ns_list = dims_as_list(ns->dims, ns->ndim);
     size_list = dims_as_list(PyArray_DIMS(arr), ndim);
     ns_text = ns_list ? PyObject_Repr(ns_list) : NULL;
@@ -962,7 +969,7 @@ backward(module_state *state, const norm_kind *kind, const char *what, PyObject 
     PyArrayObject *grad_input = NULL;
     PyArrayObject *params[2] = {NULL, NULL}, *stats[2] = {NULL, NULL}, *grad_params[2] = {NULL, NULL};
     const char *stats_data[2] = {NULL, NULL};
-    const shape_t ns = *ns_arg;
+    shape_t ns = *ns_arg;
     npy_intp input_step, grad_step;
 
     input = as_array(input_obj);

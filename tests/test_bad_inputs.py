@@ -24,6 +24,7 @@ import numpy as np
 import layernorm
 from layernorm import LayerNorm, layer_norm, layer_norm_backward, native_layer_norm
 x = np.arange(8, dtype=np.float32).reshape(2, 4)
+y, mean, rstd = native_layer_norm(x, (4,))
 module = LayerNorm(4)
 """
 
@@ -59,6 +60,30 @@ CASES = {
         "LayerNorm: cannot allocate the statistics saved for backward: 2 x 2305843009213693953 x 4 "
         "bytes is more than an address space holds",
         isolated=True),
+    # a product of sizes that overflows is refused before anything multiplies it
+    "layer_norm-normalized-size-overflows": Case(
+        "layer_norm(x, (2**40, 2**40))",
+        ValueError,
+        "Given normalized_shape=[1099511627776, 1099511627776], expected input with shape "
+        "[*, 1099511627776, 1099511627776], but got input of size[2, 4]",
+        torch="F.layer_norm(tx, (2**40, 2**40))"),
+    "native_layer_norm-normalized-size-overflows-before-a-zero": Case(
+        "native_layer_norm(x, (2**62, 2**62, 0))",
+        ValueError,
+        "Given normalized_shape=[4611686018427387904, 4611686018427387904, 0], expected input with "
+        "shape [*, 4611686018427387904, 4611686018427387904, 0], but got input of size[2, 4]",
+        torch="torch.native_layer_norm(tx, (2**62, 2**62, 0), None, None, 1e-5)"),
+    "layer_norm_backward-normalized-size-overflows": Case(
+        "layer_norm_backward(x, x, (2**40, 2**40), mean, rstd)",
+        ValueError,
+        "Given normalized_shape=[1099511627776, 1099511627776], expected input with shape "
+        "[*, 1099511627776, 1099511627776], but got input of size[2, 4]"),
+    "module-without-affine-normalized-size-overflows": Case(
+        "LayerNorm((2**40, 2**40), elementwise_affine=False)(x)",
+        ValueError,
+        "Given normalized_shape=[1099511627776, 1099511627776], expected input with shape "
+        "[*, 1099511627776, 1099511627776], but got input of size[2, 4]",
+        torch="torch.nn.LayerNorm((2**40, 2**40), elementwise_affine=False)(tx)"),
 }
 
 
