@@ -803,42 +803,17 @@ forward(module_state *state, const norm_kind *kind, const char *what, PyObject *
             goto done;
         }
     }
-    if (check_trailing_shape(input, &ns) < 0) {
-        goto done;
-    }
-    rows = readable_rows(input, ns.ndim, ns.size, &row_step);
-    if (!rows) {
-        goto done;
-    }
-    if (out_obj && out_obj != Py_None) {
-        output = check_out(out_obj, input, elem_type_num[dtype]);
-        if (!output) {
-            goto done;
-        }
-        /* Writing over the rows being read is safe only row onto the same row. */
-        const int in_place = PyArray_DATA(rows) == PyArray_DATA(output) && row_step == ns.size;
-        PyArrayObject *rows_before = rows;
-        if (!in_place && detach_from_output(&rows, output) < 0) {
-            goto done;
-        }
-        for (int p = 0; p < kind->n_params; p++) {
-            if (detach_from_output(&params[p], output) < 0) {
-                goto done;
-            }
-        }
-        if (rows != rows_before) {
-            row_step = ns.size;  /* now a C-contiguous copy */
-        }
-    }
-    else {
-        output = (PyArrayObject *)PyArray_SimpleNew(PyArray_NDIM(input), PyArray_DIMS(input),
-                                                    elem_type_num[dtype]);
-        if (!output) {
-            goto done;
-        }
-    }
     npy_intp batch;
-    if (batch_size(input, ns.ndim, &batch) < 0) {
+    if (check_trailing_shape(input, &ns) < 0 || batch_size(input, ns.ndim, &batch) < 0) {
+        goto done;
+    }
+    /* The results first, then any copies of the arguments: a call that cannot have its
+       results fails before it has spent memory on copies. */
+    const int given_out = out_obj && out_obj != Py_None;
+    output = given_out ? check_out(out_obj, input, elem_type_num[dtype])
+                       : (PyArrayObject *)PyArray_SimpleNew(PyArray_NDIM(input), PyArray_DIMS(input),
+                                                            elem_type_num[dtype]);
+    if (!output) {
         goto done;
     }
     const int first_stat = 2 - kind->n_stats;  /* index into (mean, rstd) */
@@ -860,12 +835,37 @@ forward(module_state *state, const norm_kind *kind, const char *what, PyObject *
             goto done;
         }
         saved_stats = PyBytes_FromStringAndSize(NULL, stats_bytes);
-        saved_input = saved_stats ? private_input(input, rows) : NULL;
-        if (!saved_input) {
+        if (!saved_stats) {
             goto done;
         }
         for (int s = first_stat; s < 2; s++) {
             stats_data[s] = PyBytes_AS_STRING(saved_stats) + (s - first_stat) * (stats_bytes / kind->n_stats);
+        }
+    }
+    rows = readable_rows(input, ns.ndim, ns.size, &row_step);
+    if (!rows) {
+        goto done;
+    }
+    if (given_out) {
+        /* Writing over the rows being read is safe only row onto the same row. */
+        const int in_place = PyArray_DATA(rows) == PyArray_DATA(output) && row_step == ns.size;
+        PyArrayObject *rows_before = rows;
+        if (!in_place && detach_from_output(&rows, output) < 0) {
+            goto done;
+        }
+        for (int p = 0; p < kind->n_params; p++) {
+            if (detach_from_output(&params[p], output) < 0) {
+                goto done;
+            }
+        }
+        if (rows != rows_before) {
+            row_step = ns.size;  /* now a C-contiguous copy */
+        }
+    }
+    if (returns == RETURN_SAVED_FOR_GRAD) {
+        saved_input = private_input(input, rows);
+        if (!saved_input) {
+            goto done;
         }
     }
 
@@ -925,10 +925,10 @@ done:
     return result;
 }
 
-/* New reference: a statistic (mean or rstd) handed to backward, as contiguous params checked
-   to hold one value per row; NULL with an exception set. */
+/* New reference: a statistic (mean or rstd) handed to backward as an array, checked to hold
+   one float per row (still to be made contiguous params); NULL with an exception set. */
 static PyArrayObject *
-stats_input(PyObject *obj, const norm_kind *kind, const char *name, npy_intp rows, int type_num)
+stats_input(PyObject *obj, const norm_kind *kind, const char *name, npy_intp rows)
 {
     PyArrayObject *result = NULL, *arr = NULL;
     arr = as_array(obj);
@@ -949,7 +949,8 @@ stats_input(PyObject *obj, const norm_kind *kind, const char *name, npy_intp row
                      (Py_ssize_t)PyArray_SIZE(arr));
         goto done;
     }
-    result = contiguous_of_type(arr, type_num);
+    Py_INCREF(arr);
+    result = arr;
 done:
     Py_XDECREF(arr);
     return result;
@@ -1006,14 +1007,6 @@ backward(module_state *state, const norm_kind *kind, const char *what, PyObject 
         }
         goto done;
     }
-    if (PyArray_TYPE(grad_out) != PyArray_TYPE(input)) {
-        Py_SETREF(grad_out, (PyArrayObject *)PyArray_FromArray(
-                                grad_out, PyArray_DescrFromType(PyArray_TYPE(input)),
-                                NPY_ARRAY_CARRAY_RO | NPY_ARRAY_FORCECAST));
-        if (!grad_out) {
-            goto done;
-        }
-    }
     npy_intp rows;
     if (batch_size(input, ns.ndim, &rows) < 0) {
         goto done;
@@ -1021,12 +1014,10 @@ backward(module_state *state, const norm_kind *kind, const char *what, PyObject 
     const int first_stat = 2 - kind->n_stats;  /* index into (mean, rstd) */
     if (stat_objs) {
         for (int s = first_stat; s < 2; s++) {
-            stats[s] = stats_input(stat_objs[s - first_stat], kind, stat_names[s], rows,
-                                   param_type_num[dtype]);
+            stats[s] = stats_input(stat_objs[s - first_stat], kind, stat_names[s], rows);
             if (!stats[s]) {
                 goto done;
             }
-            stats_data[s] = PyArray_DATA(stats[s]);
         }
     }
     else {
@@ -1042,11 +1033,9 @@ backward(module_state *state, const norm_kind *kind, const char *what, PyObject 
             stats_data[s] = PyBytes_AS_STRING(saved_stats) + (s - first_stat) * (stats_bytes / kind->n_stats);
         }
     }
-    input_rows = readable_rows(input, ns.ndim, ns.size, &input_step);
-    grad_rows = input_rows ? readable_rows(grad_out, ns.ndim, ns.size, &grad_step) : NULL;
-    if (!grad_rows) {
-        goto done;
-    }
+    /* The results first, then any copies of the arguments: a call that cannot have its
+       results fails before it has spent memory on copies (broadcast statistics of 2**30
+       rows were 8 GiB of copies before grad_input's MemoryError). */
     if (mask[0]) {
         grad_input = (PyArrayObject *)PyArray_SimpleNew(PyArray_NDIM(input), PyArray_DIMS(input),
                                                         elem_type_num[dtype]);
@@ -1061,6 +1050,26 @@ backward(module_state *state, const norm_kind *kind, const char *what, PyObject 
                 goto done;
             }
         }
+    }
+    for (int s = first_stat; stat_objs && s < 2; s++) {
+        Py_SETREF(stats[s], contiguous_of_type(stats[s], param_type_num[dtype]));
+        if (!stats[s]) {
+            goto done;
+        }
+        stats_data[s] = PyArray_DATA(stats[s]);
+    }
+    if (PyArray_TYPE(grad_out) != PyArray_TYPE(input)) {
+        Py_SETREF(grad_out, (PyArrayObject *)PyArray_FromArray(
+                                grad_out, PyArray_DescrFromType(PyArray_TYPE(input)),
+                                NPY_ARRAY_CARRAY_RO | NPY_ARRAY_FORCECAST));
+        if (!grad_out) {
+            goto done;
+        }
+    }
+    input_rows = readable_rows(input, ns.ndim, ns.size, &input_step);
+    grad_rows = input_rows ? readable_rows(grad_out, ns.ndim, ns.size, &grad_step) : NULL;
+    if (!grad_rows) {
+        goto done;
     }
     const ln_backward_args args = {
         .dtype = (ln_dtype)dtype,

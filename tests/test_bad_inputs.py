@@ -26,6 +26,9 @@ from layernorm import LayerNorm, layer_norm, layer_norm_backward, native_layer_n
 x = np.arange(8, dtype=np.float32).reshape(2, 4)
 y, mean, rstd = native_layer_norm(x, (4,))
 module = LayerNorm(4)
+
+def broadcast(value, shape):  # a float32 array of `shape` in no memory: one value everywhere
+    return np.broadcast_to(np.float32(value), shape)
 """
 
 TORCH_SETUP = """
@@ -60,6 +63,20 @@ CASES = {
         "LayerNorm: cannot allocate the statistics saved for backward: 2 x 2305843009213693953 x 4 "
         "bytes is more than an address space holds",
         isolated=True),
+    # results are allocated before copies of the arguments: broadcast statistics are not
+    # expanded to full size only to find that grad_input does not fit
+    "layer_norm_backward-broadcast-statistics-not-copied-first": Case(
+        "layer_norm_backward(broadcast(1, (2**26, 16)), broadcast(1, (2**26, 16)), 16, "
+        "broadcast(0, (2**26, 1)), broadcast(1, (2**26, 1)))",
+        MemoryError,
+        "Unable to allocate 4.00 GiB for an array with shape (67108864, 16) and data type float32",
+        isolated=True, peak=64 * MiB),
+    "layer_norm_backward-broadcast-statistics-of-2**32-rows": Case(
+        "layer_norm_backward(broadcast(1, (2**32, 16)), broadcast(1, (2**32, 16)), 16, "
+        "broadcast(0, (2**32, 1)), broadcast(1, (2**32, 1)))",
+        MemoryError,
+        "Unable to allocate 256. GiB for an array with shape (4294967296, 16) and data type float32",
+        isolated=True, peak=64 * MiB),
     # a product of sizes that overflows is refused before anything multiplies it
     "layer_norm-normalized-size-overflows": Case(
         "layer_norm(x, (2**40, 2**40))",
