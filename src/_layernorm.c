@@ -85,6 +85,7 @@ static const char *const keyword_text[KW_COUNT] = {
    pool, SIMD level, scratch buffer) is process-wide C state with its own locking. */
 typedef struct {
     PyObject *unsupported_dtype_error;  /* UnsupportedDTypeError, a TypeError subclass */
+    PyObject *parameter_changed_error;  /* ParameterChangedError, a RuntimeError subclass */
     PyObject *keywords[KW_COUNT];       /* interned keyword names */
 } module_state;
 
@@ -101,6 +102,7 @@ module_traverse(PyObject *module, visitproc visit, void *arg)
 {
     module_state *state = get_state(module);
     Py_VISIT(state->unsupported_dtype_error);
+    Py_VISIT(state->parameter_changed_error);
     for (int k = 0; k < KW_COUNT; k++) {
         Py_VISIT(state->keywords[k]);
     }
@@ -112,6 +114,7 @@ module_clear(PyObject *module)
 {
     module_state *state = get_state(module);
     Py_CLEAR(state->unsupported_dtype_error);
+    Py_CLEAR(state->parameter_changed_error);
     for (int k = 0; k < KW_COUNT; k++) {
         Py_CLEAR(state->keywords[k]);
     }
@@ -151,22 +154,6 @@ checked_product(const npy_intp factors[], int n, npy_intp *product)
     }
     *product = result;
     return 0;
-}
-
-/* Stores into *bytes the size of `count` groups of `rows` items of `item_size` bytes.
-   Returns 0, or -1 with MemoryError set, naming `what`, when no address space holds it. */
-static int
-checked_bytes(const char *fname, const char *what, npy_intp count, npy_intp rows, npy_intp item_size,
-              npy_intp *bytes)
-{
-    const npy_intp factors[] = {count, rows, item_size};
-    if (checked_product(factors, 3, bytes) == 0) {
-        return 0;
-    }
-    PyErr_Format(PyExc_MemoryError,
-                 "%s: cannot allocate %s: %zd x %zd x %zd bytes is more than an address space holds",
-                 fname, what, (Py_ssize_t)count, (Py_ssize_t)rows, (Py_ssize_t)item_size);
-    return -1;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -407,6 +394,20 @@ as_array(PyObject *obj)
     return (PyArrayObject *)PyArray_FromAny(obj, NULL, 0, 0, 0, NULL);
 }
 
+/* Sets an exception of class `type` with `message` (stolen, may be NULL after a failure)
+   and the attribute `attribute` = value, for the Python layer to word it.  Returns -1. */
+static int
+raise_with_attribute(PyObject *type, PyObject *message, const char *attribute, PyObject *value)
+{
+    PyObject *error = message ? PyObject_CallOneArg(type, message) : NULL;
+    if (error && PyObject_SetAttrString(error, attribute, value) == 0) {
+        PyErr_SetObject(type, error);
+    }
+    Py_XDECREF(message);
+    Py_XDECREF(error);
+    return -1;
+}
+
 /* The kernel dtype of a float16/32/64 array; -1 with UnsupportedDTypeError set otherwise
    (its `dtype` attribute is the array's dtype, for the Python layer to name it as torch does). */
 static int
@@ -421,22 +422,12 @@ kernel_dtype(module_state *state, PyArrayObject *arr, const char *what)
         return LN_F64;
     }
     PyObject *descr = (PyObject *)PyArray_DESCR(arr);
-    PyObject *message = NULL, *error = NULL;
-    message = PyUnicode_FromFormat("%s takes float16, float32 or float64 arrays, got dtype %S; "
-                                   "convert it first, e.g. x.astype(np.float32)",
-                                   what, descr);
-    if (!message) {
-        goto done;
-    }
-    error = PyObject_CallOneArg(state->unsupported_dtype_error, message);
-    if (!error || PyObject_SetAttrString(error, "dtype", descr) < 0) {
-        goto done;
-    }
-    PyErr_SetObject(state->unsupported_dtype_error, error);
-done:
-    Py_XDECREF(message);
-    Py_XDECREF(error);
-    return -1;
+    return raise_with_attribute(state->unsupported_dtype_error,
+                                PyUnicode_FromFormat("%s takes float16, float32 or float64 arrays, "
+                                                     "got dtype %S; convert it first, e.g. "
+                                                     "x.astype(np.float32)",
+                                                     what, descr),
+                                "dtype", descr);
 }
 
 /* New reference: arr itself when it is C-contiguous, aligned and native of type type_num,
@@ -766,10 +757,45 @@ static const norm_kind layer_norm_kind = {
 typedef enum {
     RETURN_OUTPUT,          /* output */
     RETURN_STATS,           /* (output, *stats) */
-    RETURN_SAVED_FOR_GRAD,  /* (output, (input, stats)): input a private C-contiguous array,
-                               stats a bytes object holding each statistic of every row in
-                               turn (see saved_backward) */
+    RETURN_SAVED_FOR_GRAD,  /* (output, (input, saved)): input a private C-contiguous array,
+                               saved the bytes of saved_layout */
 } forward_returns;
+
+/* The bytes training_forward saves for saved_backward, all of the param type: each statistic
+   of every row in turn, then each parameter given (as the kernel read it), so that backward
+   can tell a parameter changed since from one it may use. */
+typedef struct {
+    npy_intp stat_bytes;   /* one statistic of every row */
+    npy_intp param_bytes;  /* one parameter */
+    npy_intp total;
+} saved_layout;
+
+/* Fills *layout for `rows` rows of row_len elements and n_given parameters.  Returns 0, or
+   -1 when the size overflows. */
+static int
+saved_layout_of(const norm_kind *kind, int dtype, npy_intp rows, npy_intp row_len, int n_given,
+                saved_layout *layout)
+{
+    npy_intp stats_total, params_total;
+    if (checked_mul(rows, param_size[dtype], &layout->stat_bytes) < 0 ||
+        checked_mul(row_len, param_size[dtype], &layout->param_bytes) < 0 ||
+        checked_mul(kind->n_stats, layout->stat_bytes, &stats_total) < 0 ||
+        checked_mul(n_given, layout->param_bytes, &params_total) < 0) {
+        return -1;
+    }
+    return __builtin_add_overflow(stats_total, params_total, &layout->total) ? -1 : 0;
+}
+
+/* The number of the kind's parameters given (not NULL). */
+static int
+count_given(const norm_kind *kind, PyArrayObject *const params[])
+{
+    int given = 0;
+    for (int p = 0; p < kind->n_params; p++) {
+        given += params[p] != NULL;
+    }
+    return given;
+}
 
 /* New reference: what `returns` says, or NULL with an exception set.  param_objs holds the
    kind's n_params parameters (NULL or None where absent); `what` names the caller in the
@@ -826,20 +852,26 @@ forward(module_state *state, const norm_kind *kind, const char *what, PyObject *
             stats_data[s] = PyArray_DATA(stats[s]);
         }
     }
+    saved_layout layout = {0};
     if (returns == RETURN_SAVED_FOR_GRAD) {
         /* One bytes object instead of arrays: a third of a small training-mode call went
            into making the statistics' arrays, which only saved_backward reads. */
-        npy_intp stats_bytes;
-        if (checked_bytes(what, "the statistics saved for backward", kind->n_stats, batch,
-                          param_size[dtype], &stats_bytes) < 0) {
+        const int n_given = count_given(kind, params);
+        if (saved_layout_of(kind, dtype, batch, ns.size, n_given, &layout) < 0) {
+            PyErr_Format(PyExc_MemoryError,
+                         "%s: cannot allocate the values saved for backward, %d statistics of %zd "
+                         "rows and %d parameters of %zd elements, %zd bytes each: more than an "
+                         "address space holds",
+                         what, kind->n_stats, (Py_ssize_t)batch, n_given, (Py_ssize_t)ns.size,
+                         (Py_ssize_t)param_size[dtype]);
             goto done;
         }
-        saved_stats = PyBytes_FromStringAndSize(NULL, stats_bytes);
+        saved_stats = PyBytes_FromStringAndSize(NULL, layout.total);
         if (!saved_stats) {
             goto done;
         }
         for (int s = first_stat; s < 2; s++) {
-            stats_data[s] = PyBytes_AS_STRING(saved_stats) + (s - first_stat) * (stats_bytes / kind->n_stats);
+            stats_data[s] = PyBytes_AS_STRING(saved_stats) + (s - first_stat) * layout.stat_bytes;
         }
     }
     rows = readable_rows(input, ns.ndim, ns.size, &row_step);
@@ -866,6 +898,13 @@ forward(module_state *state, const norm_kind *kind, const char *what, PyObject *
         saved_input = private_input(input, rows);
         if (!saved_input) {
             goto done;
+        }
+        char *saved_param = PyBytes_AS_STRING(saved_stats) + kind->n_stats * layout.stat_bytes;
+        for (int p = 0; p < kind->n_params; p++) {
+            if (params[p]) {
+                memcpy(saved_param, PyArray_DATA(params[p]), (size_t)layout.param_bytes);
+                saved_param += layout.param_bytes;
+            }
         }
     }
 
@@ -1021,16 +1060,36 @@ backward(module_state *state, const norm_kind *kind, const char *what, PyObject 
         }
     }
     else {
-        const npy_intp factors[] = {kind->n_stats, rows, param_size[dtype]};
-        npy_intp stats_bytes;
-        if (!PyBytes_Check(saved_stats) || checked_product(factors, 3, &stats_bytes) < 0 ||
-            PyBytes_GET_SIZE(saved_stats) != stats_bytes) {
+        saved_layout layout;
+        if (!PyBytes_Check(saved_stats) ||
+            saved_layout_of(kind, dtype, rows, ns.size, count_given(kind, params), &layout) < 0 ||
+            PyBytes_GET_SIZE(saved_stats) != layout.total) {
             PyErr_SetString(PyExc_ValueError,
-                            "stats must be the bytes that training_forward returned with this input");
+                            "stats must be the bytes that training_forward returned with this input "
+                            "and these parameters");
             goto done;
         }
         for (int s = first_stat; s < 2; s++) {
-            stats_data[s] = PyBytes_AS_STRING(saved_stats) + (s - first_stat) * (stats_bytes / kind->n_stats);
+            stats_data[s] = PyBytes_AS_STRING(saved_stats) + (s - first_stat) * layout.stat_bytes;
+        }
+        const char *saved_param = PyBytes_AS_STRING(saved_stats) + kind->n_stats * layout.stat_bytes;
+        for (int p = 0; p < kind->n_params; p++) {
+            if (!params[p]) {
+                continue;
+            }
+            if (memcmp(PyArray_DATA(params[p]), saved_param, (size_t)layout.param_bytes) != 0) {
+                PyObject *name = PyUnicode_FromString(param_names[p]);
+                if (name) {
+                    raise_with_attribute(state->parameter_changed_error,
+                                         PyUnicode_FromFormat("%s differs from the %s training_forward "
+                                                              "saved",
+                                                              param_names[p], param_names[p]),
+                                         "name", name);
+                    Py_DECREF(name);
+                }
+                goto done;
+            }
+            saved_param += layout.param_bytes;
         }
     }
     /* The results first, then any copies of the arguments: a call that cannot have its
@@ -1190,7 +1249,8 @@ PyDoc_STRVAR(training_forward_doc,
 "array that nothing else refers to (the array made from a list or a strided view\n"
 "when there is one, else a copy), so that changing the caller's array afterwards\n"
 "cannot change the gradients, and stats is a bytes object holding the mean and then\n"
-"the rstd of every row.  Used by LayerNorm in training mode.\n");
+"the rstd of every row, then the weight and the bias as the kernel read them.  Used by\n"
+"LayerNorm in training mode.\n");
 
 static PyObject *
 training_forward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
@@ -1243,8 +1303,9 @@ PyDoc_STRVAR(saved_backward_doc,
 "               output_mask=(True, True, True))\n"
 "--\n"
 "\n"
-"layer_norm_backward from what training_forward saved: (input, stats), stats the bytes\n"
-"holding the mean and then the rstd of every row.  Used by LayerNorm.backward.\n");
+"layer_norm_backward from what training_forward saved: (input, stats), stats its bytes.\n"
+"weight and bias must be given as they were to training_forward: a parameter whose values\n"
+"differ from the saved ones raises ParameterChangedError.  Used by LayerNorm.backward.\n");
 
 static PyObject *
 saved_backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
@@ -1424,6 +1485,10 @@ apply_environment(void)
 PyDoc_STRVAR(unsupported_dtype_error_doc,
 "An input dtype the kernels do not take; its `dtype` attribute is that dtype.");
 
+PyDoc_STRVAR(parameter_changed_error_doc,
+"A parameter given to saved_backward differs from the one training_forward saved;\n"
+"its `name` attribute names it (\"weight\", \"bias\").");
+
 /* Fills the module state and applies the environment.  Returns 0, or -1 with an exception
    set (the module's state is then released by module_clear). */
 static int
@@ -1443,6 +1508,12 @@ layernorm_exec(PyObject *module)
         "layernorm._layernorm.UnsupportedDTypeError", unsupported_dtype_error_doc, PyExc_TypeError, NULL);
     if (!state->unsupported_dtype_error ||
         PyModule_AddObjectRef(module, "UnsupportedDTypeError", state->unsupported_dtype_error) < 0) {
+        return -1;
+    }
+    state->parameter_changed_error = PyErr_NewExceptionWithDoc(
+        "layernorm._layernorm.ParameterChangedError", parameter_changed_error_doc, PyExc_RuntimeError, NULL);
+    if (!state->parameter_changed_error ||
+        PyModule_AddObjectRef(module, "ParameterChangedError", state->parameter_changed_error) < 0) {
         return -1;
     }
     return apply_environment();

@@ -54,14 +54,14 @@ CASES = {
     "module-training-stats-bytes-overflow-to-zero": Case(
         "LayerNorm(0)(np.empty((2**61, 0), np.float16))",
         MemoryError,
-        "LayerNorm: cannot allocate the statistics saved for backward: 2 x 2305843009213693952 x 4 "
-        "bytes is more than an address space holds",
+        "LayerNorm: cannot allocate the values saved for backward, 2 statistics of 2305843009213693952 "
+        "rows and 2 parameters of 0 elements, 4 bytes each: more than an address space holds",
         isolated=True),
     "module-training-stats-bytes-overflow-to-16": Case(
         "LayerNorm(0)(np.empty((2**61 + 1, 0), np.float16))",
         MemoryError,
-        "LayerNorm: cannot allocate the statistics saved for backward: 2 x 2305843009213693953 x 4 "
-        "bytes is more than an address space holds",
+        "LayerNorm: cannot allocate the values saved for backward, 2 statistics of 2305843009213693953 "
+        "rows and 2 parameters of 0 elements, 4 bytes each: more than an address space holds",
         isolated=True),
     # results are allocated before copies of the arguments: broadcast statistics are not
     # expanded to full size only to find that grad_input does not fit
