@@ -921,10 +921,14 @@ forward(module_state *state, const norm_kind *kind, const char *what, PyObject *
         .mean = stats_data[0],
         .rstd = stats_data[1],
     };
-    int status;
-    Py_BEGIN_ALLOW_THREADS
-    status = ln_forward(&args);
-    Py_END_ALLOW_THREADS
+    /* Nothing to write, nothing to compute: the kernel would still walk every empty row. */
+    const int produces = PyArray_SIZE(output) > 0 || (returns != RETURN_OUTPUT && batch > 0);
+    int status = 0;
+    if (produces) {
+        Py_BEGIN_ALLOW_THREADS
+        status = ln_forward(&args);
+        Py_END_ALLOW_THREADS
+    }
     if (status < 0) {
         PyErr_NoMemory();
         goto done;
@@ -1110,45 +1114,51 @@ backward(module_state *state, const norm_kind *kind, const char *what, PyObject 
             }
         }
     }
-    for (int s = first_stat; stat_objs && s < 2; s++) {
-        Py_SETREF(stats[s], contiguous_of_type(stats[s], param_type_num[dtype]));
-        if (!stats[s]) {
+    /* Nothing to write, nothing to compute: the kernel would still walk every empty row,
+       and the arguments need no copies for it. */
+    const int produces = (grad_input && PyArray_SIZE(grad_input) > 0) ||
+                         ((grad_params[0] || grad_params[1]) && ns.size > 0);
+    int status = 0;
+    if (produces) {
+        for (int s = first_stat; stat_objs && s < 2; s++) {
+            Py_SETREF(stats[s], contiguous_of_type(stats[s], param_type_num[dtype]));
+            if (!stats[s]) {
+                goto done;
+            }
+            stats_data[s] = PyArray_DATA(stats[s]);
+        }
+        if (PyArray_TYPE(grad_out) != PyArray_TYPE(input)) {
+            Py_SETREF(grad_out, (PyArrayObject *)PyArray_FromArray(
+                                    grad_out, PyArray_DescrFromType(PyArray_TYPE(input)),
+                                    NPY_ARRAY_CARRAY_RO | NPY_ARRAY_FORCECAST));
+            if (!grad_out) {
+                goto done;
+            }
+        }
+        input_rows = readable_rows(input, ns.ndim, ns.size, &input_step);
+        grad_rows = input_rows ? readable_rows(grad_out, ns.ndim, ns.size, &grad_step) : NULL;
+        if (!grad_rows) {
             goto done;
         }
-        stats_data[s] = PyArray_DATA(stats[s]);
+        const ln_backward_args args = {
+            .dtype = (ln_dtype)dtype,
+            .rows = rows,
+            .row_len = ns.size,
+            .grad_output = PyArray_DATA(grad_rows),
+            .grad_output_row_step = grad_step,
+            .input = PyArray_DATA(input_rows),
+            .input_row_step = input_step,
+            .mean = stats_data[0],
+            .rstd = stats_data[1],
+            .weight = params[0] ? PyArray_DATA(params[0]) : NULL,
+            .grad_input = grad_input ? PyArray_DATA(grad_input) : NULL,
+            .grad_weight = grad_params[0] ? PyArray_DATA(grad_params[0]) : NULL,
+            .grad_bias = grad_params[1] ? PyArray_DATA(grad_params[1]) : NULL,
+        };
+        Py_BEGIN_ALLOW_THREADS
+        status = ln_backward(&args);
+        Py_END_ALLOW_THREADS
     }
-    if (PyArray_TYPE(grad_out) != PyArray_TYPE(input)) {
-        Py_SETREF(grad_out, (PyArrayObject *)PyArray_FromArray(
-                                grad_out, PyArray_DescrFromType(PyArray_TYPE(input)),
-                                NPY_ARRAY_CARRAY_RO | NPY_ARRAY_FORCECAST));
-        if (!grad_out) {
-            goto done;
-        }
-    }
-    input_rows = readable_rows(input, ns.ndim, ns.size, &input_step);
-    grad_rows = input_rows ? readable_rows(grad_out, ns.ndim, ns.size, &grad_step) : NULL;
-    if (!grad_rows) {
-        goto done;
-    }
-    const ln_backward_args args = {
-        .dtype = (ln_dtype)dtype,
-        .rows = rows,
-        .row_len = ns.size,
-        .grad_output = PyArray_DATA(grad_rows),
-        .grad_output_row_step = grad_step,
-        .input = PyArray_DATA(input_rows),
-        .input_row_step = input_step,
-        .mean = stats_data[0],
-        .rstd = stats_data[1],
-        .weight = params[0] ? PyArray_DATA(params[0]) : NULL,
-        .grad_input = grad_input ? PyArray_DATA(grad_input) : NULL,
-        .grad_weight = grad_params[0] ? PyArray_DATA(grad_params[0]) : NULL,
-        .grad_bias = grad_params[1] ? PyArray_DATA(grad_params[1]) : NULL,
-    };
-    int status;
-    Py_BEGIN_ALLOW_THREADS
-    status = ln_backward(&args);
-    Py_END_ALLOW_THREADS
     if (status < 0) {
         PyErr_NoMemory();
         goto done;
