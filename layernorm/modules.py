@@ -54,9 +54,7 @@ class IncompatibleKeys(NamedTuple):
 def _as_shape(normalized_shape: Any) -> tuple[int, ...]:
     """Return normalized_shape as a tuple of Python ints (an integer n becomes (n,))."""
     if isinstance(normalized_shape, (bool, np.bool_)):
-        raise TypeError(
-            f"normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}"
-        )
+        raise TypeError("normalized_shape must be an int or a sequence of ints, not bool")
     sizes: Iterable[Any]
     try:
         sizes = (operator.index(normalized_shape),)

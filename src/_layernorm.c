@@ -238,12 +238,26 @@ dims_as_list(const npy_intp *dims, int ndim)
     return list;
 }
 
-/* Fills *shape from an int or a sequence of ints.  Returns 0, or -1 with an exception set. */
+/* 1 when obj is a bool of Python or NumPy (which are ints to PyIndex_Check), else 0. */
+static int
+is_bool(PyObject *obj)
+{
+    return PyBool_Check(obj) || PyArray_IsScalar(obj, Bool) ||
+           (PyArray_Check(obj) && PyArray_NDIM((PyArrayObject *)obj) == 0 &&
+            PyArray_TYPE((PyArrayObject *)obj) == NPY_BOOL);
+}
+
+/* Fills *shape from an int or a sequence of ints (not bools: torch refuses True for 1).
+   Returns 0, or -1 with an exception set. */
 static int
 parse_normalized_shape(PyObject *obj, shape_t *shape)
 {
     int status = -1;
     PyObject *seq = NULL, *list = NULL;
+    if (is_bool(obj)) {
+        PyErr_SetString(PyExc_TypeError, "normalized_shape must be an int or a sequence of ints, not bool");
+        return -1;
+    }
     const int scalar = PyLong_Check(obj) ||
                        (PyArray_Check(obj) && PyArray_NDIM((PyArrayObject *)obj) == 0) ||
                        (PyIndex_Check(obj) && !PySequence_Check(obj));
@@ -269,7 +283,7 @@ parse_normalized_shape(PyObject *obj, shape_t *shape)
         }
         for (Py_ssize_t i = 0; i < n; i++) {
             PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
-            if (!PyIndex_Check(item) || PyBool_Check(item)) {
+            if (!PyIndex_Check(item) || is_bool(item)) {
                 PyErr_Format(PyExc_TypeError,
                              "normalized_shape must be an int or a sequence of ints, but found "
                              "element of type %.200s at pos %zd",

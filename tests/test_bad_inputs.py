@@ -23,6 +23,7 @@ SETUP = """
 import numpy as np
 import layernorm
 from layernorm import LayerNorm, layer_norm, layer_norm_backward, native_layer_norm
+from layernorm.testing import assert_layer_norm_close, assert_rms_norm_close, diagnose
 x = np.arange(8, dtype=np.float32).reshape(2, 4)
 y, mean, rstd = native_layer_norm(x, (4,))
 module = LayerNorm(4)
@@ -38,6 +39,7 @@ tx = torch.arange(8, dtype=torch.float32).reshape(2, 4)
 """
 
 MiB = 2**20
+NOT_BOOL = "normalized_shape must be an int or a sequence of ints, not bool"
 
 
 class Case(NamedTuple):
@@ -101,6 +103,21 @@ CASES = {
         "Given normalized_shape=[1099511627776, 1099511627776], expected input with shape "
         "[*, 1099511627776, 1099511627776], but got input of size[2, 4]",
         torch="torch.nn.LayerNorm((2**40, 2**40), elementwise_affine=False)(tx)"),
+    # normalized_shape: True is not 1 (torch refuses it)
+    "layer_norm-normalized-shape-True": Case(
+        "layer_norm(x, True)", TypeError, NOT_BOOL, torch="F.layer_norm(tx, True)"),
+    "native_layer_norm-normalized-shape-numpy-True": Case(
+        "native_layer_norm(x, np.True_)", TypeError, NOT_BOOL),
+    "layer_norm-normalized-shape-0-d-bool-array": Case(
+        "layer_norm(x, np.array(True))", TypeError, NOT_BOOL),
+    "layer_norm_backward-normalized-shape-True": Case(
+        "layer_norm_backward(x, x, True, mean, rstd)", TypeError, NOT_BOOL),
+    "LayerNorm-normalized-shape-True": Case(
+        "LayerNorm(True)", TypeError, NOT_BOOL, torch="torch.nn.LayerNorm(True)"),
+    "assert_layer_norm_close-normalized-shape-True": Case(
+        "assert_layer_norm_close(x, x, True)", TypeError, NOT_BOOL),
+    "diagnose-normalized-shape-True": Case(
+        "diagnose(module, True)", TypeError, NOT_BOOL),
 }
 
 
