@@ -1439,11 +1439,13 @@ set_simd_level(PyObject *module, PyObject *arg)
         PyErr_Format(PyExc_TypeError, "set_simd_level() takes a str, got %.200s", Py_TYPE(arg)->tp_name);
         return NULL;
     }
-    const char *name = PyUnicode_AsUTF8(arg);
+    Py_ssize_t length;
+    const char *name = PyUnicode_AsUTF8AndSize(arg, &length);
     if (!name) {
         return NULL;
     }
-    int level = simd_level_from_name(name);
+    /* "scalar\0junk" must not pass for "scalar" */
+    int level = strlen(name) == (size_t)length ? simd_level_from_name(name) : -1;
     if (level < 0 || ln_simd_set((ln_simd_level)level) < 0) {
         PyErr_Format(PyExc_ValueError,
                      "unknown or unsupported SIMD level %R; this CPU runs %s or below "

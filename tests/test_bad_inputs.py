@@ -42,6 +42,12 @@ MiB = 2**20
 NOT_BOOL = "normalized_shape must be an int or a sequence of ints, not bool"
 
 
+def unknown_level(quoted):
+    """set_simd_level's refusal of the name `quoted`, on any CPU."""
+    return re.compile(re.escape(f"unknown or unsupported SIMD level {quoted}; this CPU runs ")
+                      + r"(scalar|avx2|avx512)" + re.escape(" or below (levels: scalar, avx2, avx512)"))
+
+
 class Case(NamedTuple):
     call: str  # a Python expression, evaluated after SETUP
     error: type  # the exact exception class
@@ -118,6 +124,19 @@ CASES = {
         "assert_layer_norm_close(x, x, True)", TypeError, NOT_BOOL),
     "diagnose-normalized-shape-True": Case(
         "diagnose(module, True)", TypeError, NOT_BOOL),
+    # set_simd_level: a level's exact name, nothing after it
+    "set_simd_level-embedded-NUL": Case(
+        "layernorm.set_simd_level('scalar\\x00junk')", ValueError, unknown_level("'scalar\\x00junk'")),
+    "set_simd_level-unknown-name": Case(
+        "layernorm.set_simd_level('fast')", ValueError, unknown_level("'fast'")),
+    "set_simd_level-upper-case": Case(
+        "layernorm.set_simd_level('AVX2')", ValueError, unknown_level("'AVX2'")),
+    "set_simd_level-empty": Case(
+        "layernorm.set_simd_level('')", ValueError, unknown_level("''")),
+    "set_simd_level-bytes": Case(
+        "layernorm.set_simd_level(b'scalar')", TypeError, "set_simd_level() takes a str, got bytes"),
+    "set_simd_level-None": Case(
+        "layernorm.set_simd_level(None)", TypeError, "set_simd_level() takes a str, got NoneType"),
 }
 
 
