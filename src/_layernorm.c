@@ -1355,9 +1355,24 @@ saved_backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObje
 /* Python-facing functions: threads and SIMD level                           */
 /* ------------------------------------------------------------------------ */
 
+/* The most threads the kernel layer runs (its thread pool's cap, LN_MAX_THREADS). */
+#define MAX_THREADS 256
+
+/* n >= 1 threads asked for, as the count the kernels run: at most MAX_THREADS. */
+static int
+threads_allowed(Py_ssize_t n)
+{
+    return n > MAX_THREADS ? MAX_THREADS : (int)n;
+}
+
 PyDoc_STRVAR(set_num_threads_doc,
 "set_num_threads($module, n, /)\n--\n\n"
-"Use at most n threads (n >= 1) per call.  Results do not depend on n.");
+"Use at most n threads (n >= 1) per call.  Results do not depend on n.\n"
+"\n"
+"n above 256, the most threads the kernels run, counts as 256 (get_num_threads() then\n"
+"returns 256).  Like torch.set_num_threads, any positive int is taken: code that asks\n"
+"for os.cpu_count() threads runs on a machine of any size, and the kernels, bound by\n"
+"memory, gain nothing from more threads.");
 
 static PyObject *
 set_num_threads(PyObject *module, PyObject *arg)
@@ -1366,15 +1381,16 @@ set_num_threads(PyObject *module, PyObject *arg)
         PyErr_Format(PyExc_TypeError, "set_num_threads() takes an int, got %.200s", Py_TYPE(arg)->tp_name);
         return NULL;
     }
-    Py_ssize_t n = PyNumber_AsSsize_t(arg, PyExc_OverflowError);
+    /* clipped to the Py_ssize_t range: 10**30 threads are as many as the kernels run */
+    Py_ssize_t n = PyNumber_AsSsize_t(arg, NULL);
     if (n == -1 && PyErr_Occurred()) {
         return NULL;
     }
     if (n < 1) {
-        PyErr_Format(PyExc_ValueError, "set_num_threads() needs n >= 1, got %zd", n);
+        PyErr_Format(PyExc_ValueError, "set_num_threads() needs n >= 1, got %R", arg);
         return NULL;
     }
-    ln_threads_set(n > 256 ? 256 : (int)n);
+    ln_threads_set(threads_allowed(n));
     Py_RETURN_NONE;
 }
 
@@ -1491,7 +1507,7 @@ apply_environment(void)
                          threads);
             return -1;
         }
-        ln_threads_set(n > 256 ? 256 : (int)n);
+        ln_threads_set(threads_allowed(n));
     }
     const char *simd = getenv("LAYERNORM_SIMD");
     if (simd && *simd) {

@@ -137,6 +137,20 @@ CASES = {
         "layernorm.set_simd_level(b'scalar')", TypeError, "set_simd_level() takes a str, got bytes"),
     "set_simd_level-None": Case(
         "layernorm.set_simd_level(None)", TypeError, "set_simd_level() takes a str, got NoneType"),
+    # set_num_threads: a positive int (above 256 counts as 256)
+    "set_num_threads-zero": Case(
+        "layernorm.set_num_threads(0)", ValueError, "set_num_threads() needs n >= 1, got 0"),
+    "set_num_threads-negative": Case(
+        "layernorm.set_num_threads(-1)", ValueError, "set_num_threads() needs n >= 1, got -1"),
+    "set_num_threads-negative-beyond-64-bits": Case(
+        "layernorm.set_num_threads(-10**30)", ValueError,
+        "set_num_threads() needs n >= 1, got -1000000000000000000000000000000"),
+    "set_num_threads-str": Case(
+        "layernorm.set_num_threads('2')", TypeError, "set_num_threads() takes an int, got str"),
+    "set_num_threads-float": Case(
+        "layernorm.set_num_threads(2.0)", TypeError, "set_num_threads() takes an int, got float"),
+    "set_num_threads-bool": Case(
+        "layernorm.set_num_threads(True)", TypeError, "set_num_threads() takes an int, got bool"),
 }
 
 

@@ -252,10 +252,18 @@ def test_long_rows_same_at_every_level(level, dtype, restore_runtime):
         assert_close(mine, base, tol, name)
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 7, 64])
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 64, 256])
 def test_get_num_threads_reflects_set(n, restore_runtime):
     assert layernorm.set_num_threads(n) is None
     assert layernorm.get_num_threads() == n
+
+
+@pytest.mark.parametrize("n", [257, 10**9, 2**63, 10**30])
+def test_set_num_threads_above_the_maximum_is_the_maximum(n, restore_runtime):
+    # Any positive int is taken, as torch.set_num_threads takes it; 256 is the documented cap.
+    assert layernorm.set_num_threads(n) is None
+    assert layernorm.get_num_threads() == 256
+    assert "n above 256, the most threads the kernels run, counts as 256" in layernorm.set_num_threads.__doc__
 
 
 # ---------------------------------------------------------------------------
