@@ -21,6 +21,7 @@
 
 #include <numpy/arrayobject.h>
 
+#include <ctype.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1431,12 +1432,13 @@ available_simd_levels(PyObject *module, PyObject *Py_UNUSED(ignored))
     return levels;
 }
 
-/* The level called `name`, or -1 when there is none. */
+/* The level called name[0 .. length) (which may hold NULs), or -1 when there is none. */
 static int
-simd_level_from_name(const char *name)
+simd_level_from_name(const char *name, size_t length)
 {
     for (int level = LN_SIMD_SCALAR; level <= LN_SIMD_AVX512; level++) {
-        if (strcmp(name, ln_simd_name((ln_simd_level)level)) == 0) {
+        const char *known = ln_simd_name((ln_simd_level)level);
+        if (strlen(known) == length && memcmp(name, known, length) == 0) {
             return level;
         }
     }
@@ -1460,8 +1462,7 @@ set_simd_level(PyObject *module, PyObject *arg)
     if (!name) {
         return NULL;
     }
-    /* "scalar\0junk" must not pass for "scalar" */
-    int level = strlen(name) == (size_t)length ? simd_level_from_name(name) : -1;
+    int level = simd_level_from_name(name, (size_t)length);
     if (level < 0 || ln_simd_set((ln_simd_level)level) < 0) {
         PyErr_Format(PyExc_ValueError,
                      "unknown or unsupported SIMD level %R; this CPU runs %s or below "
@@ -1494,26 +1495,50 @@ static PyMethodDef layernorm_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+/* Stores into *start and *length the value of the environment variable `name` without the
+   whitespace around it (" 4" and "4 " are both 4).  Returns 0 when it is unset or blank (then
+   the default holds), else 1. */
+static int
+environment_value(const char *name, const char **start, size_t *length)
+{
+    const char *value = getenv(name);
+    if (!value) {
+        return 0;
+    }
+    while (isspace((unsigned char)*value)) {
+        value++;
+    }
+    size_t n = strlen(value);
+    while (n > 0 && isspace((unsigned char)value[n - 1])) {
+        n--;
+    }
+    *start = value;
+    *length = n;
+    return n > 0;
+}
+
 /* Applies LAYERNORM_NUM_THREADS and LAYERNORM_SIMD.  Returns 0, or -1 with ValueError set. */
 static int
 apply_environment(void)
 {
-    const char *threads = getenv("LAYERNORM_NUM_THREADS");
-    if (threads && *threads) {
+    const char *value;
+    size_t length;
+    if (environment_value("LAYERNORM_NUM_THREADS", &value, &length)) {
         char *end;
-        long n = strtol(threads, &end, 10);
-        if (*end != '\0' || n < 1) {
+        long n = strtol(value, &end, 10);
+        if (end != value + length || n < 1) {
             PyErr_Format(PyExc_ValueError, "LAYERNORM_NUM_THREADS must be an integer >= 1, got '%s'",
-                         threads);
+                         getenv("LAYERNORM_NUM_THREADS"));
             return -1;
         }
+        /* beyond LONG_MAX strtol gives LONG_MAX: as many threads as the kernels run */
         ln_threads_set(threads_allowed(n));
     }
-    const char *simd = getenv("LAYERNORM_SIMD");
-    if (simd && *simd) {
-        int level = simd_level_from_name(simd);
+    if (environment_value("LAYERNORM_SIMD", &value, &length)) {
+        int level = simd_level_from_name(value, length);
         if (level < 0) {
-            PyErr_Format(PyExc_ValueError, "LAYERNORM_SIMD must be scalar, avx2 or avx512, got '%s'", simd);
+            PyErr_Format(PyExc_ValueError, "LAYERNORM_SIMD must be scalar, avx2 or avx512, got '%s'",
+                         getenv("LAYERNORM_SIMD"));
             return -1;
         }
         /* a level above what the CPU runs falls back to the best it does run */
