@@ -520,6 +520,12 @@ param_array(PyObject *obj, const char *name, const shape_t *ns, int type_num, Py
     if (!obj || obj == Py_None) {
         return 0;
     }
+    if (PyUnicode_Check(obj) || PyBytes_Check(obj) || PyByteArray_Check(obj)) {
+        /* NumPy makes a 0-d text array of it: a shape error would hide the real mistake */
+        PyErr_Format(PyExc_TypeError, "%s must be an array of floats or None, got %.200s", name,
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
     arr = as_array(obj);
     if (!arr) {
         goto done;

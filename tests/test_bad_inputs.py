@@ -151,6 +151,22 @@ CASES = {
         "layernorm.set_num_threads(2.0)", TypeError, "set_num_threads() takes an int, got float"),
     "set_num_threads-bool": Case(
         "layernorm.set_num_threads(True)", TypeError, "set_num_threads() takes an int, got bool"),
+    # a parameter given as text is a type mistake, not a shape one
+    "layer_norm-weight-str": Case(
+        "layer_norm(x, 4, 'abcd')", TypeError, "weight must be an array of floats or None, got str",
+        torch="F.layer_norm(tx, (4,), 'abcd')"),
+    "layer_norm-bias-bytes": Case(
+        "layer_norm(x, 4, None, b'abcd')", TypeError, "bias must be an array of floats or None, got bytes",
+        torch="F.layer_norm(tx, (4,), None, b'abcd')"),
+    "native_layer_norm-weight-bytearray": Case(
+        "native_layer_norm(x, 4, bytearray(16))", TypeError,
+        "weight must be an array of floats or None, got bytearray"),
+    "layer_norm_backward-weight-str": Case(
+        "layer_norm_backward(x, x, 4, mean, rstd, 'abcd')", TypeError,
+        "weight must be an array of floats or None, got str"),
+    "LayerNorm-forward-weight-set-to-str": Case(
+        "(setattr(module, 'weight', 'abcd'), module(x))", TypeError,
+        "weight must be an array of floats or None, got str"),
 }
 
 
