@@ -129,7 +129,7 @@ module_free(void *module)
 }
 
 /* ------------------------------------------------------------------------ */
-/* Helpers: sizes and memory                                                 */
+/* Helpers: sizes                                                            */
 /* ------------------------------------------------------------------------ */
 
 /* Every size, stride or offset this file multiplies goes through these two, so that an
@@ -397,6 +397,35 @@ done:
 /* Helpers: arrays                                                           */
 /* ------------------------------------------------------------------------ */
 
+/* After a failed allocation in `fname` of `what`, a type_num array of shape dims[0 .. ndim):
+   replaces a MemoryError (NumPy's says how big, not what for; a bare one says neither) with
+   one that says both.  Other exceptions stay (NumPy's ValueError for a size no address space
+   holds).  Returns -1. */
+static int
+allocation_failed(const char *fname, const char *what, int ndim, const npy_intp *dims, int type_num)
+{
+    if (!PyErr_ExceptionMatches(PyExc_MemoryError)) {
+        return -1;
+    }
+    PyErr_Clear();
+    PyArray_Descr *descr = PyArray_DescrFromType(type_num);
+    PyObject *shape = dims_as_list(dims, ndim);
+    npy_intp count, bytes;
+    if (descr && shape) {
+        if (checked_product(dims, ndim, &count) == 0 && checked_mul(count, PyDataType_ELSIZE(descr), &bytes) == 0) {
+            PyErr_Format(PyExc_MemoryError, "%s: could not allocate %s, a %S array of shape %R: %zd bytes",
+                         fname, what, (PyObject *)descr, shape, (Py_ssize_t)bytes);
+        }
+        else {
+            PyErr_Format(PyExc_MemoryError, "%s: could not allocate %s, a %S array of shape %R", fname,
+                         what, (PyObject *)descr, shape);
+        }
+    }
+    Py_XDECREF(descr);
+    Py_XDECREF(shape);
+    return -1;
+}
+
 /* New reference: obj itself when it is an ndarray, else NumPy's conversion of it (as
    np.asarray), or NULL with an exception set. */
 static PyArrayObject *
@@ -511,7 +540,8 @@ done:
 /* Stores into *out a new reference to the parameter `obj` as a C-contiguous array of the
    param type, or NULL for None.  Returns 0, or -1 with an exception set. */
 static int
-param_array(PyObject *obj, const char *name, const shape_t *ns, int type_num, PyArrayObject **out)
+param_array(const char *fname, PyObject *obj, const char *name, const shape_t *ns, int type_num,
+            PyArrayObject **out)
 {
     int status = -1;
     PyArrayObject *arr = NULL;
@@ -551,7 +581,7 @@ param_array(PyObject *obj, const char *name, const shape_t *ns, int type_num, Py
         goto done;
     }
     *out = contiguous_of_type(arr, type_num);
-    status = *out ? 0 : -1;
+    status = *out ? 0 : allocation_failed(fname, name, ns->ndim, ns->dims, type_num);
 done:
     Py_XDECREF(arr);
     Py_XDECREF(got);
@@ -712,16 +742,21 @@ batch_size(PyArrayObject *arr, int ns_ndim, npy_intp *rows)
     return 0;
 }
 
-/* New reference: an uninitialised array of the input's batch dims + (1,) * ns_ndim, or NULL. */
+/* New reference: an uninitialised array of the input's batch dims + (1,) * ns_ndim for the
+   statistic `name`, or NULL with an exception set. */
 static PyArrayObject *
-stats_array(PyArrayObject *input, int ns_ndim, int type_num)
+stats_array(const char *fname, const char *name, PyArrayObject *input, int ns_ndim, int type_num)
 {
     npy_intp dims[LN_MAX_DIMS + LN_MAX_DIMS];
     const int ndim = PyArray_NDIM(input);
     for (int k = 0; k < ndim; k++) {
         dims[k] = k < ndim - ns_ndim ? PyArray_DIM(input, k) : 1;
     }
-    return (PyArrayObject *)PyArray_SimpleNew(ndim, dims, type_num);
+    PyArrayObject *stats = (PyArrayObject *)PyArray_SimpleNew(ndim, dims, type_num);
+    if (!stats) {
+        allocation_failed(fname, name, ndim, dims, type_num);
+    }
+    return stats;
 }
 
 /* New reference: input's data in an array nobody else holds (for backward to read after the
@@ -765,6 +800,7 @@ typedef struct {
 } norm_kind;
 
 static const char *const param_names[] = {"weight", "bias"};
+static const char *const grad_param_names[] = {"grad_weight", "grad_bias"};
 static const char *const stat_names[] = {"mean", "rstd"};
 
 static const norm_kind layer_norm_kind = {
@@ -846,7 +882,7 @@ forward(module_state *state, const norm_kind *kind, const char *what, PyObject *
         goto done;
     }
     for (int p = 0; p < kind->n_params; p++) {
-        if (param_array(param_objs[p], param_names[p], &ns, param_type_num[dtype], &params[p]) < 0) {
+        if (param_array(what, param_objs[p], param_names[p], &ns, param_type_num[dtype], &params[p]) < 0) {
             goto done;
         }
     }
@@ -861,12 +897,16 @@ forward(module_state *state, const norm_kind *kind, const char *what, PyObject *
                        : (PyArrayObject *)PyArray_SimpleNew(PyArray_NDIM(input), PyArray_DIMS(input),
                                                             elem_type_num[dtype]);
     if (!output) {
+        if (!given_out) {
+            allocation_failed(what, "the output", PyArray_NDIM(input), PyArray_DIMS(input),
+                              elem_type_num[dtype]);
+        }
         goto done;
     }
     const int first_stat = 2 - kind->n_stats;  /* index into (mean, rstd) */
     if (returns == RETURN_STATS) {
         for (int s = first_stat; s < 2; s++) {
-            stats[s] = stats_array(input, ns.ndim, param_type_num[dtype]);
+            stats[s] = stats_array(what, stat_names[s], input, ns.ndim, param_type_num[dtype]);
             if (!stats[s]) {
                 goto done;
             }
@@ -889,6 +929,11 @@ forward(module_state *state, const norm_kind *kind, const char *what, PyObject *
         }
         saved_stats = PyBytes_FromStringAndSize(NULL, layout.total);
         if (!saved_stats) {
+            if (PyErr_ExceptionMatches(PyExc_MemoryError)) {
+                PyErr_Clear();
+                PyErr_Format(PyExc_MemoryError, "%s: could not allocate the values saved for backward: %zd bytes",
+                             what, (Py_ssize_t)layout.total);
+            }
             goto done;
         }
         for (int s = first_stat; s < 2; s++) {
@@ -897,6 +942,8 @@ forward(module_state *state, const norm_kind *kind, const char *what, PyObject *
     }
     rows = readable_rows(input, ns.ndim, ns.size, &row_step);
     if (!rows) {
+        allocation_failed(what, "a C-contiguous copy of the input", PyArray_NDIM(input), PyArray_DIMS(input),
+                          PyArray_TYPE(input));
         goto done;
     }
     if (given_out) {
@@ -904,10 +951,13 @@ forward(module_state *state, const norm_kind *kind, const char *what, PyObject *
         const int in_place = PyArray_DATA(rows) == PyArray_DATA(output) && row_step == ns.size;
         PyArrayObject *rows_before = rows;
         if (!in_place && detach_from_output(&rows, output) < 0) {
+            allocation_failed(what, "a copy of the input, which out overlaps", PyArray_NDIM(input),
+                              PyArray_DIMS(input), PyArray_TYPE(input));
             goto done;
         }
         for (int p = 0; p < kind->n_params; p++) {
             if (detach_from_output(&params[p], output) < 0) {
+                allocation_failed(what, param_names[p], ns.ndim, ns.dims, param_type_num[dtype]);
                 goto done;
             }
         }
@@ -918,6 +968,8 @@ forward(module_state *state, const norm_kind *kind, const char *what, PyObject *
     if (returns == RETURN_SAVED_FOR_GRAD) {
         saved_input = private_input(input, rows);
         if (!saved_input) {
+            allocation_failed(what, "the copy of the input saved for backward", PyArray_NDIM(input),
+                              PyArray_DIMS(input), PyArray_TYPE(input));
             goto done;
         }
         char *saved_param = PyBytes_AS_STRING(saved_stats) + kind->n_stats * layout.stat_bytes;
@@ -951,7 +1003,9 @@ forward(module_state *state, const norm_kind *kind, const char *what, PyObject *
         Py_END_ALLOW_THREADS
     }
     if (status < 0) {
-        PyErr_NoMemory();
+        PyErr_Format(PyExc_MemoryError, "%s: the kernel could not allocate its scratch memory for %zd "
+                     "rows of %zd elements",
+                     what, (Py_ssize_t)batch, (Py_ssize_t)ns.size);
         goto done;
     }
     switch (returns) {
@@ -1046,7 +1100,7 @@ backward(module_state *state, const norm_kind *kind, const char *what, PyObject 
         goto done;
     }
     for (int p = 0; p < kind->n_params; p++) {
-        if (param_array(param_objs[p], param_names[p], &ns, param_type_num[dtype], &params[p]) < 0) {
+        if (param_array(what, param_objs[p], param_names[p], &ns, param_type_num[dtype], &params[p]) < 0) {
             goto done;
         }
     }
@@ -1124,6 +1178,7 @@ backward(module_state *state, const norm_kind *kind, const char *what, PyObject 
         grad_input = (PyArrayObject *)PyArray_SimpleNew(PyArray_NDIM(input), PyArray_DIMS(input),
                                                         elem_type_num[dtype]);
         if (!grad_input) {
+            allocation_failed(what, "grad_input", PyArray_NDIM(input), PyArray_DIMS(input), elem_type_num[dtype]);
             goto done;
         }
     }
@@ -1131,6 +1186,7 @@ backward(module_state *state, const norm_kind *kind, const char *what, PyObject 
         if (mask[1 + p] && params[p]) {
             grad_params[p] = (PyArrayObject *)PyArray_SimpleNew(ns.ndim, ns.dims, param_type_num[dtype]);
             if (!grad_params[p]) {
+                allocation_failed(what, grad_param_names[p], ns.ndim, ns.dims, param_type_num[dtype]);
                 goto done;
             }
         }
@@ -1144,6 +1200,7 @@ backward(module_state *state, const norm_kind *kind, const char *what, PyObject 
         for (int s = first_stat; stat_objs && s < 2; s++) {
             Py_SETREF(stats[s], contiguous_of_type(stats[s], param_type_num[dtype]));
             if (!stats[s]) {
+                allocation_failed(what, stat_names[s], 1, &rows, param_type_num[dtype]);
                 goto done;
             }
             stats_data[s] = PyArray_DATA(stats[s]);
@@ -1153,12 +1210,21 @@ backward(module_state *state, const norm_kind *kind, const char *what, PyObject 
                                     grad_out, PyArray_DescrFromType(PyArray_TYPE(input)),
                                     NPY_ARRAY_CARRAY_RO | NPY_ARRAY_FORCECAST));
             if (!grad_out) {
+                allocation_failed(what, "grad_output in the input's dtype", PyArray_NDIM(input),
+                                  PyArray_DIMS(input), PyArray_TYPE(input));
                 goto done;
             }
         }
         input_rows = readable_rows(input, ns.ndim, ns.size, &input_step);
-        grad_rows = input_rows ? readable_rows(grad_out, ns.ndim, ns.size, &grad_step) : NULL;
+        if (!input_rows) {
+            allocation_failed(what, "a C-contiguous copy of the input", PyArray_NDIM(input),
+                              PyArray_DIMS(input), PyArray_TYPE(input));
+            goto done;
+        }
+        grad_rows = readable_rows(grad_out, ns.ndim, ns.size, &grad_step);
         if (!grad_rows) {
+            allocation_failed(what, "a C-contiguous copy of grad_output", PyArray_NDIM(input),
+                              PyArray_DIMS(input), PyArray_TYPE(input));
             goto done;
         }
         const ln_backward_args args = {
@@ -1181,7 +1247,9 @@ backward(module_state *state, const norm_kind *kind, const char *what, PyObject 
         Py_END_ALLOW_THREADS
     }
     if (status < 0) {
-        PyErr_NoMemory();
+        PyErr_Format(PyExc_MemoryError, "%s: the kernel could not allocate its scratch memory for %zd "
+                     "rows of %zd elements",
+                     what, (Py_ssize_t)rows, (Py_ssize_t)ns.size);
         goto done;
     }
     result = PyTuple_New(1 + kind->n_params);

@@ -30,6 +30,9 @@ module = LayerNorm(4)
 
 def broadcast(value, shape):  # a float32 array of `shape` in no memory: one value everywhere
     return np.broadcast_to(np.float32(value), shape)
+
+def broadcast_row(length, rows):  # `rows` rows that are one float32 row of ones, read in place
+    return np.broadcast_to(np.ones(length, np.float32), (rows, length))
 """
 
 TORCH_SETUP = """
@@ -55,6 +58,7 @@ class Case(NamedTuple):
     torch: Optional[str] = None  # torch's expression for the same mistake (after TORCH_SETUP)
     isolated: bool = False  # run in a child process, under a memory limit and a timeout
     peak: Optional[int] = None  # isolated: bytes the child's resident memory may grow by
+    memory: int = 2 * 2**30  # isolated: bytes the child's address space may grow by
 
 
 CASES = {
@@ -77,14 +81,54 @@ CASES = {
         "layer_norm_backward(broadcast(1, (2**26, 16)), broadcast(1, (2**26, 16)), 16, "
         "broadcast(0, (2**26, 1)), broadcast(1, (2**26, 1)))",
         MemoryError,
-        "Unable to allocate 4.00 GiB for an array with shape (67108864, 16) and data type float32",
+        "layer_norm_backward: could not allocate grad_input, a float32 array of shape [67108864, 16]: "
+        "4294967296 bytes",
         isolated=True, peak=64 * MiB),
     "layer_norm_backward-broadcast-statistics-of-2**32-rows": Case(
         "layer_norm_backward(broadcast(1, (2**32, 16)), broadcast(1, (2**32, 16)), 16, "
         "broadcast(0, (2**32, 1)), broadcast(1, (2**32, 1)))",
         MemoryError,
-        "Unable to allocate 256. GiB for an array with shape (4294967296, 16) and data type float32",
+        "layer_norm_backward: could not allocate grad_input, a float32 array of shape [4294967296, 16]: "
+        "274877906944 bytes",
         isolated=True, peak=64 * MiB),
+    # every MemoryError says what could not be allocated, and how big
+    "native_layer_norm-output-too-big": Case(
+        "native_layer_norm(broadcast(1, (2**36, 16)), 16)",
+        MemoryError,
+        "native_layer_norm: could not allocate the output, a float32 array of shape [68719476736, 16]: "
+        "4398046511104 bytes",
+        isolated=True),
+    "native_layer_norm-statistics-of-empty-rows-too-big": Case(
+        "native_layer_norm(np.empty((2**40, 0), np.float32), 0)",
+        MemoryError,
+        "native_layer_norm: could not allocate mean, a float32 array of shape [1099511627776, 1]: "
+        "4398046511104 bytes",
+        isolated=True),
+    "native_layer_norm-input-copy-too-big": Case(
+        "native_layer_norm(broadcast(1, (2**22, 16)), 16)",  # a zero inner stride: rows to copy
+        MemoryError,
+        "native_layer_norm: could not allocate a C-contiguous copy of the input, a float32 array of "
+        "shape [4194304, 16]: 268435456 bytes",
+        isolated=True, memory=384 * MiB),
+    "LayerNorm-training-saved-values-too-big": Case(
+        "LayerNorm(0)(np.empty((2**40, 0), np.float32))",
+        MemoryError,
+        "LayerNorm: could not allocate the values saved for backward: 8796093022208 bytes",
+        isolated=True),
+    "LayerNorm-training-saved-input-too-big": Case(
+        "LayerNorm(16)(np.broadcast_to(np.ones(16, np.float32), (2**22, 16)))",  # rows in place
+        MemoryError,
+        "LayerNorm: could not allocate the copy of the input saved for backward, a float32 array of "
+        "shape [4194304, 16]: 268435456 bytes",
+        isolated=True, memory=384 * MiB),
+    "layer_norm_backward-kernel-scratch-too-big": Case(
+        "(layernorm.set_num_threads(1), layer_norm_backward(*[broadcast_row(2**24, 2)] * 2, 2**24, "
+        "np.zeros((2, 1), np.float32), np.ones((2, 1), np.float32), *[np.ones(2**24, np.float32)] * 2, "
+        "(False, True, True)))",
+        MemoryError,
+        "layer_norm_backward: the kernel could not allocate its scratch memory for 2 rows of 16777216 "
+        "elements",
+        isolated=True, memory=448 * MiB),
     # a product of sizes that overflows is refused before anything multiplies it
     "layer_norm-normalized-size-overflows": Case(
         "layer_norm(x, (2**40, 2**40))",
@@ -182,7 +226,7 @@ def _check(case, error_name, message):
 def test_bad_input(name):
     case = CASES[name]
     if case.isolated:
-        outcome = run_in_child(case.call, SETUP)
+        outcome = run_in_child(case.call, SETUP, memory=case.memory)
         _check(case, outcome.error, outcome.message)
         if case.peak is not None and outcome.peak_growth is not None:
             assert outcome.peak_growth <= case.peak, f"resident memory grew by {outcome.peak_growth} bytes"
