@@ -254,7 +254,7 @@ class NormModule:
             if param is not None:
                 total = getattr(self, grad_name)
                 if total is None:
-                    setattr(self, grad_name, np.array(grads[index], dtype=param.dtype, copy=None))
+                    setattr(self, grad_name, np.asarray(grads[index], dtype=param.dtype))
                 else:
                     total += grads[index]
         self._saved = ()
