@@ -18,6 +18,11 @@ class UnsupportedDTypeError(TypeError):
 
     dtype: np.dtype[Any]
 
+class ParameterChangedError(RuntimeError):
+    """A parameter given to saved_backward differs from the one training_forward saved."""
+
+    name: str
+
 def layer_norm(
     input: npt.ArrayLike,
     normalized_shape: _Shape,
@@ -42,7 +47,8 @@ def training_forward(
     eps: SupportsFloat = 1e-5,
 ) -> Tuple[_FloatArray, Tuple[_FloatArray, bytes]]:
     """native_layer_norm for LayerNorm's training mode: (output, (input, stats)), input a private
-    C-contiguous copy, stats the rows' mean then rstd as bytes; saved_backward reads them."""
+    C-contiguous copy, stats the rows' mean then rstd, then the weight and bias used, as bytes;
+    saved_backward reads them."""
 
 def layer_norm_backward(
     grad_output: npt.ArrayLike,

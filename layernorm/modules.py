@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Iterable, NamedTuple, Optional, SupportsIndex,
 
 import numpy as np
 
-from ._layernorm import UnsupportedDTypeError
+from ._layernorm import ParameterChangedError, UnsupportedDTypeError
 from ._layernorm import layer_norm as _layer_norm
 from ._layernorm import saved_backward as _saved_backward
 from ._layernorm import training_forward as _training_forward
@@ -54,9 +54,7 @@ class IncompatibleKeys(NamedTuple):
 def _as_shape(normalized_shape: Any) -> tuple[int, ...]:
     """Return normalized_shape as a tuple of Python ints (an integer n becomes (n,))."""
     if isinstance(normalized_shape, (bool, np.bool_)):
-        raise TypeError(
-            f"normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}"
-        )
+        raise TypeError("normalized_shape must be an int or a sequence of ints, not bool")
     sizes: Iterable[Any]
     try:
         sizes = (operator.index(normalized_shape),)
@@ -128,14 +126,28 @@ def _quote(name: str) -> str:
     return f'"{name}"'
 
 
+def _describe(param: Any) -> str:
+    """``float32 array [4]`` or ``None``: a parameter as backward's refusals name it."""
+    if param is None:
+        return "None"
+    array = np.asarray(_as_numpy(param))
+    return f"{array.dtype} array {list(array.shape)}"
+
+
+# torch's text when a tensor saved for backward was modified in place after the forward.
+_MODIFIED_IN_PLACE = (
+    "one of the variables needed for gradient computation has been modified by an inplace operation"
+)
+
+
 class NormModule:
     """What every norm module shares, like the parts of ``torch.nn.Module`` a norm layer uses.
 
     A subclass names the torch class it mirrors in ``_KIND`` and its parameters in
     ``_PARAMETERS``: (name, the attribute its gradient accumulates in, the value it starts at
     and ``reset_parameters`` restores).  It defines ``__call__`` (the forward, ``forward`` its
-    alias), which in training mode stores in ``_saved`` what its backward kernel needs,
-    ``_gradients`` (that kernel) and ``extra_repr``.
+    alias), which in training mode stores in ``_saved`` what its backward kernel needs and the
+    parameters it used, ``_gradients`` (that kernel) and ``extra_repr``.
     """
 
     _KIND: ClassVar[str]
@@ -145,8 +157,9 @@ class NormModule:
     weight: Optional[np.ndarray]
     weight_grad: Optional[np.ndarray]
     training: bool
-    # what the last training-mode call saved for backward; () once backward used it, None
-    # when there was none (a single store keeps the training-mode call cheap)
+    # what the last training-mode call saved for backward: (what its kernel saved, with the
+    # parameters' values, and the parameters it used, in _PARAMETERS order); () once backward
+    # used it, None when there was none (a single store keeps the training-mode call cheap)
     _saved: Optional[Tuple[Any, ...]]
 
     def __init__(
@@ -209,7 +222,8 @@ class NormModule:
         Raises
         ------
         RuntimeError
-            Without a training-mode forward since the last backward.
+            Without a training-mode forward since the last backward, or when a parameter was
+            changed in place (torch's text) or replaced since that forward.
         """
         saved = self._saved
         if not saved:
@@ -223,15 +237,24 @@ class NormModule:
                 "backward() needs a training-mode forward first: put the module in training "
                 "mode with .train() and call it on an input before calling backward()."
             )
+        kernel_saved, params = saved
+        self._check_parameters_not_replaced(params)
         if type(grad_output) is not _ndarray:
             grad_output = _as_numpy(grad_output)
-        grads = self._gradients(grad_output, saved)
+        try:
+            grads = self._gradients(grad_output, kernel_saved)
+        except ParameterChangedError as error:
+            where = f"{type(self).__name__}.{error.name}"
+            raise RuntimeError(
+                f"{_MODIFIED_IN_PLACE}: {where} [{_describe(getattr(self, error.name))}] changed after "
+                "the forward call. Call the module on its input again before backward()."
+            ) from None
         for index, (name, grad_name, _) in enumerate(self._PARAMETERS, 1):
             param = getattr(self, name)
             if param is not None:
                 total = getattr(self, grad_name)
                 if total is None:
-                    setattr(self, grad_name, np.array(grads[index], dtype=param.dtype, copy=None))
+                    setattr(self, grad_name, np.asarray(grads[index], dtype=param.dtype))
                 else:
                     total += grads[index]
         self._saved = ()
@@ -239,8 +262,20 @@ class NormModule:
 
     def _gradients(self, grad_output: Any, saved: Tuple[Any, ...]) -> Tuple[Optional[np.ndarray], ...]:
         """(grad_input, *one gradient per parameter, None where it is None) from what the last
-        training-mode call saved."""
+        training-mode call's kernel saved."""
         raise NotImplementedError
+
+    def _check_parameters_not_replaced(self, params: Tuple[Any, ...]) -> None:
+        """Raise RuntimeError when a parameter is not the one the forward used: the gradients
+        would belong to another parameter than the output did.  (A parameter changed in place
+        is found by the backward kernel, which compares it with the values it saved.)"""
+        for (name, _, _), param in zip(self._PARAMETERS, params):
+            current = getattr(self, name)
+            if current is not param:
+                raise RuntimeError(
+                    f"{type(self).__name__}.{name} was replaced after the forward call ({_describe(param)} "
+                    f"by {_describe(current)}): call the module on its input again before backward()."
+                )
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Reset the parameters' gradients to None (or to zeros if not `set_to_none`)."""
@@ -445,7 +480,7 @@ class LayerNorm(NormModule):
         ndarray
             The normalized array, C-contiguous, same shape and dtype as `input`.
         """
-        weight, bias = self.weight, self.bias
+        params = weight, bias = self.weight, self.bias
         if not (
             type(input) is _ndarray
             and (weight is None or type(weight) is _ndarray)
@@ -460,13 +495,14 @@ class LayerNorm(NormModule):
         # The input comes back as a private copy: the caller may change its own array
         # before backward(), which must not change the gradients (torch raises there).
         try:
-            output, self._saved = _training_forward(input, self.normalized_shape, weight, bias, self.eps)
+            output, kernel_saved = _training_forward(input, self.normalized_shape, weight, bias, self.eps)
         except BaseException as error:
             # A failed call must not leave the previous call's values for backward() to use.
             self._saved = None
             if isinstance(error, UnsupportedDTypeError):
                 raise _torch_worded(error, _FORWARD_KERNEL) from None
             raise
+        self._saved = (kernel_saved, params)
         return output
 
     forward = __call__

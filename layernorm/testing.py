@@ -21,12 +21,12 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
-import operator
 from typing import Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from . import _reference as ref
+from .modules import _as_shape
 
 __all__ = ["Diagnosis", "assert_layer_norm_close", "assert_rms_norm_close", "diagnose"]
 
@@ -64,13 +64,6 @@ def _real(array: np.ndarray, what: str) -> np.ndarray:
     return array
 
 
-def _shape_tuple(normalized_shape: Any) -> Tuple[int, ...]:
-    try:
-        return (operator.index(normalized_shape),)
-    except TypeError:
-        return tuple(operator.index(size) for size in normalized_shape)
-
-
 def _tolerance(dtype_name: str, rtol: Optional[float], atol: Optional[float]) -> Tuple[float, float]:
     if (rtol is None) != (atol is None):
         raise ValueError("rtol and atol must both be given or both be omitted")
@@ -98,7 +91,7 @@ class _Problem(NamedTuple):
 def _problem(kind: str, input: Any, normalized_shape: Any, weight: Any, bias: Any, eps: Optional[float],
              axis: Axis) -> _Problem:
     x = _real(_as_array(input)[0], "input")
-    shape = _shape_tuple(normalized_shape)
+    shape = _as_shape(normalized_shape)
     if not shape:
         raise ValueError("normalized_shape must have at least one dimension, as in torch")
     axes = ref.normalized_axes(x.ndim, shape, axis)
@@ -610,7 +603,7 @@ def diagnose(fn: Callable[[Any], Any], normalized_shape: Any, *, kind: str = "la
     dtype = np.dtype(dtype)
     if dtype.kind != "f":
         raise TypeError(f"dtype must be float16, float32 or float64, got {dtype}")
-    shape = _shape_tuple(normalized_shape)
+    shape = _as_shape(normalized_shape)
     if eps is None:
         eps = 1e-5 if kind == "layer_norm" else ref.rms_norm_default_eps(dtype)
     x = _probe_input(shape, axis, eps, dtype)

@@ -21,6 +21,8 @@
 
 #include <numpy/arrayobject.h>
 
+#include <ctype.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -84,6 +86,7 @@ static const char *const keyword_text[KW_COUNT] = {
    pool, SIMD level, scratch buffer) is process-wide C state with its own locking. */
 typedef struct {
     PyObject *unsupported_dtype_error;  /* UnsupportedDTypeError, a TypeError subclass */
+    PyObject *parameter_changed_error;  /* ParameterChangedError, a RuntimeError subclass */
     PyObject *keywords[KW_COUNT];       /* interned keyword names */
 } module_state;
 
@@ -100,6 +103,7 @@ module_traverse(PyObject *module, visitproc visit, void *arg)
 {
     module_state *state = get_state(module);
     Py_VISIT(state->unsupported_dtype_error);
+    Py_VISIT(state->parameter_changed_error);
     for (int k = 0; k < KW_COUNT; k++) {
         Py_VISIT(state->keywords[k]);
     }
@@ -111,6 +115,7 @@ module_clear(PyObject *module)
 {
     module_state *state = get_state(module);
     Py_CLEAR(state->unsupported_dtype_error);
+    Py_CLEAR(state->parameter_changed_error);
     for (int k = 0; k < KW_COUNT; k++) {
         Py_CLEAR(state->keywords[k]);
     }
@@ -121,6 +126,35 @@ static void
 module_free(void *module)
 {
     module_clear((PyObject *)module);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Helpers: sizes                                                            */
+/* ------------------------------------------------------------------------ */
+
+/* Every size, stride or offset this file multiplies goes through these two, so that an
+   overflow is an error, never a wrong size. */
+
+/* Stores a * b into *product.  Returns 0, or -1 when it does not fit in an npy_intp. */
+static inline int
+checked_mul(npy_intp a, npy_intp b, npy_intp *product)
+{
+    return __builtin_mul_overflow(a, b, product) ? -1 : 0;
+}
+
+/* Stores the product of factors[0 .. n) into *product.  Returns 0, or -1 when it (or a
+   partial product) does not fit in an npy_intp. */
+static int
+checked_product(const npy_intp factors[], int n, npy_intp *product)
+{
+    npy_intp result = 1;
+    for (int i = 0; i < n; i++) {
+        if (checked_mul(result, factors[i], &result) < 0) {
+            return -1;
+        }
+    }
+    *product = result;
+    return 0;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -186,7 +220,7 @@ parse_args(module_state *state, const char *fname, PyObject *const *args, Py_ssi
 typedef struct {
     int ndim;
     npy_intp dims[LN_MAX_DIMS];
-    npy_intp size;  /* product of dims */
+    npy_intp size;  /* product of dims, set once an input has been checked against them */
 } shape_t;
 
 /* New reference: the dims as a Python list, for messages that print like torch's [2, 3]. */
@@ -205,17 +239,30 @@ dims_as_list(const npy_intp *dims, int ndim)
     return list;
 }
 
-/* Fills *shape from an int or a sequence of ints.  Returns 0, or -1 with an exception set. */
+/* 1 when obj is a bool of Python or NumPy (which are ints to PyIndex_Check), else 0. */
+static int
+is_bool(PyObject *obj)
+{
+    return PyBool_Check(obj) || PyArray_IsScalar(obj, Bool) ||
+           (PyArray_Check(obj) && PyArray_NDIM((PyArrayObject *)obj) == 0 &&
+            PyArray_TYPE((PyArrayObject *)obj) == NPY_BOOL);
+}
+
+/* Fills *shape from an int or a sequence of ints (not bools: torch refuses True for 1).
+   Returns 0, or -1 with an exception set. */
 static int
 parse_normalized_shape(PyObject *obj, shape_t *shape)
 {
     int status = -1;
     PyObject *seq = NULL, *list = NULL;
+    if (is_bool(obj)) {
+        PyErr_SetString(PyExc_TypeError, "normalized_shape must be an int or a sequence of ints, not bool");
+        return -1;
+    }
     const int scalar = PyLong_Check(obj) ||
                        (PyArray_Check(obj) && PyArray_NDIM((PyArrayObject *)obj) == 0) ||
                        (PyIndex_Check(obj) && !PySequence_Check(obj));
     shape->ndim = 0;
-    shape->size = 1;
     if (scalar) {
         Py_ssize_t n = PyNumber_AsSsize_t(obj, PyExc_OverflowError);
         if (n == -1 && PyErr_Occurred()) {
@@ -237,7 +284,7 @@ parse_normalized_shape(PyObject *obj, shape_t *shape)
         }
         for (Py_ssize_t i = 0; i < n; i++) {
             PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
-            if (!PyIndex_Check(item) || PyBool_Check(item)) {
+            if (!PyIndex_Check(item) || is_bool(item)) {
                 PyErr_Format(PyExc_TypeError,
                              "normalized_shape must be an int or a sequence of ints, but found "
                              "element of type %.200s at pos %zd",
@@ -268,7 +315,6 @@ parse_normalized_shape(PyObject *obj, shape_t *shape)
             }
             goto done;
         }
-        shape->size *= shape->dims[i];
     }
     if (shape->ndim == 0) {
         PyErr_SetString(PyExc_ValueError,
@@ -351,6 +397,35 @@ done:
 /* Helpers: arrays                                                           */
 /* ------------------------------------------------------------------------ */
 
+/* After a failed allocation in `fname` of `what`, a type_num array of shape dims[0 .. ndim):
+   replaces a MemoryError (NumPy's says how big, not what for; a bare one says neither) with
+   one that says both.  Other exceptions stay (NumPy's ValueError for a size no address space
+   holds).  Returns -1. */
+static int
+allocation_failed(const char *fname, const char *what, int ndim, const npy_intp *dims, int type_num)
+{
+    if (!PyErr_ExceptionMatches(PyExc_MemoryError)) {
+        return -1;
+    }
+    PyErr_Clear();
+    PyArray_Descr *descr = PyArray_DescrFromType(type_num);
+    PyObject *shape = dims_as_list(dims, ndim);
+    npy_intp count, bytes;
+    if (descr && shape) {
+        if (checked_product(dims, ndim, &count) == 0 && checked_mul(count, PyDataType_ELSIZE(descr), &bytes) == 0) {
+            PyErr_Format(PyExc_MemoryError, "%s: could not allocate %s, a %S array of shape %R: %zd bytes",
+                         fname, what, (PyObject *)descr, shape, (Py_ssize_t)bytes);
+        }
+        else {
+            PyErr_Format(PyExc_MemoryError, "%s: could not allocate %s, a %S array of shape %R", fname,
+                         what, (PyObject *)descr, shape);
+        }
+    }
+    Py_XDECREF(descr);
+    Py_XDECREF(shape);
+    return -1;
+}
+
 /* New reference: obj itself when it is an ndarray, else NumPy's conversion of it (as
    np.asarray), or NULL with an exception set. */
 static PyArrayObject *
@@ -361,6 +436,20 @@ as_array(PyObject *obj)
         return (PyArrayObject *)obj;
     }
     return (PyArrayObject *)PyArray_FromAny(obj, NULL, 0, 0, 0, NULL);
+}
+
+/* Sets an exception of class `type` with `message` (stolen, may be NULL after a failure)
+   and the attribute `attribute` = value, for the Python layer to word it.  Returns -1. */
+static int
+raise_with_attribute(PyObject *type, PyObject *message, const char *attribute, PyObject *value)
+{
+    PyObject *error = message ? PyObject_CallOneArg(type, message) : NULL;
+    if (error && PyObject_SetAttrString(error, attribute, value) == 0) {
+        PyErr_SetObject(type, error);
+    }
+    Py_XDECREF(message);
+    Py_XDECREF(error);
+    return -1;
 }
 
 /* The kernel dtype of a float16/32/64 array; -1 with UnsupportedDTypeError set otherwise
@@ -377,22 +466,12 @@ kernel_dtype(module_state *state, PyArrayObject *arr, const char *what)
         return LN_F64;
     }
     PyObject *descr = (PyObject *)PyArray_DESCR(arr);
-    PyObject *message = NULL, *error = NULL;
-    message = PyUnicode_FromFormat("%s takes float16, float32 or float64 arrays, got dtype %S; "
-                                   "convert it first, e.g. x.astype(np.float32)",
-                                   what, descr);
-    if (!message) {
-        goto done;
-    }
-    error = PyObject_CallOneArg(state->unsupported_dtype_error, message);
-    if (!error || PyObject_SetAttrString(error, "dtype", descr) < 0) {
-        goto done;
-    }
-    PyErr_SetObject(state->unsupported_dtype_error, error);
-done:
-    Py_XDECREF(message);
-    Py_XDECREF(error);
-    return -1;
+    return raise_with_attribute(state->unsupported_dtype_error,
+                                PyUnicode_FromFormat("%s takes float16, float32 or float64 arrays, "
+                                                     "got dtype %S; convert it first, e.g. "
+                                                     "x.astype(np.float32)",
+                                                     what, descr),
+                                "dtype", descr);
 }
 
 /* New reference: arr itself when it is C-contiguous, aligned and native of type type_num,
@@ -413,20 +492,29 @@ static const int param_type_num[] = {NPY_FLOAT, NPY_FLOAT, NPY_DOUBLE};
 static const npy_intp param_size[] = {4, 4, 8};
 static const int elem_type_num[] = {NPY_HALF, NPY_FLOAT, NPY_DOUBLE};
 
-/* Checks that arr's trailing dims equal the normalized shape.  Returns 0, or -1 with torch's
-   ValueError text set. */
+/* Checks that arr's trailing dims equal the normalized shape, then stores their product in
+   ns->size: only an array's dims are known to multiply without overflow, not any sizes a
+   caller writes.  Returns 0, or -1 with torch's ValueError text set. */
 static int
-check_trailing_shape(PyArrayObject *arr, const shape_t *ns)
+check_trailing_shape(PyArrayObject *arr, shape_t *ns)
 {
     const int ndim = PyArray_NDIM(arr);
     int ok = ndim >= ns->ndim;
     for (int i = 0; ok && i < ns->ndim; i++) {
         ok = PyArray_DIM(arr, ndim - ns->ndim + i) == ns->dims[i];
     }
-    if (ok) {
-        return 0;
-    }
     PyObject *ns_list = NULL, *size_list = NULL, *ns_text = NULL, *tail = NULL;
+    if (ok) {
+        if (checked_product(ns->dims, ns->ndim, &ns->size) == 0) {
+            return 0;
+        }
+        ns_list = dims_as_list(ns->dims, ns->ndim);
+        if (ns_list) {
+            PyErr_Format(PyExc_ValueError, "normalized_shape = %R has more elements than an array can hold",
+                         ns_list);
+        }
+        goto done;
+    }
     ns_list = dims_as_list(ns->dims, ns->ndim);
     size_list = dims_as_list(PyArray_DIMS(arr), ndim);
     ns_text = ns_list ? PyObject_Repr(ns_list) : NULL;
@@ -452,7 +540,8 @@ done:
 /* Stores into *out a new reference to the parameter `obj` as a C-contiguous array of the
    param type, or NULL for None.  Returns 0, or -1 with an exception set. */
 static int
-param_array(PyObject *obj, const char *name, const shape_t *ns, int type_num, PyArrayObject **out)
+param_array(const char *fname, PyObject *obj, const char *name, const shape_t *ns, int type_num,
+            PyArrayObject **out)
 {
     int status = -1;
     PyArrayObject *arr = NULL;
@@ -460,6 +549,12 @@ param_array(PyObject *obj, const char *name, const shape_t *ns, int type_num, Py
     *out = NULL;
     if (!obj || obj == Py_None) {
         return 0;
+    }
+    if (PyUnicode_Check(obj) || PyBytes_Check(obj) || PyByteArray_Check(obj)) {
+        /* NumPy makes a 0-d text array of it: a shape error would hide the real mistake */
+        PyErr_Format(PyExc_TypeError, "%s must be an array of floats or None, got %.200s", name,
+                     Py_TYPE(obj)->tp_name);
+        return -1;
     }
     arr = as_array(obj);
     if (!arr) {
@@ -486,7 +581,7 @@ param_array(PyObject *obj, const char *name, const shape_t *ns, int type_num, Py
         goto done;
     }
     *out = contiguous_of_type(arr, type_num);
-    status = *out ? 0 : -1;
+    status = *out ? 0 : allocation_failed(fname, name, ns->ndim, ns->dims, type_num);
 done:
     Py_XDECREF(arr);
     Py_XDECREF(got);
@@ -507,13 +602,12 @@ rows_view(PyArrayObject *arr, int inner_ndim, npy_intp *row_step)
     }
     npy_intp expected = itemsize;
     for (int k = ndim - 1; k >= ndim - inner_ndim; k--) {
-        if (dims[k] != 1 && strides[k] != expected) {
+        if ((dims[k] != 1 && strides[k] != expected) || checked_mul(expected, dims[k], &expected) < 0) {
             return 0;
         }
-        expected *= dims[k];
     }
     *row_step = expected / itemsize;
-    npy_intp next_stride = 0, next_dim = 0;
+    npy_intp next_stride = 0, next_dim = 0, collapsed;
     int seen = 0;
     for (int k = ndim - inner_ndim - 1; k >= 0; k--) {
         if (dims[k] == 1) {
@@ -526,7 +620,7 @@ rows_view(PyArrayObject *arr, int inner_ndim, npy_intp *row_step)
             *row_step = strides[k] / itemsize;
             seen = 1;
         }
-        else if (strides[k] != next_stride * next_dim) {
+        else if (checked_mul(next_stride, next_dim, &collapsed) < 0 || strides[k] != collapsed) {
             return 0;
         }
         next_stride = strides[k];
@@ -550,35 +644,36 @@ readable_rows(PyArrayObject *arr, int inner_ndim, npy_intp row_len, npy_intp *ro
                                                   NPY_ARRAY_ENSURECOPY | NPY_ARRAY_FORCECAST);
 }
 
-/* Stores the bytes [lo, hi) an array's elements span (lo == hi when empty). */
-static void
-memory_extent(PyArrayObject *arr, char **lo, char **hi)
+/* Stores the addresses [lo, hi) an array's elements span (lo == hi when empty).  Returns 0,
+   or -1 when its strides reach past any address space (a view made with as_strided). */
+static int
+memory_extent(PyArrayObject *arr, uintptr_t *lo, uintptr_t *hi)
 {
-    char *start = PyArray_BYTES(arr), *end = PyArray_BYTES(arr);
+    npy_intp low = 0, high = PyArray_ITEMSIZE(arr), reach;  /* offsets from the first element */
     for (int k = 0; k < PyArray_NDIM(arr); k++) {
-        npy_intp dim = PyArray_DIM(arr, k), stride = PyArray_STRIDE(arr, k);
+        const npy_intp dim = PyArray_DIM(arr, k);
         if (dim == 0) {
-            *lo = *hi = start;
-            return;
+            high = low;
+            break;
         }
-        if (stride > 0) {
-            end += stride * (dim - 1);
-        }
-        else {
-            start += stride * (dim - 1);
+        if (checked_mul(PyArray_STRIDE(arr, k), dim - 1, &reach) < 0 ||
+            __builtin_add_overflow(reach > 0 ? high : low, reach, reach > 0 ? &high : &low)) {
+            return -1;
         }
     }
-    *lo = start;
-    *hi = end + PyArray_ITEMSIZE(arr);
+    *lo = (uintptr_t)PyArray_BYTES(arr) + (uintptr_t)low;
+    *hi = (uintptr_t)PyArray_BYTES(arr) + (uintptr_t)high;
+    return 0;
 }
 
 /* 1 when the memory of a and b may overlap, else 0. */
 static int
 arrays_overlap(PyArrayObject *a, PyArrayObject *b)
 {
-    char *a_lo, *a_hi, *b_lo, *b_hi;
-    memory_extent(a, &a_lo, &a_hi);
-    memory_extent(b, &b_lo, &b_hi);
+    uintptr_t a_lo, a_hi, b_lo, b_hi;
+    if (memory_extent(a, &a_lo, &a_hi) < 0 || memory_extent(b, &b_lo, &b_hi) < 0) {
+        return 1;
+    }
     return a_lo < a_hi && b_lo < b_hi && a_lo < b_hi && b_lo < a_hi;
 }
 
@@ -635,27 +730,33 @@ done:
     return result;
 }
 
-/* The number of rows: the product of the dims before the normalized ones. */
-static npy_intp
-batch_size(PyArrayObject *arr, int ns_ndim)
+/* Stores the number of rows, the product of the dims before the normalized ones, into
+   *rows.  Returns 0, or -1 with ValueError set when it overflows (NumPy makes no such array). */
+static int
+batch_size(PyArrayObject *arr, int ns_ndim, npy_intp *rows)
 {
-    npy_intp rows = 1;
-    for (int k = 0; k < PyArray_NDIM(arr) - ns_ndim; k++) {
-        rows *= PyArray_DIM(arr, k);
+    if (checked_product(PyArray_DIMS(arr), PyArray_NDIM(arr) - ns_ndim, rows) < 0) {
+        PyErr_SetString(PyExc_ValueError, "the input has more rows than an npy_intp can count");
+        return -1;
     }
-    return rows;
+    return 0;
 }
 
-/* New reference: an uninitialised array of the input's batch dims + (1,) * ns_ndim, or NULL. */
+/* New reference: an uninitialised array of the input's batch dims + (1,) * ns_ndim for the
+   statistic `name`, or NULL with an exception set. */
 static PyArrayObject *
-stats_array(PyArrayObject *input, int ns_ndim, int type_num)
+stats_array(const char *fname, const char *name, PyArrayObject *input, int ns_ndim, int type_num)
 {
     npy_intp dims[LN_MAX_DIMS + LN_MAX_DIMS];
     const int ndim = PyArray_NDIM(input);
     for (int k = 0; k < ndim; k++) {
         dims[k] = k < ndim - ns_ndim ? PyArray_DIM(input, k) : 1;
     }
-    return (PyArrayObject *)PyArray_SimpleNew(ndim, dims, type_num);
+    PyArrayObject *stats = (PyArrayObject *)PyArray_SimpleNew(ndim, dims, type_num);
+    if (!stats) {
+        allocation_failed(fname, name, ndim, dims, type_num);
+    }
+    return stats;
 }
 
 /* New reference: input's data in an array nobody else holds (for backward to read after the
@@ -699,6 +800,7 @@ typedef struct {
 } norm_kind;
 
 static const char *const param_names[] = {"weight", "bias"};
+static const char *const grad_param_names[] = {"grad_weight", "grad_bias"};
 static const char *const stat_names[] = {"mean", "rstd"};
 
 static const norm_kind layer_norm_kind = {
@@ -712,10 +814,45 @@ static const norm_kind layer_norm_kind = {
 typedef enum {
     RETURN_OUTPUT,          /* output */
     RETURN_STATS,           /* (output, *stats) */
-    RETURN_SAVED_FOR_GRAD,  /* (output, (input, stats)): input a private C-contiguous array,
-                               stats a bytes object holding each statistic of every row in
-                               turn (see saved_backward) */
+    RETURN_SAVED_FOR_GRAD,  /* (output, (input, saved)): input a private C-contiguous array,
+                               saved the bytes of saved_layout */
 } forward_returns;
+
+/* The bytes training_forward saves for saved_backward, all of the param type: each statistic
+   of every row in turn, then each parameter given (as the kernel read it), so that backward
+   can tell a parameter changed since from one it may use. */
+typedef struct {
+    npy_intp stat_bytes;   /* one statistic of every row */
+    npy_intp param_bytes;  /* one parameter */
+    npy_intp total;
+} saved_layout;
+
+/* Fills *layout for `rows` rows of row_len elements and n_given parameters.  Returns 0, or
+   -1 when the size overflows. */
+static int
+saved_layout_of(const norm_kind *kind, int dtype, npy_intp rows, npy_intp row_len, int n_given,
+                saved_layout *layout)
+{
+    npy_intp stats_total, params_total;
+    if (checked_mul(rows, param_size[dtype], &layout->stat_bytes) < 0 ||
+        checked_mul(row_len, param_size[dtype], &layout->param_bytes) < 0 ||
+        checked_mul(kind->n_stats, layout->stat_bytes, &stats_total) < 0 ||
+        checked_mul(n_given, layout->param_bytes, &params_total) < 0) {
+        return -1;
+    }
+    return __builtin_add_overflow(stats_total, params_total, &layout->total) ? -1 : 0;
+}
+
+/* The number of the kind's parameters given (not NULL). */
+static int
+count_given(const norm_kind *kind, PyArrayObject *const params[])
+{
+    int given = 0;
+    for (int p = 0; p < kind->n_params; p++) {
+        given += params[p] != NULL;
+    }
+    return given;
+}
 
 /* New reference: what `returns` says, or NULL with an exception set.  param_objs holds the
    kind's n_params parameters (NULL or None where absent); `what` names the caller in the
@@ -745,30 +882,82 @@ forward(module_state *state, const norm_kind *kind, const char *what, PyObject *
         goto done;
     }
     for (int p = 0; p < kind->n_params; p++) {
-        if (param_array(param_objs[p], param_names[p], &ns, param_type_num[dtype], &params[p]) < 0) {
+        if (param_array(what, param_objs[p], param_names[p], &ns, param_type_num[dtype], &params[p]) < 0) {
             goto done;
         }
     }
-    if (check_trailing_shape(input, &ns) < 0) {
+    npy_intp batch;
+    if (check_trailing_shape(input, &ns) < 0 || batch_size(input, ns.ndim, &batch) < 0) {
         goto done;
+    }
+    /* The results first, then any copies of the arguments: a call that cannot have its
+       results fails before it has spent memory on copies. */
+    const int given_out = out_obj && out_obj != Py_None;
+    output = given_out ? check_out(out_obj, input, elem_type_num[dtype])
+                       : (PyArrayObject *)PyArray_SimpleNew(PyArray_NDIM(input), PyArray_DIMS(input),
+                                                            elem_type_num[dtype]);
+    if (!output) {
+        if (!given_out) {
+            allocation_failed(what, "the output", PyArray_NDIM(input), PyArray_DIMS(input),
+                              elem_type_num[dtype]);
+        }
+        goto done;
+    }
+    const int first_stat = 2 - kind->n_stats;  /* index into (mean, rstd) */
+    if (returns == RETURN_STATS) {
+        for (int s = first_stat; s < 2; s++) {
+            stats[s] = stats_array(what, stat_names[s], input, ns.ndim, param_type_num[dtype]);
+            if (!stats[s]) {
+                goto done;
+            }
+            stats_data[s] = PyArray_DATA(stats[s]);
+        }
+    }
+    saved_layout layout = {0};
+    if (returns == RETURN_SAVED_FOR_GRAD) {
+        /* One bytes object instead of arrays: a third of a small training-mode call went
+           into making the statistics' arrays, which only saved_backward reads. */
+        const int n_given = count_given(kind, params);
+        if (saved_layout_of(kind, dtype, batch, ns.size, n_given, &layout) < 0) {
+            PyErr_Format(PyExc_MemoryError,
+                         "%s: cannot allocate the values saved for backward, %d statistics of %zd "
+                         "rows and %d parameters of %zd elements, %zd bytes each: more than an "
+                         "address space holds",
+                         what, kind->n_stats, (Py_ssize_t)batch, n_given, (Py_ssize_t)ns.size,
+                         (Py_ssize_t)param_size[dtype]);
+            goto done;
+        }
+        saved_stats = PyBytes_FromStringAndSize(NULL, layout.total);
+        if (!saved_stats) {
+            if (PyErr_ExceptionMatches(PyExc_MemoryError)) {
+                PyErr_Clear();
+                PyErr_Format(PyExc_MemoryError, "%s: could not allocate the values saved for backward: %zd bytes",
+                             what, (Py_ssize_t)layout.total);
+            }
+            goto done;
+        }
+        for (int s = first_stat; s < 2; s++) {
+            stats_data[s] = PyBytes_AS_STRING(saved_stats) + (s - first_stat) * layout.stat_bytes;
+        }
     }
     rows = readable_rows(input, ns.ndim, ns.size, &row_step);
     if (!rows) {
+        allocation_failed(what, "a C-contiguous copy of the input", PyArray_NDIM(input), PyArray_DIMS(input),
+                          PyArray_TYPE(input));
         goto done;
     }
-    if (out_obj && out_obj != Py_None) {
-        output = check_out(out_obj, input, elem_type_num[dtype]);
-        if (!output) {
-            goto done;
-        }
+    if (given_out) {
         /* Writing over the rows being read is safe only row onto the same row. */
         const int in_place = PyArray_DATA(rows) == PyArray_DATA(output) && row_step == ns.size;
         PyArrayObject *rows_before = rows;
         if (!in_place && detach_from_output(&rows, output) < 0) {
+            allocation_failed(what, "a copy of the input, which out overlaps", PyArray_NDIM(input),
+                              PyArray_DIMS(input), PyArray_TYPE(input));
             goto done;
         }
         for (int p = 0; p < kind->n_params; p++) {
             if (detach_from_output(&params[p], output) < 0) {
+                allocation_failed(what, param_names[p], ns.ndim, ns.dims, param_type_num[dtype]);
                 goto done;
             }
         }
@@ -776,34 +965,19 @@ forward(module_state *state, const norm_kind *kind, const char *what, PyObject *
             row_step = ns.size;  /* now a C-contiguous copy */
         }
     }
-    else {
-        output = (PyArrayObject *)PyArray_SimpleNew(PyArray_NDIM(input), PyArray_DIMS(input),
-                                                    elem_type_num[dtype]);
-        if (!output) {
-            goto done;
-        }
-    }
-    const npy_intp batch = batch_size(input, ns.ndim);
-    const int first_stat = 2 - kind->n_stats;  /* index into (mean, rstd) */
-    if (returns == RETURN_STATS) {
-        for (int s = first_stat; s < 2; s++) {
-            stats[s] = stats_array(input, ns.ndim, param_type_num[dtype]);
-            if (!stats[s]) {
-                goto done;
-            }
-            stats_data[s] = PyArray_DATA(stats[s]);
-        }
-    }
     if (returns == RETURN_SAVED_FOR_GRAD) {
-        /* One bytes object instead of arrays: a third of a small training-mode call went
-           into making the statistics' arrays, which only saved_backward reads. */
-        saved_stats = PyBytes_FromStringAndSize(NULL, kind->n_stats * batch * param_size[dtype]);
-        saved_input = saved_stats ? private_input(input, rows) : NULL;
+        saved_input = private_input(input, rows);
         if (!saved_input) {
+            allocation_failed(what, "the copy of the input saved for backward", PyArray_NDIM(input),
+                              PyArray_DIMS(input), PyArray_TYPE(input));
             goto done;
         }
-        for (int s = first_stat; s < 2; s++) {
-            stats_data[s] = PyBytes_AS_STRING(saved_stats) + (s - first_stat) * batch * param_size[dtype];
+        char *saved_param = PyBytes_AS_STRING(saved_stats) + kind->n_stats * layout.stat_bytes;
+        for (int p = 0; p < kind->n_params; p++) {
+            if (params[p]) {
+                memcpy(saved_param, PyArray_DATA(params[p]), (size_t)layout.param_bytes);
+                saved_param += layout.param_bytes;
+            }
         }
     }
 
@@ -820,12 +994,18 @@ forward(module_state *state, const norm_kind *kind, const char *what, PyObject *
         .mean = stats_data[0],
         .rstd = stats_data[1],
     };
-    int status;
-    Py_BEGIN_ALLOW_THREADS
-    status = ln_forward(&args);
-    Py_END_ALLOW_THREADS
+    /* Nothing to write, nothing to compute: the kernel would still walk every empty row. */
+    const int produces = PyArray_SIZE(output) > 0 || (returns != RETURN_OUTPUT && batch > 0);
+    int status = 0;
+    if (produces) {
+        Py_BEGIN_ALLOW_THREADS
+        status = ln_forward(&args);
+        Py_END_ALLOW_THREADS
+    }
     if (status < 0) {
-        PyErr_NoMemory();
+        PyErr_Format(PyExc_MemoryError, "%s: the kernel could not allocate its scratch memory for %zd "
+                     "rows of %zd elements",
+                     what, (Py_ssize_t)batch, (Py_ssize_t)ns.size);
         goto done;
     }
     switch (returns) {
@@ -863,10 +1043,10 @@ done:
     return result;
 }
 
-/* New reference: a statistic (mean or rstd) handed to backward, as contiguous params checked
-   to hold one value per row; NULL with an exception set. */
+/* New reference: a statistic (mean or rstd) handed to backward as an array, checked to hold
+   one float per row (still to be made contiguous params); NULL with an exception set. */
 static PyArrayObject *
-stats_input(PyObject *obj, const norm_kind *kind, const char *name, npy_intp rows, int type_num)
+stats_input(PyObject *obj, const norm_kind *kind, const char *name, npy_intp rows)
 {
     PyArrayObject *result = NULL, *arr = NULL;
     arr = as_array(obj);
@@ -887,7 +1067,8 @@ stats_input(PyObject *obj, const norm_kind *kind, const char *name, npy_intp row
                      (Py_ssize_t)PyArray_SIZE(arr));
         goto done;
     }
-    result = contiguous_of_type(arr, type_num);
+    Py_INCREF(arr);
+    result = arr;
 done:
     Py_XDECREF(arr);
     return result;
@@ -907,7 +1088,7 @@ backward(module_state *state, const norm_kind *kind, const char *what, PyObject 
     PyArrayObject *grad_input = NULL;
     PyArrayObject *params[2] = {NULL, NULL}, *stats[2] = {NULL, NULL}, *grad_params[2] = {NULL, NULL};
     const char *stats_data[2] = {NULL, NULL};
-    const shape_t ns = *ns_arg;
+    shape_t ns = *ns_arg;
     npy_intp input_step, grad_step;
 
     input = as_array(input_obj);
@@ -919,7 +1100,7 @@ backward(module_state *state, const norm_kind *kind, const char *what, PyObject 
         goto done;
     }
     for (int p = 0; p < kind->n_params; p++) {
-        if (param_array(param_objs[p], param_names[p], &ns, param_type_num[dtype], &params[p]) < 0) {
+        if (param_array(what, param_objs[p], param_names[p], &ns, param_type_num[dtype], &params[p]) < 0) {
             goto done;
         }
     }
@@ -944,46 +1125,60 @@ backward(module_state *state, const norm_kind *kind, const char *what, PyObject 
         }
         goto done;
     }
-    if (PyArray_TYPE(grad_out) != PyArray_TYPE(input)) {
-        Py_SETREF(grad_out, (PyArrayObject *)PyArray_FromArray(
-                                grad_out, PyArray_DescrFromType(PyArray_TYPE(input)),
-                                NPY_ARRAY_CARRAY_RO | NPY_ARRAY_FORCECAST));
-        if (!grad_out) {
-            goto done;
-        }
+    npy_intp rows;
+    if (batch_size(input, ns.ndim, &rows) < 0) {
+        goto done;
     }
-    const npy_intp rows = batch_size(input, ns.ndim);
     const int first_stat = 2 - kind->n_stats;  /* index into (mean, rstd) */
     if (stat_objs) {
         for (int s = first_stat; s < 2; s++) {
-            stats[s] = stats_input(stat_objs[s - first_stat], kind, stat_names[s], rows,
-                                   param_type_num[dtype]);
+            stats[s] = stats_input(stat_objs[s - first_stat], kind, stat_names[s], rows);
             if (!stats[s]) {
                 goto done;
             }
-            stats_data[s] = PyArray_DATA(stats[s]);
         }
     }
     else {
+        saved_layout layout;
         if (!PyBytes_Check(saved_stats) ||
-            PyBytes_GET_SIZE(saved_stats) != kind->n_stats * rows * param_size[dtype]) {
+            saved_layout_of(kind, dtype, rows, ns.size, count_given(kind, params), &layout) < 0 ||
+            PyBytes_GET_SIZE(saved_stats) != layout.total) {
             PyErr_SetString(PyExc_ValueError,
-                            "stats must be the bytes that training_forward returned with this input");
+                            "stats must be the bytes that training_forward returned with this input "
+                            "and these parameters");
             goto done;
         }
         for (int s = first_stat; s < 2; s++) {
-            stats_data[s] = PyBytes_AS_STRING(saved_stats) + (s - first_stat) * rows * param_size[dtype];
+            stats_data[s] = PyBytes_AS_STRING(saved_stats) + (s - first_stat) * layout.stat_bytes;
+        }
+        const char *saved_param = PyBytes_AS_STRING(saved_stats) + kind->n_stats * layout.stat_bytes;
+        for (int p = 0; p < kind->n_params; p++) {
+            if (!params[p]) {
+                continue;
+            }
+            if (memcmp(PyArray_DATA(params[p]), saved_param, (size_t)layout.param_bytes) != 0) {
+                PyObject *name = PyUnicode_FromString(param_names[p]);
+                if (name) {
+                    raise_with_attribute(state->parameter_changed_error,
+                                         PyUnicode_FromFormat("%s differs from the %s training_forward "
+                                                              "saved",
+                                                              param_names[p], param_names[p]),
+                                         "name", name);
+                    Py_DECREF(name);
+                }
+                goto done;
+            }
+            saved_param += layout.param_bytes;
         }
     }
-    input_rows = readable_rows(input, ns.ndim, ns.size, &input_step);
-    grad_rows = input_rows ? readable_rows(grad_out, ns.ndim, ns.size, &grad_step) : NULL;
-    if (!grad_rows) {
-        goto done;
-    }
+    /* The results first, then any copies of the arguments: a call that cannot have its
+       results fails before it has spent memory on copies (broadcast statistics of 2**30
+       rows were 8 GiB of copies before grad_input's MemoryError). */
     if (mask[0]) {
         grad_input = (PyArrayObject *)PyArray_SimpleNew(PyArray_NDIM(input), PyArray_DIMS(input),
                                                         elem_type_num[dtype]);
         if (!grad_input) {
+            allocation_failed(what, "grad_input", PyArray_NDIM(input), PyArray_DIMS(input), elem_type_num[dtype]);
             goto done;
         }
     }
@@ -991,31 +1186,70 @@ backward(module_state *state, const norm_kind *kind, const char *what, PyObject 
         if (mask[1 + p] && params[p]) {
             grad_params[p] = (PyArrayObject *)PyArray_SimpleNew(ns.ndim, ns.dims, param_type_num[dtype]);
             if (!grad_params[p]) {
+                allocation_failed(what, grad_param_names[p], ns.ndim, ns.dims, param_type_num[dtype]);
                 goto done;
             }
         }
     }
-    const ln_backward_args args = {
-        .dtype = (ln_dtype)dtype,
-        .rows = rows,
-        .row_len = ns.size,
-        .grad_output = PyArray_DATA(grad_rows),
-        .grad_output_row_step = grad_step,
-        .input = PyArray_DATA(input_rows),
-        .input_row_step = input_step,
-        .mean = stats_data[0],
-        .rstd = stats_data[1],
-        .weight = params[0] ? PyArray_DATA(params[0]) : NULL,
-        .grad_input = grad_input ? PyArray_DATA(grad_input) : NULL,
-        .grad_weight = grad_params[0] ? PyArray_DATA(grad_params[0]) : NULL,
-        .grad_bias = grad_params[1] ? PyArray_DATA(grad_params[1]) : NULL,
-    };
-    int status;
-    Py_BEGIN_ALLOW_THREADS
-    status = ln_backward(&args);
-    Py_END_ALLOW_THREADS
+    /* Nothing to write, nothing to compute: the kernel would still walk every empty row,
+       and the arguments need no copies for it. */
+    const int produces = (grad_input && PyArray_SIZE(grad_input) > 0) ||
+                         ((grad_params[0] || grad_params[1]) && ns.size > 0);
+    int status = 0;
+    if (produces) {
+        for (int s = first_stat; stat_objs && s < 2; s++) {
+            Py_SETREF(stats[s], contiguous_of_type(stats[s], param_type_num[dtype]));
+            if (!stats[s]) {
+                allocation_failed(what, stat_names[s], 1, &rows, param_type_num[dtype]);
+                goto done;
+            }
+            stats_data[s] = PyArray_DATA(stats[s]);
+        }
+        if (PyArray_TYPE(grad_out) != PyArray_TYPE(input)) {
+            Py_SETREF(grad_out, (PyArrayObject *)PyArray_FromArray(
+                                    grad_out, PyArray_DescrFromType(PyArray_TYPE(input)),
+                                    NPY_ARRAY_CARRAY_RO | NPY_ARRAY_FORCECAST));
+            if (!grad_out) {
+                allocation_failed(what, "grad_output in the input's dtype", PyArray_NDIM(input),
+                                  PyArray_DIMS(input), PyArray_TYPE(input));
+                goto done;
+            }
+        }
+        input_rows = readable_rows(input, ns.ndim, ns.size, &input_step);
+        if (!input_rows) {
+            allocation_failed(what, "a C-contiguous copy of the input", PyArray_NDIM(input),
+                              PyArray_DIMS(input), PyArray_TYPE(input));
+            goto done;
+        }
+        grad_rows = readable_rows(grad_out, ns.ndim, ns.size, &grad_step);
+        if (!grad_rows) {
+            allocation_failed(what, "a C-contiguous copy of grad_output", PyArray_NDIM(input),
+                              PyArray_DIMS(input), PyArray_TYPE(input));
+            goto done;
+        }
+        const ln_backward_args args = {
+            .dtype = (ln_dtype)dtype,
+            .rows = rows,
+            .row_len = ns.size,
+            .grad_output = PyArray_DATA(grad_rows),
+            .grad_output_row_step = grad_step,
+            .input = PyArray_DATA(input_rows),
+            .input_row_step = input_step,
+            .mean = stats_data[0],
+            .rstd = stats_data[1],
+            .weight = params[0] ? PyArray_DATA(params[0]) : NULL,
+            .grad_input = grad_input ? PyArray_DATA(grad_input) : NULL,
+            .grad_weight = grad_params[0] ? PyArray_DATA(grad_params[0]) : NULL,
+            .grad_bias = grad_params[1] ? PyArray_DATA(grad_params[1]) : NULL,
+        };
+        Py_BEGIN_ALLOW_THREADS
+        status = ln_backward(&args);
+        Py_END_ALLOW_THREADS
+    }
     if (status < 0) {
-        PyErr_NoMemory();
+        PyErr_Format(PyExc_MemoryError, "%s: the kernel could not allocate its scratch memory for %zd "
+                     "rows of %zd elements",
+                     what, (Py_ssize_t)rows, (Py_ssize_t)ns.size);
         goto done;
     }
     result = PyTuple_New(1 + kind->n_params);
@@ -1114,7 +1348,8 @@ PyDoc_STRVAR(training_forward_doc,
 "array that nothing else refers to (the array made from a list or a strided view\n"
 "when there is one, else a copy), so that changing the caller's array afterwards\n"
 "cannot change the gradients, and stats is a bytes object holding the mean and then\n"
-"the rstd of every row.  Used by LayerNorm in training mode.\n");
+"the rstd of every row, then the weight and the bias as the kernel read them.  Used by\n"
+"LayerNorm in training mode.\n");
 
 static PyObject *
 training_forward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
@@ -1167,8 +1402,9 @@ PyDoc_STRVAR(saved_backward_doc,
 "               output_mask=(True, True, True))\n"
 "--\n"
 "\n"
-"layer_norm_backward from what training_forward saved: (input, stats), stats the bytes\n"
-"holding the mean and then the rstd of every row.  Used by LayerNorm.backward.\n");
+"layer_norm_backward from what training_forward saved: (input, stats), stats its bytes.\n"
+"weight and bias must be given as they were to training_forward: a parameter whose values\n"
+"differ from the saved ones raises ParameterChangedError.  Used by LayerNorm.backward.\n");
 
 static PyObject *
 saved_backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
@@ -1194,9 +1430,24 @@ saved_backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObje
 /* Python-facing functions: threads and SIMD level                           */
 /* ------------------------------------------------------------------------ */
 
+/* The most threads the kernel layer runs (its thread pool's cap, LN_MAX_THREADS). */
+#define MAX_THREADS 256
+
+/* n >= 1 threads asked for, as the count the kernels run: at most MAX_THREADS. */
+static int
+threads_allowed(Py_ssize_t n)
+{
+    return n > MAX_THREADS ? MAX_THREADS : (int)n;
+}
+
 PyDoc_STRVAR(set_num_threads_doc,
 "set_num_threads($module, n, /)\n--\n\n"
-"Use at most n threads (n >= 1) per call.  Results do not depend on n.");
+"Use at most n threads (n >= 1) per call.  Results do not depend on n.\n"
+"\n"
+"n above 256, the most threads the kernels run, counts as 256 (get_num_threads() then\n"
+"returns 256).  Like torch.set_num_threads, any positive int is taken: code that asks\n"
+"for os.cpu_count() threads runs on a machine of any size, and the kernels, bound by\n"
+"memory, gain nothing from more threads.");
 
 static PyObject *
 set_num_threads(PyObject *module, PyObject *arg)
@@ -1205,15 +1456,16 @@ set_num_threads(PyObject *module, PyObject *arg)
         PyErr_Format(PyExc_TypeError, "set_num_threads() takes an int, got %.200s", Py_TYPE(arg)->tp_name);
         return NULL;
     }
-    Py_ssize_t n = PyNumber_AsSsize_t(arg, PyExc_OverflowError);
+    /* clipped to the Py_ssize_t range: 10**30 threads are as many as the kernels run */
+    Py_ssize_t n = PyNumber_AsSsize_t(arg, NULL);
     if (n == -1 && PyErr_Occurred()) {
         return NULL;
     }
     if (n < 1) {
-        PyErr_Format(PyExc_ValueError, "set_num_threads() needs n >= 1, got %zd", n);
+        PyErr_Format(PyExc_ValueError, "set_num_threads() needs n >= 1, got %R", arg);
         return NULL;
     }
-    ln_threads_set(n > 256 ? 256 : (int)n);
+    ln_threads_set(threads_allowed(n));
     Py_RETURN_NONE;
 }
 
@@ -1262,13 +1514,13 @@ available_simd_levels(PyObject *module, PyObject *Py_UNUSED(ignored))
     return levels;
 }
 
-/* The level called `name`, or -1 when there is none. */
+/* The level called name[0 .. length) (which may hold NULs), or -1 when there is none. */
 static int
-simd_level_from_name(const char *name)
+simd_level_from_name(const char *name, size_t length)
 {
     for (int level = 0; level < LN_SIMD_LEVELS; level++) {
-        const char *level_name = ln_simd_name((ln_simd_level)level);
-        if (level_name && strcmp(name, level_name) == 0) {
+        const char *known = ln_simd_name((ln_simd_level)level);  /* NULL: not in this build */
+        if (known && strlen(known) == length && memcmp(name, known, length) == 0) {
             return level;
         }
     }
@@ -1287,11 +1539,12 @@ set_simd_level(PyObject *module, PyObject *arg)
         PyErr_Format(PyExc_TypeError, "set_simd_level() takes a str, got %.200s", Py_TYPE(arg)->tp_name);
         return NULL;
     }
-    const char *name = PyUnicode_AsUTF8(arg);
+    Py_ssize_t length;
+    const char *name = PyUnicode_AsUTF8AndSize(arg, &length);
     if (!name) {
         return NULL;
     }
-    int level = simd_level_from_name(name);
+    int level = simd_level_from_name(name, (size_t)length);
     if (level < 0 || ln_simd_set((ln_simd_level)level) < 0) {
         PyObject *levels = available_simd_levels(module, NULL);
         if (levels) {
@@ -1325,26 +1578,50 @@ static PyMethodDef layernorm_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+/* Stores into *start and *length the value of the environment variable `name` without the
+   whitespace around it (" 4" and "4 " are both 4).  Returns 0 when it is unset or blank (then
+   the default holds), else 1. */
+static int
+environment_value(const char *name, const char **start, size_t *length)
+{
+    const char *value = getenv(name);
+    if (!value) {
+        return 0;
+    }
+    while (isspace((unsigned char)*value)) {
+        value++;
+    }
+    size_t n = strlen(value);
+    while (n > 0 && isspace((unsigned char)value[n - 1])) {
+        n--;
+    }
+    *start = value;
+    *length = n;
+    return n > 0;
+}
+
 /* Applies LAYERNORM_NUM_THREADS and LAYERNORM_SIMD.  Returns 0, or -1 with ValueError set. */
 static int
 apply_environment(void)
 {
-    const char *threads = getenv("LAYERNORM_NUM_THREADS");
-    if (threads && *threads) {
+    const char *value;
+    size_t length;
+    if (environment_value("LAYERNORM_NUM_THREADS", &value, &length)) {
         char *end;
-        long n = strtol(threads, &end, 10);
-        if (*end != '\0' || n < 1) {
+        long n = strtol(value, &end, 10);
+        if (end != value + length || n < 1) {
             PyErr_Format(PyExc_ValueError, "LAYERNORM_NUM_THREADS must be an integer >= 1, got '%s'",
-                         threads);
+                         getenv("LAYERNORM_NUM_THREADS"));
             return -1;
         }
-        ln_threads_set(n > 256 ? 256 : (int)n);
+        /* beyond LONG_MAX strtol gives LONG_MAX: as many threads as the kernels run */
+        ln_threads_set(threads_allowed(n));
     }
-    const char *simd = getenv("LAYERNORM_SIMD");
-    if (simd && *simd) {
-        int level = simd_level_from_name(simd);
+    if (environment_value("LAYERNORM_SIMD", &value, &length)) {
+        int level = simd_level_from_name(value, length);
         if (level < 0) {
-            PyErr_Format(PyExc_ValueError, "LAYERNORM_SIMD must name a SIMD level of this build, got '%s'", simd);
+            PyErr_Format(PyExc_ValueError, "LAYERNORM_SIMD must name a SIMD level of this build, got '%s'",
+                         getenv("LAYERNORM_SIMD"));
             return -1;
         }
         /* a level above what the CPU runs falls back to the best it does run */
@@ -1357,6 +1634,10 @@ apply_environment(void)
 
 PyDoc_STRVAR(unsupported_dtype_error_doc,
 "An input dtype the kernels do not take; its `dtype` attribute is that dtype.");
+
+PyDoc_STRVAR(parameter_changed_error_doc,
+"A parameter given to saved_backward differs from the one training_forward saved;\n"
+"its `name` attribute names it (\"weight\", \"bias\").");
 
 /* Fills the module state and applies the environment.  Returns 0, or -1 with an exception
    set (the module's state is then released by module_clear). */
@@ -1377,6 +1658,12 @@ layernorm_exec(PyObject *module)
         "layernorm._layernorm.UnsupportedDTypeError", unsupported_dtype_error_doc, PyExc_TypeError, NULL);
     if (!state->unsupported_dtype_error ||
         PyModule_AddObjectRef(module, "UnsupportedDTypeError", state->unsupported_dtype_error) < 0) {
+        return -1;
+    }
+    state->parameter_changed_error = PyErr_NewExceptionWithDoc(
+        "layernorm._layernorm.ParameterChangedError", parameter_changed_error_doc, PyExc_RuntimeError, NULL);
+    if (!state->parameter_changed_error ||
+        PyModule_AddObjectRef(module, "ParameterChangedError", state->parameter_changed_error) < 0) {
         return -1;
     }
     return apply_environment();

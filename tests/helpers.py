@@ -1,11 +1,16 @@
 """Helpers the test files share: dtypes and test ids, data, memory layouts, the float64 reference
-with the tolerances results are held to, and torch as the oracle.
+with the tolerances results are held to, torch as the oracle, and child processes for calls that
+might crash.
 
 layernorm._reference (float64 NumPy) is the ground truth for values; torch is the oracle for
 behaviour and messages.  torch is optional: without it ``torch`` and ``F`` are None, and every
 test that asks torch carries ``requires_torch`` (or its file skips as a whole).
 """
 
+import json
+import os
+import subprocess
+import sys
 from typing import NamedTuple
 
 import numpy as np
@@ -460,3 +465,73 @@ def torch_message(fn):
     except RuntimeError as exc:
         return str(exc)
     raise AssertionError("torch did not raise: the oracle disagrees with the test's premise")
+
+
+# ---------------------------------------------------------------------------
+# Child processes: calls that might crash, hang or exhaust memory run in a fresh interpreter with
+# a memory limit and a timeout, so that such a failure fails one test instead of ending the run
+# ---------------------------------------------------------------------------
+
+
+class ChildOutcome(NamedTuple):
+    """What a call made in a child process did."""
+
+    error: object  # the exception's class name ("MemoryError"), or None when the call returned
+    message: str  # str() of the exception, or repr() of what the call returned
+    peak_growth: object  # bytes the child's peak resident memory grew by during the call (Linux), or None
+
+
+# The child: set the limit once numpy and layernorm are imported, run `setup` then `call`, and
+# print what happened as one line of JSON.
+_CHILD_SCRIPT = r"""
+import json, os, resource, sys
+sys.path.insert(0, os.environ["LAYERNORM_TEST_IMPORT_PATH"])
+import numpy as np
+import layernorm
+
+def status_bytes(field):
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+setup, call, limit = sys.argv[1], sys.argv[2], int(sys.argv[3])
+space = {"np": np, "layernorm": layernorm}
+exec(setup, space)
+in_use = status_bytes("VmSize")
+if in_use is not None:
+    resource.setrlimit(resource.RLIMIT_AS, (in_use + limit, in_use + limit))
+before = status_bytes("VmRSS")
+try:
+    result = {"error": None, "message": repr(eval(call, space))}
+except BaseException as error:
+    result = {"error": type(error).__name__, "message": str(error)}
+peak = status_bytes("VmHWM")
+result["peak_growth"] = None if before is None else peak - before
+print(json.dumps(result))
+"""
+
+
+def run_in_child(call, setup="", memory=2 * 2**30, timeout=120):
+    """Evaluate the expression `call` after running `setup` (both Python source; numpy is np) in a
+    fresh interpreter whose address space may grow by `memory` bytes past what the imports
+    took (Linux; elsewhere there is no limit); return its ChildOutcome.
+
+    A child killed by a signal or still running after `timeout` seconds fails the test.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LAYERNORM_")}
+    env["LAYERNORM_TEST_IMPORT_PATH"] = os.path.dirname(os.path.dirname(os.path.abspath(layernorm.__file__)))
+    env["OPENBLAS_NUM_THREADS"] = "1"  # NumPy's BLAS threads would only take address space
+    try:
+        proc = subprocess.run([sys.executable, "-c", _CHILD_SCRIPT, setup, call, str(memory)],
+                              env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"{call} still ran after {timeout} s") from None
+    if proc.returncode != 0:
+        how = f"signal {-proc.returncode}" if proc.returncode < 0 else f"exit status {proc.returncode}"
+        raise AssertionError(f"{call} ended its process with {how}:\n{proc.stderr[-2000:]}")
+    return ChildOutcome(**json.loads(proc.stdout.splitlines()[-1]))

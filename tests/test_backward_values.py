@@ -364,11 +364,12 @@ def test_saved_backward_matches_layer_norm_backward():
     x = np.random.default_rng(5).standard_normal((6, 9)).astype(np.float32)
     dy = np.random.default_rng(6).standard_normal((6, 9)).astype(np.float32)
     w, b = np.linspace(0.5, 2, 9, dtype=np.float32), np.zeros(9, np.float32)
-    input_copy, saved_stats = training_forward(x, (9,), None, None, 1e-5)[1]
-    assert isinstance(saved_stats, bytes) and len(saved_stats) == 2 * 6 * 4
+    input_copy, saved_stats = training_forward(x, (9,), w, b, 1e-5)[1]
+    assert isinstance(saved_stats, bytes) and len(saved_stats) == (2 * 6 + 2 * 9) * 4
     _, mean, rstd = layernorm.native_layer_norm(x, (9,), w, b)
+    # the statistics of every row, then the parameters as the kernel read them
     np.testing.assert_array_equal(np.frombuffer(saved_stats, np.float32),
-                                  np.concatenate([mean.ravel(), rstd.ravel()]))
+                                  np.concatenate([mean.ravel(), rstd.ravel(), w, b]))
     got = saved_backward(dy, input_copy, saved_stats, (9,), w, b)
     want = layernorm.layer_norm_backward(dy, x, (9,), mean, rstd, w, b)
     for g, e in zip(got, want):

@@ -674,3 +674,11 @@ def test_saved_backward_rejects_stats_of_another_dtype():
     _, stats64 = _saved(x32.astype(np.float64), 9)
     with pytest.raises(ValueError, match="training_forward"):
         saved_backward(x32, x32, stats64, (9,))
+
+
+def test_saved_backward_rejects_stats_whose_size_overflows():
+    # 2 x 2**61 rows x 4 bytes wraps to 0 in 64 bits: the empty bytes must not pass for them.
+    from layernorm._layernorm import saved_backward
+    x = np.empty((2**61, 0), np.float16)
+    with pytest.raises(ValueError, match="training_forward"):
+        saved_backward(x, x, b"", (0,))

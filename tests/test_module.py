@@ -1026,3 +1026,108 @@ def test_module_eval_forward_then_backward_raises():
     with pytest.raises(RuntimeError):
         ours.backward(np.ones((3, 6), np.float32))
     assert ours.weight_grad is None and ours.bias_grad is None
+
+
+# ---------------------------------------------------------------------------------------------
+# Parameters changed between the training forward and backward: torch refuses a backward
+# through a saved tensor modified in place; silently using the new values would give gradients
+# of another function than the one whose output was used
+# ---------------------------------------------------------------------------------------------
+
+def _forward_then(change, **kwargs):
+    """A module after a training forward and `change(module)`; backward() is what is tested."""
+    ours = randomize(LayerNorm(4, **kwargs), seed=40)
+    ours(np.random.default_rng(41).standard_normal((3, 4)).astype(np.float32))
+    change(ours)
+    return ours
+
+
+def _double(name):
+    def change(module):
+        getattr(module, name)[...] *= 2
+    return change
+
+
+IN_PLACE_CHANGES = {
+    "weight-doubled": (_double("weight"), "weight [float32 array [4]]"),
+    "bias-doubled": (_double("bias"), "bias [float32 array [4]]"),
+    "weight-loaded": (lambda m: m.load_state_dict({"weight": np.full(4, 3.0), "bias": m.bias}),
+                      "weight [float32 array [4]]"),
+    "reset_parameters": (lambda m: m.reset_parameters(), "weight [float32 array [4]]"),
+}
+
+
+@pytest.mark.parametrize("kind", list(IN_PLACE_CHANGES))
+def test_backward_refuses_a_parameter_changed_in_place(kind):
+    change, named = IN_PLACE_CHANGES[kind]
+    ours = _forward_then(change)
+    with pytest.raises(RuntimeError) as info:
+        ours.backward(np.ones((3, 4), np.float32))
+    assert str(info.value) == (
+        "one of the variables needed for gradient computation has been modified by an inplace "
+        f"operation: LayerNorm.{named} changed after the forward call. Call the module on its "
+        "input again before backward()."
+    )
+    assert ours.weight_grad is None and ours.bias_grad is None
+
+
+@requires_torch
+def test_backward_refuses_a_parameter_changed_in_place_in_torchs_words():
+    theirs = torch.nn.LayerNorm(4)
+    y = theirs(torch.ones(3, 4))
+    with torch.no_grad():
+        theirs.weight *= 2
+    expected = torch_message(lambda: y.backward(torch.ones(3, 4)))
+    ours = _forward_then(_double("weight"))
+    with pytest.raises(RuntimeError) as info:
+        ours.backward(np.ones((3, 4), np.float32))
+    assert str(info.value).startswith(expected.split(": [torch.")[0] + ": ")
+
+
+REPLACEMENTS = {
+    "weight-by-None": ("weight", lambda m: None, "float32 array [4] by None"),
+    "bias-by-None": ("bias", lambda m: None, "float32 array [4] by None"),
+    "weight-by-an-equal-copy": ("weight", lambda m: m.weight.copy(), "float32 array [4] by float32 array [4]"),
+    "bias-by-float64": ("bias", lambda m: m.bias.astype(np.float64), "float32 array [4] by float64 array [4]"),
+}
+
+
+@pytest.mark.parametrize("kind", list(REPLACEMENTS))
+def test_backward_refuses_a_replaced_parameter(kind):
+    name, make, described = REPLACEMENTS[kind]
+    ours = _forward_then(lambda m: setattr(m, name, make(m)))
+    with pytest.raises(RuntimeError) as info:
+        ours.backward(np.ones((3, 4), np.float32))
+    assert str(info.value) == (
+        f"LayerNorm.{name} was replaced after the forward call ({described}): call the module on "
+        "its input again before backward()."
+    )
+
+
+def test_backward_refuses_a_parameter_added_after_the_forward():
+    ours = _forward_then(lambda m: setattr(m, "bias", np.zeros(4, np.float32)), bias=False)
+    with pytest.raises(RuntimeError, match=r"LayerNorm\.bias was replaced .*\(None by float32 array \[4\]\)"):
+        ours.backward(np.ones((3, 4), np.float32))
+
+
+def test_backward_takes_parameters_changed_and_changed_back():
+    # The values are what matters: a parameter changed and restored before backward is the
+    # parameter the forward used.
+    def change_and_restore(module):
+        module.weight *= 2
+        module.weight /= 2
+
+    ours = _forward_then(change_and_restore)
+    expected = _forward_then(lambda m: None)
+    np.testing.assert_array_equal(ours.backward(np.ones((3, 4), np.float32)),
+                                  expected.backward(np.ones((3, 4), np.float32)))
+    np.testing.assert_array_equal(ours.weight_grad, expected.weight_grad)
+
+
+def test_parameters_changed_after_backward_are_for_the_next_forward():
+    # The optimizer's step: gradients, then an in-place update, then the next forward.
+    ours = _forward_then(lambda m: None)
+    ours.backward(np.ones((3, 4), np.float32))
+    ours.weight -= 0.1 * ours.weight_grad
+    ours(np.ones((3, 4), np.float32))
+    ours.backward(np.ones((3, 4), np.float32))

@@ -251,10 +251,18 @@ def test_long_rows_same_at_every_level(level, dtype, restore_runtime):
         assert_close(mine, base, tol, name)
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 7, 64])
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 64, 256])
 def test_get_num_threads_reflects_set(n, restore_runtime):
     assert layernorm.set_num_threads(n) is None
     assert layernorm.get_num_threads() == n
+
+
+@pytest.mark.parametrize("n", [257, 10**9, 2**63, 10**30])
+def test_set_num_threads_above_the_maximum_is_the_maximum(n, restore_runtime):
+    # Any positive int is taken, as torch.set_num_threads takes it; 256 is the documented cap.
+    assert layernorm.set_num_threads(n) is None
+    assert layernorm.get_num_threads() == 256
+    assert "n above 256, the most threads the kernels run, counts as 256" in layernorm.set_num_threads.__doc__
 
 
 # ---------------------------------------------------------------------------
@@ -281,6 +289,54 @@ def test_env_simd_level(level):
 def test_env_num_threads(n):
     out = _run_python("import layernorm; print(layernorm.get_num_threads())", LAYERNORM_NUM_THREADS=str(n))
     assert out == str(n)
+
+
+def _import_error(**env_overrides):
+    """The last line of what importing layernorm printed to stderr, which must fail."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LAYERNORM_")}
+    env.update(env_overrides)
+    proc = subprocess.run([sys.executable, "-c", "import layernorm"], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode != 0, "the import succeeded"
+    return proc.stderr.strip().splitlines()[-1]
+
+
+# Whitespace around a value is no part of it, on either side; anything else is refused at import.
+@pytest.mark.parametrize("value", [" 4", "4 ", " 4 ", "\t4\n", "+4", "04"],
+                         ids=["space-before", "space-after", "spaces-around", "tab-newline", "plus", "leading-zero"])
+def test_env_num_threads_whitespace_around(value):
+    out = _run_python("import layernorm; print(layernorm.get_num_threads())", LAYERNORM_NUM_THREADS=value)
+    assert out == "4"
+
+
+def test_env_num_threads_above_the_maximum_is_the_maximum():
+    out = _run_python("import layernorm; print(layernorm.get_num_threads())",
+                      LAYERNORM_NUM_THREADS="100000000000000000000000")
+    assert out == "256"
+
+
+@pytest.mark.parametrize("value", ["", "   "], ids=["empty", "blank"])
+def test_env_num_threads_blank_is_unset(value):
+    out = _run_python("import layernorm, os; print(layernorm.get_num_threads() == len(os.sched_getaffinity(0)))",
+                      LAYERNORM_NUM_THREADS=value)
+    assert out == "True"
+
+
+@pytest.mark.parametrize("value", ["4x", "4 4", "4.0", "0", "-2", "four", "0x10", "4_0"])
+def test_env_num_threads_refused_at_import(value):
+    assert _import_error(LAYERNORM_NUM_THREADS=value) == (
+        f"ValueError: LAYERNORM_NUM_THREADS must be an integer >= 1, got '{value}'")
+
+
+def test_env_simd_whitespace_around():
+    out = _run_python("import layernorm; print(layernorm.simd_level())", LAYERNORM_SIMD=" scalar\n")
+    assert out == "scalar"
+
+
+@pytest.mark.parametrize("value", ["scalar junk", "SCALAR", "sse4"])
+def test_env_simd_refused_at_import(value):
+    assert _import_error(LAYERNORM_SIMD=value) == (
+        f"ValueError: LAYERNORM_SIMD must name a SIMD level of this build, got '{value}'")
 
 
 def test_env_scalar_and_one_thread_same_bits():
