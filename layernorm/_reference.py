@@ -114,18 +114,24 @@ def normalize(x: Any, normalized_shape: Any, *, centred: bool, eps: float, axis:
     with np.errstate(invalid="ignore", divide="ignore", over="ignore", under="ignore"):
         amax = np.max(np.abs(x), axis=axes, keepdims=True)
         finite = np.isfinite(amax)
-        # a power of two near the row's largest magnitude: x / s is exact and about 1
+        # a power of two near the row's largest magnitude: x / s is exact and below 2 (2**1023
+        # at most: a row near the largest float must not scale by an infinite 2**1024)
         _, exponent = np.frexp(np.where(finite & (amax > 0), amax, 1.0))
-        s = np.ldexp(1.0, exponent)
+        s = np.ldexp(1.0, exponent - 1)
         xs = x / s
-        mean_s = xs.mean(axis=axes, keepdims=True) if centred else np.zeros(stats_shape)
+        mean_s = np.zeros(stats_shape)
+        if centred:
+            # a second pass takes out the first one's rounding: a constant row's mean is its value
+            mean_s = xs.mean(axis=axes, keepdims=True)
+            mean_s = mean_s + (xs - mean_s).mean(axis=axes, keepdims=True)
         centred_s = xs - mean_s
         var_s = (centred_s * centred_s).mean(axis=axes, keepdims=True)
-        # var + eps = s^2 (var_s + eps / s^2); where eps / s^2 overflows, var is negligible
+        # var + eps = s^2 (var_s + eps / s^2); where eps / s^2 overflows, var is negligible, and
+        # where var is 0 (eps / s^2 may underflow then) eps is all there is
         eps_s = np.where(eps == 0, 0.0, eps / (s * s))
-        scaled = np.isfinite(eps_s)
+        scaled = np.isfinite(eps_s) & (var_s > 0)
         root_s = np.sqrt(var_s + np.where(scaled, eps_s, 0.0))
-        rstd = np.where(scaled, 1.0 / (s * root_s), 1.0 / np.sqrt(eps))
+        rstd = np.where(scaled, 1.0 / root_s / s, 1.0 / np.sqrt(eps))
         xhat = np.where(scaled, centred_s / root_s, (x - mean_s * s) * rstd)
         mean = mean_s * s if centred else np.zeros(stats_shape)
         # a row holding NaN or Inf is NaN throughout (its mean is the plain float64 mean)

@@ -152,3 +152,28 @@ def test_float32_values_near_1e30():
     y = reference_layer_norm(x, (64,))[0]
     assert np.isfinite(out).all()
     assert max_abs_error(out, y) <= 1e-6
+
+
+# ---------------------------------------------------------------------------------------------
+# The reference itself at the ends of the float64 range, where plain formulas overflow: rows
+# whose exact answers are known
+# ---------------------------------------------------------------------------------------------
+
+FMAX = float(np.finfo(np.float64).max)
+REFERENCE_EDGE_ROWS = {
+    # row: (y, mean, rstd) exactly, eps = 1e-5
+    "constant-near-max": ([1.7e308, 1.7e308], [0.0, 0.0], 1.7e308, 1 / np.sqrt(1e-5)),
+    "constant-0.1-x10": ([0.1] * 10, [0.0] * 10, 0.1, 1 / np.sqrt(1e-5)),
+    "plus-minus-max": ([FMAX, -FMAX], [1.0, -1.0], 0.0, 1 / FMAX),
+    "sum-overflows": ([1e308, 1e308, -1e308], [2**-0.5, 2**-0.5, -(2**0.5)], 1e308 / 3, 3 / 8**0.5 / 1e308),
+    "squares-overflow": ([1e160, -1e160, 0.0, 0.0], [2**0.5, -(2**0.5), 0.0, 0.0], 0.0, 2**0.5 / 1e160),
+}
+
+
+@pytest.mark.parametrize("kind", list(REFERENCE_EDGE_ROWS))
+def test_reference_exact_at_the_ends_of_the_float_range(kind):
+    row, y, mean, rstd = REFERENCE_EDGE_ROWS[kind]
+    got_y, got_mean, got_rstd, _ = reference_layer_norm(np.array([row]), (len(row),))
+    np.testing.assert_allclose(got_y[0], y, rtol=1e-15, atol=1e-15)
+    np.testing.assert_allclose(got_mean.ravel(), [mean], rtol=1e-15)
+    np.testing.assert_allclose(got_rstd.ravel(), [rstd], rtol=1e-15)
