@@ -40,7 +40,8 @@ venv=build/venv-clang
 # An editable install builds in a new temporary directory each time, so nothing built before
 # by another compiler is reused; the package metadata it installs is what the suite expects.
 CC=$clang "$venv/bin/python" -m pip install -q --no-build-isolation -e .
-extension=$(ls layernorm/_layernorm*.so)
+# this Python's build of the extension (other legs of CI may have left other Pythons' beside it)
+extension=layernorm/_layernorm$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
 if ! grep -qa "clang version" "$extension"; then
   echo "clang: $extension was not compiled by $clang" >&2
   exit 1
