@@ -211,6 +211,22 @@ CASES = {
     "LayerNorm-forward-weight-set-to-str": Case(
         "(setattr(module, 'weight', 'abcd'), module(x))", TypeError,
         "weight must be an array of floats or None, got str"),
+    # eps: a real number, not a complex one (whose imaginary part would be dropped)
+    "layer_norm-eps-complex": Case(
+        "layer_norm(x, 4, eps=1j)", TypeError, "eps must be a real number, got complex",
+        torch="F.layer_norm(tx, (4,), eps=1j)"),
+    "layer_norm-eps-numpy-complex": Case(
+        "layer_norm(x, 4, eps=np.complex128(1e-5 + 1j))", TypeError,
+        "eps must be a real number, got numpy.complex128"),
+    "native_layer_norm-eps-array-of-one": Case(
+        "native_layer_norm(x, 4, None, None, np.array([1e-5]))", TypeError,
+        "eps must be a real number, got numpy.ndarray"),
+    "layer_norm-eps-str": Case(
+        "layer_norm(x, 4, eps='1e-5')", TypeError, "eps must be a real number, got str",
+        torch="F.layer_norm(tx, (4,), eps='1e-5')"),
+    "LayerNorm-eps-None-at-forward": Case(
+        "LayerNorm(4, eps=None)(x)", TypeError, "eps must be a real number, got NoneType",
+        torch="torch.nn.LayerNorm(4, eps=None)(tx)"),
 }
 
 
