@@ -227,6 +227,19 @@ CASES = {
     "LayerNorm-eps-None-at-forward": Case(
         "LayerNorm(4, eps=None)(x)", TypeError, "eps must be a real number, got NoneType",
         torch="torch.nn.LayerNorm(4, eps=None)(tx)"),
+    # layernorm.testing: its arguments are checked as the functions' are
+    "assert_layer_norm_close-eps-str": Case(
+        "assert_layer_norm_close(x, x, 4, eps='1e-5')", TypeError, "eps must be a real number, got str"),
+    "assert_rms_norm_close-eps-str": Case(
+        "assert_rms_norm_close(x, x, 4, eps='1e-5')", TypeError, "eps must be a real number, got str"),
+    "diagnose-eps-str": Case(
+        "diagnose(module, 4, eps='1e-5')", TypeError, "eps must be a real number, got str"),
+    "diagnose-empty-normalized-shape": Case(
+        "diagnose(module, ())", ValueError, "normalized_shape must have at least one dimension, as in torch"),
+    "diagnose-normalized-shape-not-the-modules": Case(
+        "diagnose(module, 5)", ValueError, "fn's weight has shape (4,), normalized_shape is (5,)"),
+    "diagnose-fn-not-callable": Case(
+        "diagnose(None, 4)", TypeError, "fn must be a function or a module to call, got NoneType"),
 }
 
 
