@@ -129,6 +129,11 @@ CASES = {
         "layer_norm_backward: the kernel could not allocate its scratch memory for 2 rows of 16777216 "
         "elements",
         isolated=True, memory=448 * MiB),
+    "LayerNorm-parameters-too-big": Case(
+        "LayerNorm(2**40)",
+        MemoryError,
+        "LayerNorm: could not allocate weight, a float32 array of shape [1099511627776]: 4398046511104 bytes",
+        isolated=True),
     # a product of sizes that overflows is refused before anything multiplies it
     "layer_norm-normalized-size-overflows": Case(
         "layer_norm(x, (2**40, 2**40))",
