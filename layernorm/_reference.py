@@ -32,6 +32,7 @@ __all__ = [
     "Normalized",
     "layer_norm",
     "layer_norm_backward",
+    "layer_norm_backward_given_stats",
     "normalize",
     "normalized_axes",
     "output_scale",
@@ -187,6 +188,22 @@ def layer_norm_backward(grad_output: Any, x: Any, normalized_shape: Any, weight:
     """(grad_input, grad_weight, grad_bias) in float64 for y = layer_norm(x, ...)."""
     n = normalize(x, normalized_shape, centred=True, eps=eps, axis=axis)
     return _backward(grad_output, n, weight, centred=True)
+
+
+def layer_norm_backward_given_stats(grad_output: Any, x: Any, normalized_shape: Any, mean: Any, rstd: Any,
+                                    weight: Any = None) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(grad_input, grad_weight, grad_bias) in float64 from the statistics given, as
+    torch.ops.aten.native_layer_norm_backward takes them (e.g. rounded to float32), instead of
+    recomputed from x: the exact answer for exactly these arguments.  mean and rstd hold one
+    value per row, over the last ``len(normalized_shape)`` axes."""
+    x = np.asarray(x, dtype=np.float64)
+    axes = normalized_axes(x.ndim, normalized_shape)
+    stats_shape = tuple(1 if a in axes else n for a, n in enumerate(x.shape))
+    mean = np.asarray(mean, dtype=np.float64).reshape(stats_shape)
+    rstd = np.asarray(rstd, dtype=np.float64).reshape(stats_shape)
+    with np.errstate(invalid="ignore", over="ignore"):
+        xhat = (x - mean) * rstd
+    return _backward(grad_output, Normalized(xhat, mean, rstd, axes), weight, centred=True)
 
 
 def rms_norm_backward(grad_output: Any, x: Any, normalized_shape: Any, weight: Any = None,

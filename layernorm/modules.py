@@ -7,6 +7,7 @@ which parameters it has and calls its kernels.
 
 from __future__ import annotations
 
+import math
 import operator
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -180,10 +181,21 @@ class NormModule:
         self.elementwise_affine = elementwise_affine
         made = set(present) if elementwise_affine else set()
         for name, grad_name, initial in self._PARAMETERS:
-            setattr(self, name, np.full(self.normalized_shape, initial, param_dtype) if name in made else None)
+            setattr(self, name, self._new_parameter(name, initial, param_dtype) if name in made else None)
             setattr(self, grad_name, None)
         self.training = True
         self._saved = None
+
+    def _new_parameter(self, name: str, initial: float, dtype: np.dtype[Any]) -> np.ndarray:
+        """A parameter of normalized_shape filled with `initial`; a MemoryError says which and how big."""
+        try:
+            return np.full(self.normalized_shape, initial, dtype)
+        except MemoryError:
+            size = math.prod(self.normalized_shape) * dtype.itemsize
+            raise MemoryError(
+                f"{self._KIND}: could not allocate {name}, a {dtype} array of shape "
+                f"{list(self.normalized_shape)}: {size} bytes"
+            ) from None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         # __call__ is the fast path and forward its alias: a subclass overriding only

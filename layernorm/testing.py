@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+import numbers
 from typing import Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -88,12 +89,25 @@ class _Problem(NamedTuple):
         return "LayerNorm" if self.kind == "layer_norm" else "RMSNorm"
 
 
-def _problem(kind: str, input: Any, normalized_shape: Any, weight: Any, bias: Any, eps: Optional[float],
-             axis: Axis) -> _Problem:
-    x = _real(_as_array(input)[0], "input")
+def _normalized_shape(normalized_shape: Any) -> Tuple[int, ...]:
+    """normalized_shape as a tuple of ints, as LayerNorm reads it; empty is refused, as torch does."""
     shape = _as_shape(normalized_shape)
     if not shape:
         raise ValueError("normalized_shape must have at least one dimension, as in torch")
+    return shape
+
+
+def _eps(eps: Any) -> float:
+    """eps as a float; anything but a real number is a TypeError (float('1e-5') would pass)."""
+    if not isinstance(eps, numbers.Real):
+        raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
+    return float(eps)
+
+
+def _problem(kind: str, input: Any, normalized_shape: Any, weight: Any, bias: Any, eps: Optional[float],
+             axis: Axis) -> _Problem:
+    x = _real(_as_array(input)[0], "input")
+    shape = _normalized_shape(normalized_shape)
     axes = ref.normalized_axes(x.ndim, shape, axis)
     if tuple(x.shape[a] for a in axes) != shape:
         where = f"axes {axes}" if axis is not None else f"its last {len(shape)} dims"
@@ -105,9 +119,8 @@ def _problem(kind: str, input: Any, normalized_shape: Any, weight: Any, bias: An
             if value.shape != shape:
                 raise ValueError(f"{name} has shape {value.shape}, normalized_shape is {shape}")
         params.append(value)
-    if eps is None:
-        eps = ref.rms_norm_default_eps(x.dtype)
-    return _Problem(kind, x, shape, axes, params[0], params[1], float(eps))
+    return _Problem(kind, x, shape, axes, params[0], params[1],
+                    ref.rms_norm_default_eps(x.dtype) if eps is None else _eps(eps))
 
 
 def _expected(p: _Problem, eps: Optional[float] = None) -> np.ndarray:
@@ -532,6 +545,9 @@ def _parameters(fn: Any, kind: str, normalized_shape: Tuple[int, ...], weight: A
             elif param is None:
                 how = "none"
             else:
+                if tuple(param.shape) != normalized_shape:
+                    raise ValueError(f"fn's {name} has shape {tuple(param.shape)}, normalized_shape is "
+                                     f"{normalized_shape}")
                 if _writable(param):
                     original = param.copy() if isinstance(param, np.ndarray) else param.detach().clone()
                     _write(param, probe[name])
@@ -596,6 +612,8 @@ def diagnose(fn: Callable[[Any], Any], normalized_shape: Any, *, kind: str = "la
     dtype : float16, float32 or float64
         The probes' dtype.
     """
+    if not callable(fn):
+        raise TypeError(f"fn must be a function or a module to call, got {type(fn).__name__}")
     if kind not in _CODES:
         raise ValueError(f"kind must be 'layer_norm' or 'rms_norm', got {kind!r}")
     if kind == "rms_norm" and bias is not None:
@@ -603,9 +621,8 @@ def diagnose(fn: Callable[[Any], Any], normalized_shape: Any, *, kind: str = "la
     dtype = np.dtype(dtype)
     if dtype.kind != "f":
         raise TypeError(f"dtype must be float16, float32 or float64, got {dtype}")
-    shape = _as_shape(normalized_shape)
-    if eps is None:
-        eps = 1e-5 if kind == "layer_norm" else ref.rms_norm_default_eps(dtype)
+    shape = _normalized_shape(normalized_shape)
+    eps = (1e-5 if kind == "layer_norm" else ref.rms_norm_default_eps(dtype)) if eps is None else _eps(eps)
     x = _probe_input(shape, axis, eps, dtype)
     with _parameters(fn, kind, shape, weight, bias) as (probe_weight, probe_bias, how):
         output = _call(fn, x)

@@ -337,7 +337,12 @@ parse_eps(PyObject *obj, double *eps)
         *eps = 1e-5;
         return 0;
     }
-    if (!PyFloat_Check(obj) && !PyLong_Check(obj) && !PyNumber_Check(obj)) {
+    /* a complex eps would lose its imaginary part (NumPy's only warns), an array of one
+       element would pass for a number */
+    const int complex_number = PyComplex_Check(obj) || PyArray_IsScalar(obj, ComplexFloating) ||
+                               (PyArray_Check(obj) && PyArray_ISCOMPLEX((PyArrayObject *)obj));
+    const int not_0_d = PyArray_Check(obj) && PyArray_NDIM((PyArrayObject *)obj) != 0;
+    if (complex_number || not_0_d || (!PyFloat_Check(obj) && !PyLong_Check(obj) && !PyNumber_Check(obj))) {
         PyErr_Format(PyExc_TypeError, "eps must be a real number, got %.200s", Py_TYPE(obj)->tp_name);
         return -1;
     }
