@@ -1,4 +1,4 @@
-"""LayerNorm for NumPy arrays, mirroring ``torch.nn.LayerNorm`` (a C extension, no torch needed).
+"""LayerNorm and RMSNorm for NumPy arrays, mirroring torch.nn's (a C extension, no torch needed).
 
 >>> import numpy as np, layernorm
 >>> layernorm.LayerNorm(4)(np.arange(8, dtype=np.float32).reshape(2, 4)).round(4)
@@ -13,18 +13,33 @@ from ._layernorm import (
     set_simd_level,
     simd_level,
 )
-from .functional import layer_norm, layer_norm_backward, native_layer_norm
-from .modules import LayerNorm
+from .functional import (
+    add_layer_norm,
+    add_rms_norm,
+    layer_norm,
+    layer_norm_backward,
+    native_layer_norm,
+    native_rms_norm,
+    rms_norm,
+    rms_norm_backward,
+)
+from .modules import LayerNorm, RMSNorm
 
 __version__ = "0.1.0"
 
 __all__ = [
     "LayerNorm",
+    "RMSNorm",
+    "add_layer_norm",
+    "add_rms_norm",
     "available_simd_levels",
     "get_num_threads",
     "layer_norm",
     "layer_norm_backward",
     "native_layer_norm",
+    "native_rms_norm",
+    "rms_norm",
+    "rms_norm_backward",
     "set_num_threads",
     "set_simd_level",
     "simd_level",

@@ -9,6 +9,7 @@ import numpy as np
 import numpy.typing as npt
 
 _Shape = Union[SupportsIndex, Sequence[SupportsIndex]]
+_Axis = Union[SupportsIndex, Sequence[SupportsIndex], None]
 _FloatArray = npt.NDArray[np.floating[Any]]
 _SimdLevel = Literal["scalar", "sse2", "neon", "avx2", "avx512"]
 _Gradients = Tuple[Optional[_FloatArray], Optional[_FloatArray], Optional[_FloatArray]]
@@ -30,6 +31,7 @@ def layer_norm(
     bias: Optional[npt.ArrayLike] = None,
     eps: SupportsFloat = 1e-5,
     *,
+    axis: _Axis = None,
     out: Optional[_FloatArray] = None,
 ) -> _FloatArray: ...
 def native_layer_norm(
@@ -38,13 +40,29 @@ def native_layer_norm(
     weight: Optional[npt.ArrayLike] = None,
     bias: Optional[npt.ArrayLike] = None,
     eps: SupportsFloat = 1e-5,
+    *,
+    axis: _Axis = None,
 ) -> Tuple[_FloatArray, _FloatArray, _FloatArray]: ...
+def add_layer_norm(
+    input: npt.ArrayLike,
+    residual: npt.ArrayLike,
+    normalized_shape: _Shape,
+    weight: Optional[npt.ArrayLike] = None,
+    bias: Optional[npt.ArrayLike] = None,
+    eps: SupportsFloat = 1e-5,
+    *,
+    axis: _Axis = None,
+    out: Optional[_FloatArray] = None,
+    residual_out: Optional[_FloatArray] = None,
+) -> Tuple[_FloatArray, _FloatArray]: ...
 def training_forward(
     input: npt.ArrayLike,
     normalized_shape: _Shape,
     weight: Optional[npt.ArrayLike] = None,
     bias: Optional[npt.ArrayLike] = None,
     eps: SupportsFloat = 1e-5,
+    *,
+    axis: _Axis = None,
 ) -> Tuple[_FloatArray, Tuple[_FloatArray, bytes]]:
     """native_layer_norm for LayerNorm's training mode: (output, (input, stats)), input a private
     C-contiguous copy, stats the rows' mean then rstd, then the weight and bias used, as bytes;
@@ -59,6 +77,8 @@ def layer_norm_backward(
     weight: Optional[npt.ArrayLike] = None,
     bias: Optional[npt.ArrayLike] = None,
     output_mask: Sequence[bool] = (True, True, True),
+    *,
+    axis: _Axis = None,
 ) -> _Gradients: ...
 def saved_backward(
     grad_output: npt.ArrayLike,
@@ -68,8 +88,70 @@ def saved_backward(
     weight: Optional[npt.ArrayLike] = None,
     bias: Optional[npt.ArrayLike] = None,
     output_mask: Sequence[bool] = (True, True, True),
+    *,
+    axis: _Axis = None,
 ) -> _Gradients:
     """layer_norm_backward from what training_forward saved."""
+
+def rms_norm(
+    input: npt.ArrayLike,
+    normalized_shape: _Shape,
+    weight: Optional[npt.ArrayLike] = None,
+    eps: Optional[SupportsFloat] = None,
+    *,
+    axis: _Axis = None,
+    out: Optional[_FloatArray] = None,
+) -> _FloatArray: ...
+def native_rms_norm(
+    input: npt.ArrayLike,
+    normalized_shape: _Shape,
+    weight: Optional[npt.ArrayLike] = None,
+    eps: Optional[SupportsFloat] = None,
+    *,
+    axis: _Axis = None,
+) -> Tuple[_FloatArray, _FloatArray]: ...
+def add_rms_norm(
+    input: npt.ArrayLike,
+    residual: npt.ArrayLike,
+    normalized_shape: _Shape,
+    weight: Optional[npt.ArrayLike] = None,
+    eps: Optional[SupportsFloat] = None,
+    *,
+    axis: _Axis = None,
+    out: Optional[_FloatArray] = None,
+    residual_out: Optional[_FloatArray] = None,
+) -> Tuple[_FloatArray, _FloatArray]: ...
+def rms_training_forward(
+    input: npt.ArrayLike,
+    normalized_shape: _Shape,
+    weight: Optional[npt.ArrayLike] = None,
+    eps: Optional[SupportsFloat] = None,
+    *,
+    axis: _Axis = None,
+) -> Tuple[_FloatArray, Tuple[_FloatArray, bytes]]:
+    """training_forward for RMSNorm: stats hold the rows' rstd, then the weight used."""
+
+def rms_norm_backward(
+    grad_output: npt.ArrayLike,
+    input: npt.ArrayLike,
+    normalized_shape: _Shape,
+    rstd: npt.ArrayLike,
+    weight: Optional[npt.ArrayLike] = None,
+    output_mask: Sequence[bool] = (True, True),
+    *,
+    axis: _Axis = None,
+) -> Tuple[Optional[_FloatArray], Optional[_FloatArray]]: ...
+def rms_saved_backward(
+    grad_output: npt.ArrayLike,
+    input: npt.ArrayLike,
+    stats: bytes,
+    normalized_shape: _Shape,
+    weight: Optional[npt.ArrayLike] = None,
+    output_mask: Sequence[bool] = (True, True),
+    *,
+    axis: _Axis = None,
+) -> Tuple[Optional[_FloatArray], Optional[_FloatArray]]:
+    """rms_norm_backward from what rms_training_forward saved."""
 
 def set_num_threads(n: SupportsIndex, /) -> None: ...
 def get_num_threads() -> int: ...

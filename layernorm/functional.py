@@ -15,19 +15,27 @@ from typing import Any, Optional, Sequence, SupportsFloat, SupportsIndex, Tuple,
 import numpy as np
 import numpy.typing as npt
 
+from . import _layernorm as _core
 from ._layernorm import UnsupportedDTypeError
-from ._layernorm import layer_norm as _layer_norm
-from ._layernorm import layer_norm_backward as _layer_norm_backward
-from ._layernorm import native_layer_norm as _native_layer_norm
 
-__all__ = ["layer_norm", "layer_norm_backward", "native_layer_norm"]
+__all__ = [
+    "add_layer_norm",
+    "add_rms_norm",
+    "layer_norm",
+    "layer_norm_backward",
+    "native_layer_norm",
+    "native_rms_norm",
+    "rms_norm",
+    "rms_norm_backward",
+]
 
 _Shape = Union[SupportsIndex, Sequence[SupportsIndex]]
+_Axis = Union[SupportsIndex, Sequence[SupportsIndex], None]
 _FloatArray = npt.NDArray[np.floating[Any]]
 
 _ndarray = np.ndarray
 
-# torch's kernels, as its dtype refusals name them.
+# torch's kernels, as its dtype refusals name them (its RMSNorm has no kernel of its own there).
 _FORWARD_KERNEL = "LayerNormKernelImpl"
 _BACKWARD_KERNEL = "LayerNormBackwardKernelImpl"
 
@@ -62,12 +70,22 @@ def _as_numpy(value: Any) -> Any:
     return value
 
 
-def _torch_worded(error: UnsupportedDTypeError, kernel: str) -> TypeError:
+def _torch_worded(error: UnsupportedDTypeError, kernel: Optional[str]) -> TypeError:
     """Return the core's dtype refusal as a TypeError that starts with torch's own text,
-    ``"LayerNormKernelImpl" not implemented for 'Long'``, when torch has a name for the dtype."""
+    ``"LayerNormKernelImpl" not implemented for 'Long'``, when torch has a name for the dtype
+    and the kernel (``kernel`` None: the core's text alone)."""
     dtype: np.dtype[Any] = error.dtype
     name = _TORCH_TYPE_NAMES.get((dtype.kind, dtype.itemsize))
-    return TypeError(str(error) if name is None else f'"{kernel}" not implemented for \'{name}\': {error}')
+    if name is None or kernel is None:
+        return TypeError(str(error))
+    return TypeError(f'"{kernel}" not implemented for \'{name}\': {error}')
+
+
+_AXIS_DOC = """axis : int or tuple of int, optional
+        The axes to normalize over, in the order of ``normalized_shape`` (NumPy's convention,
+        negatives count from the end), e.g. ``axis=1`` for the channels of an ``(N, C, H, W)``
+        array.  Without it, the last ``len(normalized_shape)`` axes, as torch.  With it, results
+        keep the input's memory order and strided rows are read in place."""
 
 
 def layer_norm(
@@ -77,24 +95,24 @@ def layer_norm(
     bias: Optional[npt.ArrayLike] = None,
     eps: SupportsFloat = 1e-5,
     *,
+    axis: _Axis = None,
     out: Optional[_FloatArray] = None,
 ) -> _FloatArray:
-    """Layer normalization over the last ``len(normalized_shape)`` dimensions, as
-    ``torch.nn.functional.layer_norm``.
+    """Layer normalization, as ``torch.nn.functional.layer_norm``.
 
     Parameters
     ----------
     input : array_like of float16, float32 or float64
         NumPy arrays, torch tensors (read detached) and anything ``np.asarray`` takes.
     normalized_shape : int or sequence of int
-        The trailing shape to normalize over.
+        The shape of the axes to normalize over (the trailing ones, unless `axis` says).
     weight, bias : array_like of shape normalized_shape, optional
         Elementwise scale (default ones) and shift (default zeros).
     eps : float
         Added to the (biased) variance inside the square root.
+    {axis}
     out : ndarray, optional
-        C-contiguous array of the input's shape and dtype to write into; may be the
-        input itself.
+        Array of the input's shape and dtype to write into; may be the input itself.
 
     Returns
     -------
@@ -108,9 +126,7 @@ def layer_norm(
     ):
         input, weight, bias = _as_numpy(input), _as_numpy(weight), _as_numpy(bias)
     try:
-        if out is None:
-            return _layer_norm(input, normalized_shape, weight, bias, eps)
-        return _layer_norm(input, normalized_shape, weight, bias, eps, out=out)
+        return _core.layer_norm(input, normalized_shape, weight, bias, eps, axis=axis, out=out)
     except UnsupportedDTypeError as error:
         raise _torch_worded(error, _FORWARD_KERNEL) from None
 
@@ -121,6 +137,8 @@ def native_layer_norm(
     weight: Optional[npt.ArrayLike] = None,
     bias: Optional[npt.ArrayLike] = None,
     eps: SupportsFloat = 1e-5,
+    *,
+    axis: _Axis = None,
 ) -> Tuple[_FloatArray, _FloatArray, _FloatArray]:
     """Layer normalization that also returns its statistics, as ``torch.native_layer_norm``.
 
@@ -128,12 +146,14 @@ def native_layer_norm(
     ----------
     input, normalized_shape, weight, bias, eps
         As for :func:`layer_norm`.
+    {axis}
 
     Returns
     -------
     (output, mean, rstd)
-        mean and ``rstd = 1 / sqrt(var + eps)`` have shape ``input.shape[:-D] + (1,) * D``,
-        ``D = len(normalized_shape)``, and dtype float32 (float64 for float64 input).
+        mean and ``rstd = 1 / sqrt(var + eps)`` have the input's shape with size 1 on the
+        normalized axes (``input.shape[:-D] + (1,) * D`` without `axis`) and dtype float32
+        (float64 for float64 input).
     """
     if not (
         type(input) is _ndarray
@@ -142,7 +162,7 @@ def native_layer_norm(
     ):
         input, weight, bias = _as_numpy(input), _as_numpy(weight), _as_numpy(bias)
     try:
-        return _native_layer_norm(input, normalized_shape, weight, bias, eps)
+        return _core.native_layer_norm(input, normalized_shape, weight, bias, eps, axis=axis)
     except UnsupportedDTypeError as error:
         raise _torch_worded(error, _FORWARD_KERNEL) from None
 
@@ -156,6 +176,8 @@ def layer_norm_backward(
     weight: Optional[npt.ArrayLike] = None,
     bias: Optional[npt.ArrayLike] = None,
     output_mask: Sequence[bool] = (True, True, True),
+    *,
+    axis: _Axis = None,
 ) -> Tuple[Optional[_FloatArray], Optional[_FloatArray], Optional[_FloatArray]]:
     """Gradients of :func:`layer_norm`, as ``torch.ops.aten.native_layer_norm_backward``.
 
@@ -166,9 +188,11 @@ def layer_norm_backward(
     input, normalized_shape, weight, bias
         What the forward call was given.
     mean, rstd : array_like
-        The statistics :func:`native_layer_norm` returned for this input.
+        The statistics :func:`native_layer_norm` returned for this input (one value per row,
+        any shape; broadcast arrays are read as they are).
     output_mask : sequence of three bools
         Which of (grad_input, grad_weight, grad_bias) to compute.
+    {axis}
 
     Returns
     -------
@@ -189,8 +213,229 @@ def layer_norm_backward(
             _as_numpy, (grad_output, input, mean, rstd, weight, bias)
         )
     try:
-        return _layer_norm_backward(
-            grad_output, input, normalized_shape, mean, rstd, weight, bias, output_mask
+        return _core.layer_norm_backward(
+            grad_output, input, normalized_shape, mean, rstd, weight, bias, output_mask, axis=axis
         )
     except UnsupportedDTypeError as error:
         raise _torch_worded(error, _BACKWARD_KERNEL) from None
+
+
+def rms_norm(
+    input: npt.ArrayLike,
+    normalized_shape: _Shape,
+    weight: Optional[npt.ArrayLike] = None,
+    eps: Optional[SupportsFloat] = None,
+    *,
+    axis: _Axis = None,
+    out: Optional[_FloatArray] = None,
+) -> _FloatArray:
+    """Root-mean-square normalization, as ``torch.nn.functional.rms_norm``.
+
+    Parameters
+    ----------
+    input, normalized_shape
+        As for :func:`layer_norm`.
+    weight : array_like of shape normalized_shape, optional
+        Elementwise scale (default ones).
+    eps : float, optional
+        Added to the mean of squares inside the square root; None (the default) means the
+        machine epsilon of float32 for float16/float32 input and of float64 for float64
+        input, as torch.
+    {axis}
+    out : ndarray, optional
+        Array of the input's shape and dtype to write into; may be the input itself.
+
+    Returns
+    -------
+    ndarray
+        ``input / sqrt(mean(input ** 2) + eps) * weight``, of the input's dtype.
+    """
+    if not (type(input) is _ndarray and (weight is None or type(weight) is _ndarray)):
+        input, weight = _as_numpy(input), _as_numpy(weight)
+    try:
+        return _core.rms_norm(input, normalized_shape, weight, eps, axis=axis, out=out)
+    except UnsupportedDTypeError as error:
+        raise _torch_worded(error, None) from None
+
+
+def native_rms_norm(
+    input: npt.ArrayLike,
+    normalized_shape: _Shape,
+    weight: Optional[npt.ArrayLike] = None,
+    eps: Optional[SupportsFloat] = None,
+    *,
+    axis: _Axis = None,
+) -> Tuple[_FloatArray, _FloatArray]:
+    """RMS normalization that also returns its statistic, as ``torch.ops.aten._fused_rms_norm``.
+
+    Parameters
+    ----------
+    input, normalized_shape, weight, eps
+        As for :func:`rms_norm`.
+    {axis}
+
+    Returns
+    -------
+    (output, rstd)
+        ``rstd = 1 / sqrt(mean(input ** 2) + eps)`` has the input's shape with size 1 on the
+        normalized axes and dtype float32 (float64 for float64 input).
+    """
+    if not (type(input) is _ndarray and (weight is None or type(weight) is _ndarray)):
+        input, weight = _as_numpy(input), _as_numpy(weight)
+    try:
+        return _core.native_rms_norm(input, normalized_shape, weight, eps, axis=axis)
+    except UnsupportedDTypeError as error:
+        raise _torch_worded(error, None) from None
+
+
+def rms_norm_backward(
+    grad_output: npt.ArrayLike,
+    input: npt.ArrayLike,
+    normalized_shape: _Shape,
+    rstd: npt.ArrayLike,
+    weight: Optional[npt.ArrayLike] = None,
+    output_mask: Sequence[bool] = (True, True),
+    *,
+    axis: _Axis = None,
+) -> Tuple[Optional[_FloatArray], Optional[_FloatArray]]:
+    """Gradients of :func:`rms_norm`, as ``torch.ops.aten._fused_rms_norm_backward``.
+
+    Parameters
+    ----------
+    grad_output : array_like
+        Gradient of the loss with respect to the output, of the input's shape.
+    input, normalized_shape, weight
+        What the forward call was given.
+    rstd : array_like
+        The statistic :func:`native_rms_norm` returned for this input.
+    output_mask : sequence of two bools
+        Which of (grad_input, grad_weight) to compute.
+    {axis}
+
+    Returns
+    -------
+    (grad_input, grad_weight)
+        Each is None where its output_mask entry is False; grad_weight is None without a
+        weight, else of shape normalized_shape.
+    """
+    if not (
+        type(grad_output) is _ndarray
+        and type(input) is _ndarray
+        and type(rstd) is _ndarray
+        and (weight is None or type(weight) is _ndarray)
+    ):
+        grad_output, input, rstd, weight = map(_as_numpy, (grad_output, input, rstd, weight))
+    try:
+        return _core.rms_norm_backward(grad_output, input, normalized_shape, rstd, weight, output_mask, axis=axis)
+    except UnsupportedDTypeError as error:
+        raise _torch_worded(error, None) from None
+
+
+_ADD_DOC = """
+    The sum ``input + residual`` is rounded in the input's dtype exactly as NumPy's add
+    rounds it, and the output is bit for bit what normalizing that sum gives; both are
+    made in one pass over memory (input and residual read once, sum and output written
+    once), as pre-LN transformer layers use them.
+
+    Parameters
+    ----------
+    input, residual : array_like
+        Of one shape and one dtype (float16, float32 or float64).
+    {params}
+    {axis}
+    out : ndarray, optional
+        Array for the output; may be `input` or `residual` itself.
+    residual_out : ndarray, optional
+        Array for the sum; may be `input` or `residual` itself (updated in place, as
+        vLLM's fused_add_rms_norm does).  Must not overlap `out`.
+
+    Returns
+    -------
+    (output, sum)
+        The normalized sum and the sum, each of the input's shape and dtype.
+
+    Notes
+    -----
+    Backward: the gradient of ``sum`` is the norm's backward on ``sum`` plus whatever
+    gradient reaches ``sum`` directly (the residual stream); input and residual both get it.
+"""
+
+
+def add_layer_norm(
+    input: npt.ArrayLike,
+    residual: npt.ArrayLike,
+    normalized_shape: _Shape,
+    weight: Optional[npt.ArrayLike] = None,
+    bias: Optional[npt.ArrayLike] = None,
+    eps: SupportsFloat = 1e-5,
+    *,
+    axis: _Axis = None,
+    out: Optional[_FloatArray] = None,
+    residual_out: Optional[_FloatArray] = None,
+) -> Tuple[_FloatArray, _FloatArray]:
+    if not (
+        type(input) is _ndarray
+        and type(residual) is _ndarray
+        and (weight is None or type(weight) is _ndarray)
+        and (bias is None or type(bias) is _ndarray)
+    ):
+        input, residual, weight, bias = map(_as_numpy, (input, residual, weight, bias))
+    try:
+        return _core.add_layer_norm(
+            input, residual, normalized_shape, weight, bias, eps, axis=axis, out=out, residual_out=residual_out
+        )
+    except UnsupportedDTypeError as error:
+        raise _torch_worded(error, _FORWARD_KERNEL) from None
+
+
+def add_rms_norm(
+    input: npt.ArrayLike,
+    residual: npt.ArrayLike,
+    normalized_shape: _Shape,
+    weight: Optional[npt.ArrayLike] = None,
+    eps: Optional[SupportsFloat] = None,
+    *,
+    axis: _Axis = None,
+    out: Optional[_FloatArray] = None,
+    residual_out: Optional[_FloatArray] = None,
+) -> Tuple[_FloatArray, _FloatArray]:
+    if not (
+        type(input) is _ndarray
+        and type(residual) is _ndarray
+        and (weight is None or type(weight) is _ndarray)
+    ):
+        input, residual, weight = map(_as_numpy, (input, residual, weight))
+    try:
+        return _core.add_rms_norm(
+            input, residual, normalized_shape, weight, eps, axis=axis, out=out, residual_out=residual_out
+        )
+    except UnsupportedDTypeError as error:
+        raise _torch_worded(error, None) from None
+
+
+add_layer_norm.__doc__ = (
+    "``(layer_norm(input + residual, ...), input + residual)``, fused.\n"
+    + _ADD_DOC.format(
+        params="normalized_shape, weight, bias, eps\n        As for :func:`layer_norm`.",
+        axis="{axis}",
+    )
+)
+add_rms_norm.__doc__ = (
+    "``(rms_norm(input + residual, ...), input + residual)``, fused.\n"
+    + _ADD_DOC.format(
+        params="normalized_shape, weight, eps\n        As for :func:`rms_norm`.",
+        axis="{axis}",
+    )
+)
+for _function in (
+    layer_norm,
+    native_layer_norm,
+    layer_norm_backward,
+    rms_norm,
+    native_rms_norm,
+    rms_norm_backward,
+    add_layer_norm,
+    add_rms_norm,
+):
+    _function.__doc__ = (_function.__doc__ or "").replace("{axis}", _AXIS_DOC)
+del _function

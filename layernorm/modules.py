@@ -15,13 +15,11 @@ from typing import Any, ClassVar, Iterable, NamedTuple, Optional, SupportsIndex,
 
 import numpy as np
 
+from . import _layernorm as _core
 from ._layernorm import ParameterChangedError, UnsupportedDTypeError
-from ._layernorm import layer_norm as _layer_norm
-from ._layernorm import saved_backward as _saved_backward
-from ._layernorm import training_forward as _training_forward
 from .functional import _FORWARD_KERNEL, _as_numpy, _torch_worded
 
-__all__ = ["LayerNorm", "NormModule"]
+__all__ = ["LayerNorm", "NormModule", "RMSNorm"]
 
 _ndarray = np.ndarray
 
@@ -84,6 +82,27 @@ def _as_shape(normalized_shape: Any) -> tuple[int, ...]:
             "(normalized_shape sizes must be >= 0)"
         )
     return tuple(shape)
+
+
+def _as_axis(axis: Any, shape: tuple[int, ...]) -> Optional[int | tuple[int, ...]]:
+    """Return axis= as given (an int, or a tuple of ints from any sequence), checked against the
+    normalized shape's length; the input's dims are checked at each call."""
+    if axis is None:
+        return None
+    if isinstance(axis, (bool, np.bool_)):
+        raise TypeError("axis must be an int or a tuple of ints, not bool")
+    try:
+        axes: int | tuple[int, ...] = operator.index(axis)
+        count = 1
+    except TypeError:
+        try:
+            axes = tuple(operator.index(a) for a in axis)
+        except TypeError:
+            raise TypeError(f"axis must be an int or a tuple of ints, got {axis!r}") from None
+        count = len(axes)
+    if count != len(shape):
+        raise ValueError(f"normalized_shape={list(shape)} and axis={axes!r} differ in length")
+    return axes
 
 
 def _as_param_dtype(dtype: Any, kind: str) -> np.dtype[Any]:
@@ -155,6 +174,7 @@ class NormModule:
     _PARAMETERS: ClassVar[Tuple[Tuple[str, str, float], ...]]
 
     normalized_shape: tuple[int, ...]
+    axis: Optional[int | tuple[int, ...]]
     weight: Optional[np.ndarray]
     weight_grad: Optional[np.ndarray]
     training: bool
@@ -171,12 +191,14 @@ class NormModule:
         device: Any,
         dtype: Any,
         present: Iterable[str],
+        axis: Any,
     ) -> None:
         """Store the settings; with elementwise_affine, make the parameters named in `present`
         (the others are None)."""
         _check_device(device)
         param_dtype = _as_param_dtype(dtype, self._KIND)
         self.normalized_shape = _as_shape(normalized_shape)
+        self.axis = _as_axis(axis, self.normalized_shape)
         self.eps = eps
         self.elementwise_affine = elementwise_affine
         made = set(present) if elementwise_affine else set()
@@ -411,7 +433,9 @@ class NormModule:
         return ""
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.extra_repr()})"
+        # axis= is ours, not torch's: shown only when set, so the repr is torch's otherwise
+        axis = "" if self.axis is None else f", axis={self.axis}"
+        return f"{type(self).__name__}({self.extra_repr()}{axis})"
 
     # ----------------------------------------------------------------- pickling
 
@@ -441,6 +465,10 @@ class LayerNorm(NormModule):
         Accepted for torch compatibility; anything else raises ValueError.
     dtype : dtype, optional
         Parameter dtype: float16, float32 (default) or float64, as NumPy or torch dtypes.
+    axis : int or tuple of int, optional
+        The axes to normalize over, in the order of ``normalized_shape`` (keyword only; not in
+        torch): ``LayerNorm(64, axis=1)`` is ConvNeXt's channels-first LayerNorm on
+        ``(N, C, H, W)`` arrays, computed in place without transposed copies.
 
     Attributes
     ----------
@@ -473,10 +501,12 @@ class LayerNorm(NormModule):
         bias: bool = True,
         device: Any = None,
         dtype: Any = None,
+        *,
+        axis: Any = None,
     ) -> None:
         super().__init__(
             normalized_shape, eps, elementwise_affine, device, dtype,
-            ("weight", "bias") if bias else ("weight",),
+            ("weight", "bias") if bias else ("weight",), axis,
         )
 
     def __call__(self, input: Any) -> np.ndarray:
@@ -485,12 +515,14 @@ class LayerNorm(NormModule):
         Parameters
         ----------
         input : array_like
-            Float16/32/64 data whose trailing dimensions equal ``normalized_shape``.
+            Float16/32/64 data whose trailing dimensions (or those `axis` names) equal
+            ``normalized_shape``.
 
         Returns
         -------
         ndarray
-            The normalized array, C-contiguous, same shape and dtype as `input`.
+            The normalized array, same shape and dtype as `input` (C-contiguous, or in the
+            input's memory order with `axis`).
         """
         params = weight, bias = self.weight, self.bias
         if not (
@@ -501,13 +533,15 @@ class LayerNorm(NormModule):
             input, weight, bias = _as_numpy(input), _as_numpy(weight), _as_numpy(bias)
         if not self.training:
             try:
-                return _layer_norm(input, self.normalized_shape, weight, bias, self.eps)
+                return _core.layer_norm(input, self.normalized_shape, weight, bias, self.eps, axis=self.axis)
             except UnsupportedDTypeError as error:
                 raise _torch_worded(error, _FORWARD_KERNEL) from None
         # The input comes back as a private copy: the caller may change its own array
         # before backward(), which must not change the gradients (torch raises there).
         try:
-            output, kernel_saved = _training_forward(input, self.normalized_shape, weight, bias, self.eps)
+            output, kernel_saved = _core.training_forward(
+                input, self.normalized_shape, weight, bias, self.eps, axis=self.axis
+            )
         except BaseException as error:
             # A failed call must not leave the previous call's values for backward() to use.
             self._saved = None
@@ -522,9 +556,9 @@ class LayerNorm(NormModule):
     def _gradients(self, grad_output: Any, saved: Tuple[Any, ...]) -> Tuple[Optional[np.ndarray], ...]:
         weight, bias = self.weight, self.bias
         input, stats = saved
-        return _saved_backward(
+        return _core.saved_backward(
             grad_output, input, stats, self.normalized_shape, weight, bias,
-            (True, weight is not None, bias is not None),
+            (True, weight is not None, bias is not None), axis=self.axis,
         )
 
     def extra_repr(self) -> str:
@@ -537,4 +571,97 @@ class LayerNorm(NormModule):
             eps=self.eps,
             elementwise_affine=self.elementwise_affine,
             use_bias=self.bias is not None,
+        )
+
+
+class RMSNorm(NormModule):
+    """Root-mean-square normalization over the last dimensions, like ``torch.nn.RMSNorm``.
+
+    ``y = x / sqrt(mean(x ** 2) + eps) * weight``, the mean taken over the last
+    ``len(normalized_shape)`` dimensions (or those `axis` names); no bias, no centring.
+
+    Parameters
+    ----------
+    normalized_shape : int or sequence of int
+        Shape of the dimensions to normalize over; an int n means ``(n,)``.
+    eps : float, optional
+        Added to the mean of squares inside the square root; None (the default) means the
+        machine epsilon of the compute type (float32 for float16/float32 input), as torch.
+    elementwise_affine : bool, default True
+        Whether to have a learnable ``weight`` (ones).
+    device : None or "cpu"
+        Accepted for torch compatibility; anything else raises ValueError.
+    dtype : dtype, optional
+        Parameter dtype: float16, float32 (default) or float64, as NumPy or torch dtypes.
+    axis : int or tuple of int, optional
+        The axes to normalize over, in the order of ``normalized_shape`` (keyword only; not in
+        torch).
+
+    Attributes
+    ----------
+    weight : ndarray or None
+        Parameter of shape ``normalized_shape``.
+    weight_grad : ndarray or None
+        Gradient accumulated by :meth:`backward`; None until the first backward.
+    training : bool
+        True by default. A training-mode call keeps what :meth:`backward` needs.
+
+    Examples
+    --------
+    >>> rms = RMSNorm(4).eval()
+    >>> rms(np.array([1.0, -1.0, 1.0, -1.0], dtype=np.float32))
+    array([ 1., -1.,  1., -1.], dtype=float32)
+    """
+
+    _KIND = "RMSNorm"
+    _PARAMETERS = (("weight", "weight_grad", 1.0),)
+
+    def __init__(
+        self,
+        normalized_shape: SupportsIndex | Iterable[SupportsIndex],
+        eps: Optional[float] = None,
+        elementwise_affine: bool = True,
+        device: Any = None,
+        dtype: Any = None,
+        *,
+        axis: Any = None,
+    ) -> None:
+        super().__init__(normalized_shape, eps, elementwise_affine, device, dtype, ("weight",), axis)
+
+    def __call__(self, input: Any) -> np.ndarray:
+        """Normalize `input` (any array-like); return a new array of its dtype."""
+        params = (weight,) = (self.weight,)
+        if not (type(input) is _ndarray and (weight is None or type(weight) is _ndarray)):
+            input, weight = _as_numpy(input), _as_numpy(weight)
+        if not self.training:
+            try:
+                return _core.rms_norm(input, self.normalized_shape, weight, self.eps, axis=self.axis)
+            except UnsupportedDTypeError as error:
+                raise _torch_worded(error, None) from None
+        try:
+            output, kernel_saved = _core.rms_training_forward(
+                input, self.normalized_shape, weight, self.eps, axis=self.axis
+            )
+        except BaseException as error:
+            self._saved = None
+            if isinstance(error, UnsupportedDTypeError):
+                raise _torch_worded(error, None) from None
+            raise
+        self._saved = (kernel_saved, params)
+        return output
+
+    forward = __call__
+
+    def _gradients(self, grad_output: Any, saved: Tuple[Any, ...]) -> Tuple[Optional[np.ndarray], ...]:
+        weight = self.weight
+        input, stats = saved
+        return _core.rms_saved_backward(
+            grad_output, input, stats, self.normalized_shape, weight, (True, weight is not None),
+            axis=self.axis,
+        )
+
+    def extra_repr(self) -> str:
+        """Return torch's text: ``(4,), eps=None, elementwise_affine=True``."""
+        return "{normalized_shape}, eps={eps}, elementwise_affine={elementwise_affine}".format(
+            normalized_shape=self.normalized_shape, eps=self.eps, elementwise_affine=self.elementwise_affine
         )

@@ -22,6 +22,7 @@
 #include <numpy/arrayobject.h>
 
 #include <ctype.h>
+#include <float.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,6 +66,9 @@ typedef enum {
     KW_RSTD,
     KW_STATS,
     KW_OUTPUT_MASK,
+    KW_AXIS,
+    KW_RESIDUAL,
+    KW_RESIDUAL_OUT,
     KW_COUNT
 } keyword_id;
 
@@ -80,6 +84,9 @@ static const char *const keyword_text[KW_COUNT] = {
     [KW_RSTD] = "rstd",
     [KW_STATS] = "stats",
     [KW_OUTPUT_MASK] = "output_mask",
+    [KW_AXIS] = "axis",
+    [KW_RESIDUAL] = "residual",
+    [KW_RESIDUAL_OUT] = "residual_out",
 };
 
 /* Every Python object the module holds.  There are no others: the kernel layer's state (thread
@@ -87,6 +94,7 @@ static const char *const keyword_text[KW_COUNT] = {
 typedef struct {
     PyObject *unsupported_dtype_error;  /* UnsupportedDTypeError, a TypeError subclass */
     PyObject *parameter_changed_error;  /* ParameterChangedError, a RuntimeError subclass */
+    PyObject *axis_error;               /* NumPy's AxisError, raised as NumPy raises it */
     PyObject *keywords[KW_COUNT];       /* interned keyword names */
 } module_state;
 
@@ -104,6 +112,7 @@ module_traverse(PyObject *module, visitproc visit, void *arg)
     module_state *state = get_state(module);
     Py_VISIT(state->unsupported_dtype_error);
     Py_VISIT(state->parameter_changed_error);
+    Py_VISIT(state->axis_error);
     for (int k = 0; k < KW_COUNT; k++) {
         Py_VISIT(state->keywords[k]);
     }
@@ -116,6 +125,7 @@ module_clear(PyObject *module)
     module_state *state = get_state(module);
     Py_CLEAR(state->unsupported_dtype_error);
     Py_CLEAR(state->parameter_changed_error);
+    Py_CLEAR(state->axis_error);
     for (int k = 0; k < KW_COUNT; k++) {
         Py_CLEAR(state->keywords[k]);
     }
@@ -329,27 +339,6 @@ done:
     return status;
 }
 
-/* Stores eps (default 1e-5) into *eps.  Returns 0, or -1 with an exception set. */
-static int
-parse_eps(PyObject *obj, double *eps)
-{
-    if (!obj) {
-        *eps = 1e-5;
-        return 0;
-    }
-    /* a complex eps would lose its imaginary part (NumPy's only warns), an array of one
-       element would pass for a number */
-    const int complex_number = PyComplex_Check(obj) || PyArray_IsScalar(obj, ComplexFloating) ||
-                               (PyArray_Check(obj) && PyArray_ISCOMPLEX((PyArrayObject *)obj));
-    const int not_0_d = PyArray_Check(obj) && PyArray_NDIM((PyArrayObject *)obj) != 0;
-    if (complex_number || not_0_d || (!PyFloat_Check(obj) && !PyLong_Check(obj) && !PyNumber_Check(obj))) {
-        PyErr_Format(PyExc_TypeError, "eps must be a real number, got %.200s", Py_TYPE(obj)->tp_name);
-        return -1;
-    }
-    *eps = PyFloat_AsDouble(obj);
-    return *eps == -1.0 && PyErr_Occurred() ? -1 : 0;
-}
-
 /* The output_mask message for each mask length a kind has (1 + its parameters). */
 static const char *const output_mask_message[] = {
     [2] = "output_mask must be a sequence of two bools",
@@ -497,51 +486,6 @@ static const int param_type_num[] = {NPY_FLOAT, NPY_FLOAT, NPY_DOUBLE};
 static const npy_intp param_size[] = {4, 4, 8};
 static const int elem_type_num[] = {NPY_HALF, NPY_FLOAT, NPY_DOUBLE};
 
-/* Checks that arr's trailing dims equal the normalized shape, then stores their product in
-   ns->size: only an array's dims are known to multiply without overflow, not any sizes a
-   caller writes.  Returns 0, or -1 with torch's ValueError text set. */
-static int
-check_trailing_shape(PyArrayObject *arr, shape_t *ns)
-{
-    const int ndim = PyArray_NDIM(arr);
-    int ok = ndim >= ns->ndim;
-    for (int i = 0; ok && i < ns->ndim; i++) {
-        ok = PyArray_DIM(arr, ndim - ns->ndim + i) == ns->dims[i];
-    }
-    PyObject *ns_list = NULL, *size_list = NULL, *ns_text = NULL, *tail = NULL;
-    if (ok) {
-        if (checked_product(ns->dims, ns->ndim, &ns->size) == 0) {
-            return 0;
-        }
-        ns_list = dims_as_list(ns->dims, ns->ndim);
-        if (ns_list) {
-            PyErr_Format(PyExc_ValueError, "normalized_shape = %R has more elements than an array can hold",
-                         ns_list);
-        }
-        goto done;
-    }
-    ns_list = dims_as_list(ns->dims, ns->ndim);
-    size_list = dims_as_list(PyArray_DIMS(arr), ndim);
-    ns_text = ns_list ? PyObject_Repr(ns_list) : NULL;
-    if (!size_list || !ns_text) {
-        goto done;
-    }
-    /* "[*, 2, 2]" from "[2, 2]" */
-    tail = PyUnicode_Substring(ns_text, 1, PyUnicode_GET_LENGTH(ns_text));
-    if (tail) {
-        PyErr_Format(PyExc_ValueError,
-                     "Given normalized_shape=%R, expected input with shape [*, %U, but got input "
-                     "of size%R",
-                     ns_list, tail, size_list);
-    }
-done:
-    Py_XDECREF(ns_list);
-    Py_XDECREF(size_list);
-    Py_XDECREF(ns_text);
-    Py_XDECREF(tail);
-    return -1;
-}
-
 /* Stores into *out a new reference to the parameter `obj` as a C-contiguous array of the
    param type, or NULL for None.  Returns 0, or -1 with an exception set. */
 static int
@@ -594,60 +538,186 @@ done:
     return status;
 }
 
-/* 1 when the last `inner_ndim` dims of arr form one contiguous block and its leading dims
-   collapse to a single stride, which it stores in *row_step (in elements); else 0. */
+/* ------------------------------------------------------------------------ */
+/* Helpers: the normalized axes                                              */
+/* ------------------------------------------------------------------------ */
+
+/* The axes of the input a call normalizes over, in normalized_shape's order: element j of
+   a row is their multi-index in that order, C-style, so weight[j] belongs to it. */
+typedef struct {
+    int naxes;
+    int axes[LN_MAX_DIMS];
+    int given;  /* axis= was given: results keep the input's memory order */
+} norm_axes;
+
+/* Stores into *axis the axis obj names in an array of ndim dims, negatives counted from the
+   end.  Returns 0, or -1 with an exception set (NumPy's AxisError when out of range). */
 static int
-rows_view(PyArrayObject *arr, int inner_ndim, npy_intp *row_step)
+parse_one_axis(module_state *state, PyObject *obj, int ndim, int *axis)
 {
-    const int ndim = PyArray_NDIM(arr);
-    const npy_intp itemsize = PyArray_ITEMSIZE(arr);
-    const npy_intp *dims = PyArray_DIMS(arr), *strides = PyArray_STRIDES(arr);
-    if (!PyArray_ISALIGNED(arr) || !PyArray_ISNOTSWAPPED(arr)) {
-        return 0;
+    if (!PyIndex_Check(obj) || is_bool(obj)) {
+        PyErr_Format(PyExc_TypeError, "axis must be an int or a tuple of ints, but found an element of type %.200s",
+                     Py_TYPE(obj)->tp_name);
+        return -1;
     }
-    npy_intp expected = itemsize;
-    for (int k = ndim - 1; k >= ndim - inner_ndim; k--) {
-        if ((dims[k] != 1 && strides[k] != expected) || checked_mul(expected, dims[k], &expected) < 0) {
-            return 0;
-        }
+    const Py_ssize_t value = PyNumber_AsSsize_t(obj, PyExc_OverflowError);
+    if (value == -1 && PyErr_Occurred()) {
+        return -1;
     }
-    *row_step = expected / itemsize;
-    npy_intp next_stride = 0, next_dim = 0, collapsed;
-    int seen = 0;
-    for (int k = ndim - inner_ndim - 1; k >= 0; k--) {
-        if (dims[k] == 1) {
-            continue;
+    if (value < -ndim || value >= ndim) {
+        PyObject *error = PyObject_CallFunction(state->axis_error, "ni", value, ndim);
+        if (error) {
+            PyErr_SetObject(state->axis_error, error);
+            Py_DECREF(error);
         }
-        if (!seen) {
-            if (strides[k] % itemsize != 0) {
-                return 0;
-            }
-            *row_step = strides[k] / itemsize;
-            seen = 1;
-        }
-        else if (checked_mul(next_stride, next_dim, &collapsed) < 0 || strides[k] != collapsed) {
-            return 0;
-        }
-        next_stride = strides[k];
-        next_dim = dims[k];
+        return -1;
     }
-    return 1;
+    *axis = (int)(value < 0 ? value + ndim : value);
+    return 0;
 }
 
-/* New reference: arr itself when the kernel can read its rows in place (setting *row_step),
-   else a C-contiguous native copy (row_step = row_len); NULL with an exception set. */
-static PyArrayObject *
-readable_rows(PyArrayObject *arr, int inner_ndim, npy_intp row_len, npy_intp *row_step)
+/* Fills *ax from axis= (None: the last ns->ndim axes, as torch), checks the input's sizes
+   along them against normalized_shape, then stores their product in ns->size: only an
+   array's dims are known to multiply without overflow, not any sizes a caller writes.
+   Returns 0, or -1 with an exception set. */
+static int
+resolve_axes(module_state *state, PyObject *axis_obj, PyArrayObject *input, shape_t *ns, norm_axes *ax)
 {
-    if (rows_view(arr, inner_ndim, row_step)) {
-        Py_INCREF(arr);
-        return arr;
+    int status = -1;
+    PyObject *seq = NULL, *ns_list = NULL, *size_list = NULL, *axis_tuple = NULL, *ns_text = NULL, *tail = NULL;
+    const int ndim = PyArray_NDIM(input);
+    ax->given = axis_obj && axis_obj != Py_None;
+    ax->naxes = ns->ndim;
+    int sizes_match = 1;
+    if (!ax->given) {
+        sizes_match = ndim >= ns->ndim;
+        for (int i = 0; sizes_match && i < ns->ndim; i++) {
+            ax->axes[i] = ndim - ns->ndim + i;
+        }
     }
-    *row_step = row_len;
-    return (PyArrayObject *)PyArray_FromArray(arr, PyArray_DescrFromType(PyArray_TYPE(arr)),
-                                              NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED |
-                                                  NPY_ARRAY_ENSURECOPY | NPY_ARRAY_FORCECAST);
+    else {
+        const int one = PyIndex_Check(axis_obj) && !is_bool(axis_obj) && !PySequence_Check(axis_obj);
+        if (!one && !PyTuple_Check(axis_obj) && !PyList_Check(axis_obj)) {
+            PyErr_Format(PyExc_TypeError, "axis must be an int or a tuple of ints, got %.200s",
+                         Py_TYPE(axis_obj)->tp_name);
+            goto done;
+        }
+        seq = one ? PyTuple_Pack(1, axis_obj) : PySequence_Tuple(axis_obj);
+        if (!seq) {
+            goto done;
+        }
+        if (PyTuple_GET_SIZE(seq) != ns->ndim) {
+            ns_list = dims_as_list(ns->dims, ns->ndim);
+            if (ns_list) {
+                PyErr_Format(PyExc_ValueError, "normalized_shape=%R and axis=%R differ in length", ns_list, seq);
+            }
+            goto done;
+        }
+        int seen[LN_MAX_DIMS] = {0};
+        for (int i = 0; i < ns->ndim; i++) {
+            if (parse_one_axis(state, PyTuple_GET_ITEM(seq, i), ndim, &ax->axes[i]) < 0) {
+                goto done;
+            }
+            if (seen[ax->axes[i]]++) {
+                PyErr_Format(PyExc_ValueError, "repeated axis in axis=%R", seq);
+                goto done;
+            }
+        }
+    }
+    for (int i = 0; sizes_match && i < ns->ndim; i++) {
+        sizes_match = PyArray_DIM(input, ax->axes[i]) == ns->dims[i];
+    }
+    ns_list = dims_as_list(ns->dims, ns->ndim);
+    if (!ns_list) {
+        goto done;
+    }
+    if (sizes_match) {
+        if (checked_product(ns->dims, ns->ndim, &ns->size) == 0) {
+            status = 0;
+        }
+        else {
+            PyErr_Format(PyExc_ValueError, "normalized_shape = %R has more elements than an array can hold",
+                         ns_list);
+        }
+        goto done;
+    }
+    size_list = dims_as_list(PyArray_DIMS(input), ndim);
+    if (!size_list) {
+        goto done;
+    }
+    if (ax->given) {
+        axis_tuple = PyTuple_New(ns->ndim);
+        for (int i = 0; axis_tuple && i < ns->ndim; i++) {
+            PyObject *item = PyLong_FromLong(ax->axes[i]);
+            if (!item) {
+                Py_CLEAR(axis_tuple);
+                break;
+            }
+            PyTuple_SET_ITEM(axis_tuple, i, item);
+        }
+        if (axis_tuple) {
+            PyErr_Format(PyExc_ValueError,
+                         "Given normalized_shape=%R and axis=%R, expected input with sizes %R along those "
+                         "axes, but got input of size%R",
+                         ns_list, axis_tuple, ns_list, size_list);
+        }
+        goto done;
+    }
+    /* torch's text: "[*, 2, 2]" from "[2, 2]" */
+    ns_text = PyObject_Repr(ns_list);
+    tail = ns_text ? PyUnicode_Substring(ns_text, 1, PyUnicode_GET_LENGTH(ns_text)) : NULL;
+    if (tail) {
+        PyErr_Format(PyExc_ValueError,
+                     "Given normalized_shape=%R, expected input with shape [*, %U, but got input of size%R",
+                     ns_list, tail, size_list);
+    }
+done:
+    Py_XDECREF(seq);
+    Py_XDECREF(ns_list);
+    Py_XDECREF(size_list);
+    Py_XDECREF(axis_tuple);
+    Py_XDECREF(ns_text);
+    Py_XDECREF(tail);
+    return status;
 }
+
+/* Stores the number of rows, the product of the input's other dims, into *rows.  Returns 0,
+   or -1 with ValueError set when it overflows (NumPy makes no such array). */
+static int
+batch_size(PyArrayObject *input, const norm_axes *ax, npy_intp *rows)
+{
+    npy_intp dims[LN_MAX_DIMS];
+    int n = 0, normalized[LN_MAX_DIMS] = {0};
+    for (int i = 0; i < ax->naxes; i++) {
+        normalized[ax->axes[i]] = 1;
+    }
+    for (int d = 0; d < PyArray_NDIM(input); d++) {
+        if (!normalized[d]) {
+            dims[n++] = PyArray_DIM(input, d);
+        }
+    }
+    if (checked_product(dims, n, rows) < 0) {
+        PyErr_SetString(PyExc_ValueError, "the input has more rows than an npy_intp can count");
+        return -1;
+    }
+    return 0;
+}
+
+/* The shape of a statistic, one value per row: the input's, with 1 on the normalized axes. */
+static void
+stats_dims(PyArrayObject *input, const norm_axes *ax, npy_intp dims[])
+{
+    for (int d = 0; d < PyArray_NDIM(input); d++) {
+        dims[d] = PyArray_DIM(input, d);
+    }
+    for (int i = 0; i < ax->naxes; i++) {
+        dims[ax->axes[i]] = 1;
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Helpers: results and overlaps                                             */
+/* ------------------------------------------------------------------------ */
 
 /* Stores the addresses [lo, hi) an array's elements span (lo == hi when empty).  Returns 0,
    or -1 when its strides reach past any address space (a view made with as_strided). */
@@ -682,112 +752,366 @@ arrays_overlap(PyArrayObject *a, PyArrayObject *b)
     return a_lo < a_hi && b_lo < b_hi && a_lo < b_hi && b_lo < a_hi;
 }
 
-/* Replaces *arr (owned, may be NULL) with a private copy when it overlaps out.
-   Returns 0, or -1 with an exception set (then *arr is NULL). */
+/* 1 when a and b (of one shape) are the same elements in the same places, else 0: a result
+   may be written over such an input, element onto element. */
 static int
-detach_from_output(PyArrayObject **arr, PyArrayObject *out)
+same_elements(PyArrayObject *a, PyArrayObject *b)
 {
-    if (!*arr || !arrays_overlap(*arr, out)) {
+    if (PyArray_DATA(a) != PyArray_DATA(b) || PyArray_ITEMSIZE(a) != PyArray_ITEMSIZE(b)) {
         return 0;
     }
-    Py_SETREF(*arr, (PyArrayObject *)PyArray_NewCopy(*arr, NPY_CORDER));
+    for (int d = 0; d < PyArray_NDIM(a); d++) {
+        if (PyArray_DIM(a, d) > 1 && PyArray_STRIDE(a, d) != PyArray_STRIDE(b, d)) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Replaces *arr (owned, may be NULL) with a private copy when it overlaps `result`, unless
+   `in_place` allows it to be the very same elements.  Returns 0, or -1 with an exception set
+   (then *arr is NULL). */
+static int
+detach_from_result(PyArrayObject **arr, PyArrayObject *result, int in_place)
+{
+    if (!*arr || !arrays_overlap(*arr, result) || (in_place && same_elements(*arr, result))) {
+        return 0;
+    }
+    Py_SETREF(*arr, (PyArrayObject *)PyArray_NewCopy(*arr, NPY_KEEPORDER));
     return *arr ? 0 : -1;
 }
 
-/* New reference: the caller's out= array after checking it can take a result shaped like
-   `like` of type type_num; NULL with an exception set. */
+/* New reference: the caller's array `name` (out=, residual_out=) after checking it can take
+   a result shaped like `like` of type type_num; NULL with an exception set. */
 static PyArrayObject *
-check_out(PyObject *obj, PyArrayObject *like, int type_num)
+check_result_array(PyObject *obj, const char *name, PyArrayObject *like, int type_num)
 {
     PyArrayObject *result = NULL;
     PyObject *got = NULL, *want = NULL;
     if (!PyArray_Check(obj)) {
-        PyErr_Format(PyExc_TypeError, "out must be a numpy.ndarray, got %.200s", Py_TYPE(obj)->tp_name);
+        PyErr_Format(PyExc_TypeError, "%s must be a numpy.ndarray, got %.200s", name, Py_TYPE(obj)->tp_name);
         goto done;
     }
-    PyArrayObject *out = (PyArrayObject *)obj;
-    if (PyArray_TYPE(out) != type_num || !PyArray_ISNOTSWAPPED(out)) {
-        PyErr_Format(PyExc_TypeError, "out has dtype %S, but the result has dtype %S",
-                     (PyObject *)PyArray_DESCR(out), (PyObject *)PyArray_DESCR(like));
+    PyArrayObject *arr = (PyArrayObject *)obj;
+    if (PyArray_TYPE(arr) != type_num || !PyArray_ISNOTSWAPPED(arr)) {
+        PyErr_Format(PyExc_TypeError, "%s has dtype %S, but the result has dtype %S", name,
+                     (PyObject *)PyArray_DESCR(arr), (PyObject *)PyArray_DESCR(like));
         goto done;
     }
-    if (!PyArray_SAMESHAPE(out, like)) {
-        got = dims_as_list(PyArray_DIMS(out), PyArray_NDIM(out));
+    if (!PyArray_SAMESHAPE(arr, like)) {
+        got = dims_as_list(PyArray_DIMS(arr), PyArray_NDIM(arr));
         want = got ? dims_as_list(PyArray_DIMS(like), PyArray_NDIM(like)) : NULL;
         if (want) {
-            PyErr_Format(PyExc_ValueError, "out has shape %R, but the result has shape %R", got, want);
+            PyErr_Format(PyExc_ValueError, "%s has shape %R, but the result has shape %R", name, got, want);
         }
         goto done;
     }
-    if (!PyArray_IS_C_CONTIGUOUS(out) || !PyArray_ISALIGNED(out)) {
-        PyErr_SetString(PyExc_ValueError, "out must be a C-contiguous, aligned array");
+    if (!PyArray_ISWRITEABLE(arr)) {
+        PyErr_Format(PyExc_ValueError, "%s is read-only", name);
         goto done;
     }
-    if (!PyArray_ISWRITEABLE(out)) {
-        PyErr_SetString(PyExc_ValueError, "out is read-only");
-        goto done;
-    }
-    Py_INCREF(out);
-    result = out;
+    Py_INCREF(arr);
+    result = arr;
 done:
     Py_XDECREF(got);
     Py_XDECREF(want);
     return result;
 }
 
-/* Stores the number of rows, the product of the dims before the normalized ones, into
-   *rows.  Returns 0, or -1 with ValueError set when it overflows (NumPy makes no such array). */
-static int
-batch_size(PyArrayObject *arr, int ns_ndim, npy_intp *rows)
+/* New reference: an uninitialised array for a result of the input's shape and type type_num,
+   in the input's memory order when axis= was given (an NCHW input normalized over C gives an
+   NCHW result), else C-contiguous as torch's; NULL with an exception set. */
+static PyArrayObject *
+new_result(const char *fname, const char *name, PyArrayObject *input, const norm_axes *ax, int type_num)
 {
-    if (checked_product(PyArray_DIMS(arr), PyArray_NDIM(arr) - ns_ndim, rows) < 0) {
-        PyErr_SetString(PyExc_ValueError, "the input has more rows than an npy_intp can count");
+    PyArrayObject *result;
+    if (ax->given) {
+        result = (PyArrayObject *)PyArray_NewLikeArray(input, NPY_KEEPORDER, PyArray_DescrFromType(type_num), 0);
+    }
+    else {
+        result = (PyArrayObject *)PyArray_SimpleNew(PyArray_NDIM(input), PyArray_DIMS(input), type_num);
+    }
+    if (!result) {
+        allocation_failed(fname, name, PyArray_NDIM(input), PyArray_DIMS(input), type_num);
+    }
+    return result;
+}
+
+/* New reference: the caller's array obj when given (checked), else a new result array. */
+static PyArrayObject *
+result_array(const char *fname, PyObject *obj, const char *name, PyArrayObject *input, const norm_axes *ax,
+             int type_num)
+{
+    if (obj && obj != Py_None) {
+        return check_result_array(obj, name, input, type_num);
+    }
+    return new_result(fname, name, input, ax, type_num);
+}
+
+/* New reference: an uninitialised C-contiguous array for the statistic `name`, one value per
+   row, or NULL with an exception set. */
+static PyArrayObject *
+stats_array(const char *fname, const char *name, PyArrayObject *input, const norm_axes *ax, int type_num)
+{
+    npy_intp dims[LN_MAX_DIMS];
+    stats_dims(input, ax, dims);
+    PyArrayObject *stats = (PyArrayObject *)PyArray_SimpleNew(PyArray_NDIM(input), dims, type_num);
+    if (!stats) {
+        allocation_failed(fname, name, PyArray_NDIM(input), dims, type_num);
+    }
+    return stats;
+}
+
+/* New reference: a C-contiguous array of the statistics' shape and type type_num over the
+   bytes at `data`, which belong to `owner` (a bytes object made here); NULL with an exception
+   set. */
+static PyArrayObject *
+stats_over_bytes(PyObject *owner, char *data, PyArrayObject *input, const norm_axes *ax, int type_num)
+{
+    npy_intp dims[LN_MAX_DIMS];
+    stats_dims(input, ax, dims);
+    PyArrayObject *view = (PyArrayObject *)PyArray_NewFromDescr(
+        &PyArray_Type, PyArray_DescrFromType(type_num), PyArray_NDIM(input), dims, NULL, data,
+        NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | NPY_ARRAY_WRITEABLE, NULL);
+    if (view) {
+        Py_INCREF(owner);
+        if (PyArray_SetBaseObject(view, owner) < 0) {
+            Py_CLEAR(view);
+        }
+    }
+    return view;
+}
+
+/* New reference: input's data in an array nobody else holds (for backward to read after the
+   caller may have changed its own), C-contiguous and native: the array NumPy made here from a
+   list or tuple input_obj, else a copy; NULL with an exception set. */
+static PyArrayObject *
+private_input(PyObject *input_obj, PyArrayObject *input)
+{
+    /* Only an array made here is known to be private: an array that came out of the caller's
+       object, even one owning its data, may be that object's own buffer (an __array__ that
+       returns a kept array). */
+    if ((PyList_Check(input_obj) || PyTuple_Check(input_obj)) && PyArray_ISCARRAY_RO(input) &&
+        PyArray_ISNOTSWAPPED(input)) {
+        Py_INCREF(input);
+        return input;
+    }
+    if (PyArray_ISCARRAY_RO(input) && PyArray_ISNOTSWAPPED(input)) {
+        /* the common case, without NumPy's general copy machinery (a third of a small
+           call's time) */
+        PyArrayObject *copy = (PyArrayObject *)PyArray_SimpleNew(
+            PyArray_NDIM(input), PyArray_DIMS(input), PyArray_TYPE(input));
+        if (copy) {
+            memcpy(PyArray_DATA(copy), PyArray_DATA(input), (size_t)PyArray_NBYTES(input));
+        }
+        return copy;
+    }
+    return (PyArrayObject *)PyArray_FromArray(input, PyArray_DescrFromType(PyArray_TYPE(input)),
+                                              NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED |
+                                                  NPY_ARRAY_ENSURECOPY | NPY_ARRAY_FORCECAST);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Layouts: the arrays of one kernel call and how the kernel walks them      */
+/* ------------------------------------------------------------------------ */
+
+#define MAX_CALL_ARRAYS 6
+
+_Static_assert(sizeof(npy_intp) == sizeof(ptrdiff_t), "strides are handed to the kernel layer as they are");
+
+/* One array the kernel reads or writes. */
+typedef struct {
+    PyArrayObject *arr;     /* owned; NULL: absent */
+    PyArrayObject *result;  /* owned: where arr's values go after the kernel, when arr stands in
+                               for a result the kernel cannot walk; else NULL */
+    int writes;
+    int per_row;            /* a statistic: one value per row, size 1 on the normalized axes */
+} call_array;
+
+/* The arrays of one kernel call (all of the input's shape, statistics aside), their common
+   shape and normalized axes, and, once planned, the kernel's extent and walks. */
+typedef struct {
+    int n;
+    call_array arrays[MAX_CALL_ARRAYS];
+    int ndim;
+    npy_intp dims[LN_MAX_DIMS];
+    norm_axes axes;
+    ln_extent extent;
+    ln_walk walks[MAX_CALL_ARRAYS];
+} kernel_call;
+
+static void
+call_init(kernel_call *call, PyArrayObject *input, const norm_axes *ax)
+{
+    memset(call, 0, sizeof *call);
+    call->ndim = PyArray_NDIM(input);
+    memcpy(call->dims, PyArray_DIMS(input), (size_t)call->ndim * sizeof(npy_intp));
+    call->axes = *ax;
+}
+
+/* Adds arr (borrowed, may be NULL) to the call; returns its index there. */
+static int
+call_add(kernel_call *call, PyArrayObject *arr, int writes, int per_row)
+{
+    assert(call->n < MAX_CALL_ARRAYS);
+    call_array *slot = &call->arrays[call->n];
+    Py_XINCREF(arr);
+    slot->arr = arr;
+    slot->writes = writes;
+    slot->per_row = per_row;
+    return call->n++;
+}
+
+static ln_array
+call_array_at(const kernel_call *call, int index)
+{
+    ln_array array = {NULL, {0, 0, 0}};
+    if (call->arrays[index].arr) {
+        array.data = PyArray_DATA(call->arrays[index].arr);
+        array.walk = call->walks[index];
+    }
+    return array;
+}
+
+/* Plans the walks of the call's arrays as they are.  Returns 1 when the kernel can walk
+   them (with `unit_elements`: only rows whose elements are adjacent), else 0. */
+static int
+call_plan(kernel_call *call, int unit_elements)
+{
+    npy_intp strides[MAX_CALL_ARRAYS][LN_MAX_DIMS];
+    const ptrdiff_t *stride_lists[MAX_CALL_ARRAYS];
+    ptrdiff_t itemsizes[MAX_CALL_ARRAYS];
+    ln_walk walks[MAX_CALL_ARRAYS];
+    int present[MAX_CALL_ARRAYS], normalized[LN_MAX_DIMS] = {0}, k = 0;
+    for (int i = 0; i < call->axes.naxes; i++) {
+        normalized[call->axes.axes[i]] = 1;
+    }
+    for (int a = 0; a < call->n; a++) {
+        const call_array *slot = &call->arrays[a];
+        if (!slot->arr) {
+            continue;
+        }
+        if (!PyArray_ISALIGNED(slot->arr) || !PyArray_ISNOTSWAPPED(slot->arr)) {
+            return 0;
+        }
+        for (int d = 0; d < call->ndim; d++) {
+            /* a statistic's size-1 normalized axes: the same value for every element */
+            strides[k][d] = slot->per_row && normalized[d] ? 0 : PyArray_STRIDE(slot->arr, d);
+        }
+        stride_lists[k] = strides[k];
+        itemsizes[k] = PyArray_ITEMSIZE(slot->arr);
+        present[k++] = a;
+    }
+    if (ln_layout_plan(call->ndim, call->dims, call->axes.naxes, call->axes.axes, k, stride_lists, itemsizes,
+                       &call->extent, walks) != LN_LAYOUT_OK) {
+        return 0;
+    }
+    for (int i = 0; i < k; i++) {
+        if (unit_elements && !call->arrays[present[i]].per_row && walks[i].elem_step != itemsizes[i]) {
+            return 0;
+        }
+        call->walks[present[i]] = walks[i];
+    }
+    return 1;
+}
+
+/* Makes the call walkable whatever its arrays' layouts.  Every array becomes a view with the
+   other axes first and the normalized axes last, in normalized_shape's order; a view that is
+   not native C-contiguous is replaced, when read by such a copy of it, when written by a new
+   array whose values go to the view once the kernel is done (call_finish).  Returns 0, or -1
+   with an exception set. */
+static int
+call_use_copies(const char *fname, kernel_call *call)
+{
+    npy_intp order[LN_MAX_DIMS], dims[LN_MAX_DIMS];
+    int normalized[LN_MAX_DIMS] = {0}, k = 0;
+    for (int i = 0; i < call->axes.naxes; i++) {
+        normalized[call->axes.axes[i]] = 1;
+    }
+    for (int d = 0; d < call->ndim; d++) {
+        if (!normalized[d]) {
+            order[k++] = d;
+        }
+    }
+    for (int i = 0; i < call->axes.naxes; i++) {
+        order[k++] = call->axes.axes[i];
+    }
+    PyArray_Dims permutation = {order, call->ndim};
+    for (int a = 0; a < call->n; a++) {
+        call_array *slot = &call->arrays[a];
+        if (!slot->arr) {
+            continue;
+        }
+        PyArrayObject *view = (PyArrayObject *)PyArray_Transpose(slot->arr, &permutation);
+        if (!view) {
+            return -1;
+        }
+        if (PyArray_IS_C_CONTIGUOUS(view) && PyArray_ISALIGNED(view) && PyArray_ISNOTSWAPPED(view)) {
+            Py_SETREF(slot->arr, view);
+            continue;
+        }
+        PyArray_Descr *native = PyArray_DescrFromType(PyArray_TYPE(view));
+        PyArrayObject *copy;
+        if (slot->writes) {
+            copy = (PyArrayObject *)PyArray_NewFromDescr(&PyArray_Type, native, PyArray_NDIM(view),
+                                                         PyArray_DIMS(view), NULL, NULL, 0, NULL);
+            slot->result = view;
+        }
+        else {
+            copy = (PyArrayObject *)PyArray_FromArray(view, native, NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED |
+                                                                        NPY_ARRAY_ENSURECOPY | NPY_ARRAY_FORCECAST);
+            Py_DECREF(view);
+        }
+        if (!copy) {
+            return allocation_failed(fname, "a copy of an argument in rows the kernel can walk", call->ndim,
+                                     call->dims, PyArray_TYPE(slot->arr));
+        }
+        Py_SETREF(slot->arr, copy);
+    }
+    for (int d = 0; d < call->ndim; d++) {
+        dims[d] = call->dims[order[d]];
+    }
+    memcpy(call->dims, dims, (size_t)call->ndim * sizeof(npy_intp));
+    for (int i = 0; i < call->axes.naxes; i++) {
+        call->axes.axes[i] = call->ndim - call->axes.naxes + i;
+    }
+    if (!call_plan(call, 1)) {
+        PyErr_SetString(PyExc_SystemError, "layernorm: C-contiguous rows did not plan as rows");
         return -1;
     }
     return 0;
 }
 
-/* New reference: an uninitialised array of the input's batch dims + (1,) * ns_ndim for the
-   statistic `name`, or NULL with an exception set. */
-static PyArrayObject *
-stats_array(const char *fname, const char *name, PyArrayObject *input, int ns_ndim, int type_num)
+/* Plans the call: in place when the kernel can walk the arrays as they are, else through
+   call_use_copies.  Without axis= only rows of adjacent elements are walked in place, so that
+   the results (and their bits) are torch's layout-independent ones.  Returns 0, or -1 with an
+   exception set. */
+static int
+call_prepare(const char *fname, kernel_call *call)
 {
-    npy_intp dims[LN_MAX_DIMS + LN_MAX_DIMS];
-    const int ndim = PyArray_NDIM(input);
-    for (int k = 0; k < ndim; k++) {
-        dims[k] = k < ndim - ns_ndim ? PyArray_DIM(input, k) : 1;
-    }
-    PyArrayObject *stats = (PyArrayObject *)PyArray_SimpleNew(ndim, dims, type_num);
-    if (!stats) {
-        allocation_failed(fname, name, ndim, dims, type_num);
-    }
-    return stats;
+    return call_plan(call, !call->axes.given) ? 0 : call_use_copies(fname, call);
 }
 
-/* New reference: input's data in an array nobody else holds (for backward to read after the
-   caller may have changed its own), C-contiguous and native: `rows` itself when it is a copy
-   made here, else a new copy; NULL with an exception set. */
-static PyArrayObject *
-private_input(PyArrayObject *input, PyArrayObject *rows)
+/* Copies the values of stand-in arrays to their results.  Returns 0, or -1 with an exception
+   set. */
+static int
+call_finish(kernel_call *call)
 {
-    /* Only a copy made here is known to be private: an array that came out of the caller's
-       object, even one owning its data, may be that object's own buffer (an __array__ that
-       returns a kept array). */
-    if (rows != input && PyArray_IS_C_CONTIGUOUS(rows)) {
-        Py_INCREF(rows);
-        return rows;
-    }
-    if (PyArray_IS_C_CONTIGUOUS(rows) && PyArray_ISNOTSWAPPED(rows)) {
-        /* the common case, without NumPy's general copy machinery (a third of a small
-           call's time) */
-        PyArrayObject *copy = (PyArrayObject *)PyArray_SimpleNew(
-            PyArray_NDIM(rows), PyArray_DIMS(rows), PyArray_TYPE(rows));
-        if (copy) {
-            memcpy(PyArray_DATA(copy), PyArray_DATA(rows), (size_t)PyArray_NBYTES(rows));
+    for (int a = 0; a < call->n; a++) {
+        if (call->arrays[a].result && PyArray_CopyInto(call->arrays[a].result, call->arrays[a].arr) < 0) {
+            return -1;
         }
-        return copy;
     }
-    return (PyArrayObject *)PyArray_NewCopy(rows, NPY_CORDER);
+    return 0;
+}
+
+static void
+call_release(kernel_call *call)
+{
+    for (int a = 0; a < call->n; a++) {
+        Py_CLEAR(call->arrays[a].arr);
+        Py_CLEAR(call->arrays[a].result);
+    }
 }
 
 /* ------------------------------------------------------------------------ */
@@ -798,10 +1122,12 @@ private_input(PyArrayObject *input, PyArrayObject *rows)
    first n_params of (weight, bias); its statistics are the last n_stats of (mean, rstd): a
    kind with centred statistics returns both, an uncentred one (RMSNorm) rstd alone. */
 typedef struct {
+    ln_norm_kind kernel;
     const char *module_name;    /* the module class, named in its dtype refusals */
     const char *stats_source;   /* the function whose statistics backward takes */
     int n_params;               /* 2: weight and bias; 1: weight */
     int n_stats;                /* 2: mean and rstd; 1: rstd */
+    int eps_default_machine;    /* eps=None means the compute type's machine epsilon (else 1e-5) */
 } norm_kind;
 
 static const char *const param_names[] = {"weight", "bias"};
@@ -809,23 +1135,59 @@ static const char *const grad_param_names[] = {"grad_weight", "grad_bias"};
 static const char *const stat_names[] = {"mean", "rstd"};
 
 static const norm_kind layer_norm_kind = {
+    .kernel = LN_NORM_LAYER,
     .module_name = "LayerNorm",
     .stats_source = "native_layer_norm",
     .n_params = 2,
     .n_stats = 2,
+    .eps_default_machine = 0,
 };
+
+static const norm_kind rms_norm_kind = {
+    .kernel = LN_NORM_RMS,
+    .module_name = "RMSNorm",
+    .stats_source = "native_rms_norm",
+    .n_params = 1,
+    .n_stats = 1,
+    .eps_default_machine = 1,
+};
+
+/* Stores eps into *eps: the kind's default when obj is absent (or None, where the default is
+   the machine epsilon of the compute type: float32 for float16/float32 input, as torch).
+   Returns 0, or -1 with an exception set. */
+static int
+parse_eps(const norm_kind *kind, PyObject *obj, int dtype, double *eps)
+{
+    if (!obj || (obj == Py_None && kind->eps_default_machine)) {
+        *eps = !kind->eps_default_machine ? 1e-5 : dtype == LN_F64 ? DBL_EPSILON : (double)FLT_EPSILON;
+        return 0;
+    }
+    /* a complex eps would lose its imaginary part (NumPy's only warns), an array of one
+       element would pass for a number */
+    const int complex_number = PyComplex_Check(obj) || PyArray_IsScalar(obj, ComplexFloating) ||
+                               (PyArray_Check(obj) && PyArray_ISCOMPLEX((PyArrayObject *)obj));
+    const int not_0_d = PyArray_Check(obj) && PyArray_NDIM((PyArrayObject *)obj) != 0;
+    if (complex_number || not_0_d || (!PyFloat_Check(obj) && !PyLong_Check(obj) && !PyNumber_Check(obj))) {
+        PyErr_Format(PyExc_TypeError, "eps must be a real number%s, got %.200s",
+                     kind->eps_default_machine ? " or None" : "", Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    *eps = PyFloat_AsDouble(obj);
+    return *eps == -1.0 && PyErr_Occurred() ? -1 : 0;
+}
 
 /* What forward() returns besides the output. */
 typedef enum {
     RETURN_OUTPUT,          /* output */
     RETURN_STATS,           /* (output, *stats) */
+    RETURN_SUM,             /* (output, sum): the fused residual add */
     RETURN_SAVED_FOR_GRAD,  /* (output, (input, saved)): input a private C-contiguous array,
                                saved the bytes of saved_layout */
 } forward_returns;
 
 /* The bytes training_forward saves for saved_backward, all of the param type: each statistic
-   of every row in turn, then each parameter given (as the kernel read it), so that backward
-   can tell a parameter changed since from one it may use. */
+   of every row in turn (C order of the statistics' shape), then each parameter given (as the
+   kernel read it), so that backward can tell a parameter changed since from one it may use. */
 typedef struct {
     npy_intp stat_bytes;   /* one statistic of every row */
     npy_intp param_bytes;  /* one parameter */
@@ -859,63 +1221,91 @@ count_given(const norm_kind *kind, PyArrayObject *const params[])
     return given;
 }
 
-/* New reference: what `returns` says, or NULL with an exception set.  param_objs holds the
-   kind's n_params parameters (NULL or None where absent); `what` names the caller in the
-   dtype refusal. */
+/* The arguments of one forward call, as the Python-facing functions received them (NULL or
+   None where absent). */
+typedef struct {
+    PyObject *input, *residual, *normalized_shape, *eps, *axis, *out, *residual_out;
+    PyObject *const *params;  /* the kind's n_params parameters */
+} forward_objs;
+
+/* New reference: what `returns` says, or NULL with an exception set; `what` names the caller
+   in messages. */
 static PyObject *
-forward(module_state *state, const norm_kind *kind, const char *what, PyObject *input_obj,
-        PyObject *ns_obj, PyObject *const param_objs[], PyObject *eps_obj, PyObject *out_obj,
+forward(module_state *state, const norm_kind *kind, const char *what, const forward_objs *objs,
         forward_returns returns)
 {
     PyObject *result = NULL, *saved_stats = NULL, *saved = NULL;
-    PyArrayObject *input = NULL, *rows = NULL, *output = NULL, *saved_input = NULL;
+    PyArrayObject *input = NULL, *residual = NULL, *output = NULL, *sum = NULL, *saved_input = NULL;
     PyArrayObject *params[2] = {NULL, NULL}, *stats[2] = {NULL, NULL};
-    char *stats_data[2] = {NULL, NULL};  /* where the kernel writes each statistic */
+    kernel_call call = {0};
     shape_t ns;
+    norm_axes ax;
     double eps;
-    npy_intp row_step;
 
-    if (parse_normalized_shape(ns_obj, &ns) < 0 || parse_eps(eps_obj, &eps) < 0) {
+    if (parse_normalized_shape(objs->normalized_shape, &ns) < 0) {
         goto done;
     }
-    input = as_array(input_obj);
+    input = as_array(objs->input);
     if (!input) {
         goto done;
     }
     const int dtype = kernel_dtype(state, input, what);
-    if (dtype < 0) {
+    if (dtype < 0 || parse_eps(kind, objs->eps, dtype, &eps) < 0) {
         goto done;
     }
     for (int p = 0; p < kind->n_params; p++) {
-        if (param_array(what, param_objs[p], param_names[p], &ns, param_type_num[dtype], &params[p]) < 0) {
+        if (param_array(what, objs->params[p], param_names[p], &ns, param_type_num[dtype], &params[p]) < 0) {
             goto done;
         }
     }
     npy_intp batch;
-    if (check_trailing_shape(input, &ns) < 0 || batch_size(input, ns.ndim, &batch) < 0) {
+    if (resolve_axes(state, objs->axis, input, &ns, &ax) < 0 || batch_size(input, &ax, &batch) < 0) {
         goto done;
+    }
+    if (returns == RETURN_SUM) {
+        residual = as_array(objs->residual);
+        if (!residual) {
+            goto done;
+        }
+        if (!PyArray_SAMESHAPE(residual, input)) {
+            PyObject *got = dims_as_list(PyArray_DIMS(residual), PyArray_NDIM(residual));
+            PyObject *want = got ? dims_as_list(PyArray_DIMS(input), PyArray_NDIM(input)) : NULL;
+            if (want) {
+                PyErr_Format(PyExc_ValueError, "residual has shape %R, but input has shape %R", got, want);
+            }
+            Py_XDECREF(got);
+            Py_XDECREF(want);
+            goto done;
+        }
+        if (PyArray_TYPE(residual) != PyArray_TYPE(input)) {
+            PyErr_Format(PyExc_TypeError, "residual has dtype %S, but input has dtype %S",
+                         (PyObject *)PyArray_DESCR(residual), (PyObject *)PyArray_DESCR(input));
+            goto done;
+        }
     }
     /* The results first, then any copies of the arguments: a call that cannot have its
        results fails before it has spent memory on copies. */
-    const int given_out = out_obj && out_obj != Py_None;
-    output = given_out ? check_out(out_obj, input, elem_type_num[dtype])
-                       : (PyArrayObject *)PyArray_SimpleNew(PyArray_NDIM(input), PyArray_DIMS(input),
-                                                            elem_type_num[dtype]);
+    output = result_array(what, objs->out, "out", input, &ax, elem_type_num[dtype]);
     if (!output) {
-        if (!given_out) {
-            allocation_failed(what, "the output", PyArray_NDIM(input), PyArray_DIMS(input),
-                              elem_type_num[dtype]);
-        }
         goto done;
+    }
+    if (returns == RETURN_SUM) {
+        sum = result_array(what, objs->residual_out, "residual_out", input, &ax, elem_type_num[dtype]);
+        if (!sum) {
+            goto done;
+        }
+        if (arrays_overlap(output, sum)) {
+            PyErr_SetString(PyExc_ValueError, "out and residual_out overlap: the output would overwrite the sum");
+            goto done;
+        }
     }
     const int first_stat = 2 - kind->n_stats;  /* index into (mean, rstd) */
     if (returns == RETURN_STATS) {
         for (int s = first_stat; s < 2; s++) {
-            stats[s] = stats_array(what, stat_names[s], input, ns.ndim, param_type_num[dtype]);
+            stats[s] = stats_array(what, stat_names[s], input, &ax, param_type_num[dtype]);
             if (!stats[s]) {
                 goto done;
             }
-            stats_data[s] = PyArray_DATA(stats[s]);
         }
     }
     saved_layout layout = {0};
@@ -942,41 +1332,21 @@ forward(module_state *state, const norm_kind *kind, const char *what, PyObject *
             goto done;
         }
         for (int s = first_stat; s < 2; s++) {
-            stats_data[s] = PyBytes_AS_STRING(saved_stats) + (s - first_stat) * layout.stat_bytes;
-        }
-    }
-    rows = readable_rows(input, ns.ndim, ns.size, &row_step);
-    if (!rows) {
-        allocation_failed(what, "a C-contiguous copy of the input", PyArray_NDIM(input), PyArray_DIMS(input),
-                          PyArray_TYPE(input));
-        goto done;
-    }
-    if (given_out) {
-        /* Writing over the rows being read is safe only row onto the same row. */
-        const int in_place = PyArray_DATA(rows) == PyArray_DATA(output) && row_step == ns.size;
-        PyArrayObject *rows_before = rows;
-        if (!in_place && detach_from_output(&rows, output) < 0) {
-            allocation_failed(what, "a copy of the input, which out overlaps", PyArray_NDIM(input),
-                              PyArray_DIMS(input), PyArray_TYPE(input));
-            goto done;
-        }
-        for (int p = 0; p < kind->n_params; p++) {
-            if (detach_from_output(&params[p], output) < 0) {
-                allocation_failed(what, param_names[p], ns.ndim, ns.dims, param_type_num[dtype]);
+            stats[s] = stats_over_bytes(saved_stats, PyBytes_AS_STRING(saved_stats) + (s - first_stat) * layout.stat_bytes,
+                                        input, &ax, param_type_num[dtype]);
+            if (!stats[s]) {
                 goto done;
             }
         }
-        if (rows != rows_before) {
-            row_step = ns.size;  /* now a C-contiguous copy */
-        }
-    }
-    if (returns == RETURN_SAVED_FOR_GRAD) {
-        saved_input = private_input(input, rows);
+        /* the kernel reads the private copy backward will read */
+        saved_input = private_input(objs->input, input);
         if (!saved_input) {
             allocation_failed(what, "the copy of the input saved for backward", PyArray_NDIM(input),
                               PyArray_DIMS(input), PyArray_TYPE(input));
             goto done;
         }
+        Py_INCREF(saved_input);
+        Py_SETREF(input, saved_input);
         char *saved_param = PyBytes_AS_STRING(saved_stats) + kind->n_stats * layout.stat_bytes;
         for (int p = 0; p < kind->n_params; p++) {
             if (params[p]) {
@@ -985,24 +1355,55 @@ forward(module_state *state, const norm_kind *kind, const char *what, PyObject *
             }
         }
     }
+    /* A result may be written over an input element for element (in place), never over part
+       of one, nor over a parameter. */
+    PyArrayObject *written[2] = {output, sum};
+    for (int w = 0; w < 2; w++) {
+        if (!written[w]) {
+            continue;
+        }
+        if (detach_from_result(&input, written[w], 1) < 0 || detach_from_result(&residual, written[w], 1) < 0) {
+            allocation_failed(what, "a copy of an input that a result overlaps", PyArray_NDIM(input),
+                              PyArray_DIMS(input), elem_type_num[dtype]);
+            goto done;
+        }
+        for (int p = 0; p < kind->n_params; p++) {
+            if (detach_from_result(&params[p], written[w], 0) < 0) {
+                allocation_failed(what, param_names[p], ns.ndim, ns.dims, param_type_num[dtype]);
+                goto done;
+            }
+        }
+    }
 
-    const ln_forward_args args = {
-        .dtype = (ln_dtype)dtype,
-        .rows = batch,
-        .row_len = ns.size,
-        .input = PyArray_DATA(rows),
-        .input_row_step = row_step,
-        .output = PyArray_DATA(output),
-        .weight = params[0] ? PyArray_DATA(params[0]) : NULL,
-        .bias = params[1] ? PyArray_DATA(params[1]) : NULL,
-        .eps = eps,
-        .mean = stats_data[0],
-        .rstd = stats_data[1],
-    };
+    call_init(&call, input, &ax);
+    enum { INPUT, RESIDUAL, SUM, OUTPUT, MEAN, RSTD };
+    call_add(&call, input, 0, 0);
+    call_add(&call, residual, 0, 0);
+    call_add(&call, sum, 1, 0);
+    call_add(&call, output, 1, 0);
+    call_add(&call, stats[0], 1, 1);
+    call_add(&call, stats[1], 1, 1);
     /* Nothing to write, nothing to compute: the kernel would still walk every empty row. */
     const int produces = PyArray_SIZE(output) > 0 || (returns != RETURN_OUTPUT && batch > 0);
     int status = 0;
     if (produces) {
+        if (call_prepare(what, &call) < 0) {
+            goto done;
+        }
+        const ln_forward_args args = {
+            .kind = kind->kernel,
+            .dtype = (ln_dtype)dtype,
+            .extent = call.extent,
+            .input = call_array_at(&call, INPUT),
+            .residual = call_array_at(&call, RESIDUAL),
+            .sum = call_array_at(&call, SUM),
+            .output = call_array_at(&call, OUTPUT),
+            .weight = params[0] ? PyArray_DATA(params[0]) : NULL,
+            .bias = params[1] ? PyArray_DATA(params[1]) : NULL,
+            .eps = eps,
+            .mean = call_array_at(&call, MEAN),
+            .rstd = call_array_at(&call, RSTD),
+        };
         Py_BEGIN_ALLOW_THREADS
         status = ln_forward(&args);
         Py_END_ALLOW_THREADS
@@ -1011,6 +1412,9 @@ forward(module_state *state, const norm_kind *kind, const char *what, PyObject *
         PyErr_Format(PyExc_MemoryError, "%s: the kernel could not allocate its scratch memory for %zd "
                      "rows of %zd elements",
                      what, (Py_ssize_t)batch, (Py_ssize_t)ns.size);
+        goto done;
+    }
+    if (call_finish(&call) < 0) {
         goto done;
     }
     switch (returns) {
@@ -1029,15 +1433,20 @@ forward(module_state *state, const norm_kind *kind, const char *what, PyObject *
             }
         }
         break;
+    case RETURN_SUM:
+        result = PyTuple_Pack(2, (PyObject *)output, (PyObject *)sum);
+        break;
     case RETURN_SAVED_FOR_GRAD:
         saved = PyTuple_Pack(2, (PyObject *)saved_input, saved_stats);
         result = saved ? PyTuple_Pack(2, (PyObject *)output, saved) : NULL;
         break;
     }
 done:
+    call_release(&call);
     Py_XDECREF(input);
-    Py_XDECREF(rows);
+    Py_XDECREF(residual);
     Py_XDECREF(output);
+    Py_XDECREF(sum);
     Py_XDECREF(saved_input);
     Py_XDECREF(saved_stats);
     Py_XDECREF(saved);
@@ -1049,7 +1458,7 @@ done:
 }
 
 /* New reference: a statistic (mean or rstd) handed to backward as an array, checked to hold
-   one float per row (still to be made contiguous params); NULL with an exception set. */
+   one float per row; NULL with an exception set. */
 static PyArrayObject *
 stats_input(PyObject *obj, const norm_kind *kind, const char *name, npy_intp rows)
 {
@@ -1079,24 +1488,58 @@ done:
     return result;
 }
 
-/* New reference: (grad_input, *grad_params), or NULL with an exception set.  The kind's
-   statistics come either as the objects in stat_objs or, with stat_objs NULL, as the bytes
-   that training_forward saved; param_objs holds its parameters, mask its 1 + n_params
-   output_mask entries. */
+/* New reference: the statistic `stats` (one value per row, any shape) with the statistics'
+   shape and type type_num: a view where one will do, so a broadcast statistic stays
+   broadcast, else a copy; NULL with an exception set. */
+static PyArrayObject *
+stats_shaped(const char *fname, const char *name, PyArrayObject *stats, PyArrayObject *input, const norm_axes *ax,
+             int type_num)
+{
+    npy_intp dims[LN_MAX_DIMS];
+    const int ndim = PyArray_NDIM(input);
+    stats_dims(input, ax, dims);
+    PyArrayObject *shaped;
+    if (PyArray_NDIM(stats) == ndim && PyArray_CompareLists(PyArray_DIMS(stats), dims, ndim)) {
+        Py_INCREF(stats);
+        shaped = stats;
+    }
+    else {
+        PyArray_Dims newshape = {dims, ndim};
+        shaped = (PyArrayObject *)PyArray_Newshape(stats, &newshape, NPY_CORDER);
+    }
+    if (shaped && PyArray_TYPE(shaped) != type_num) {
+        Py_SETREF(shaped, (PyArrayObject *)PyArray_FromArray(shaped, PyArray_DescrFromType(type_num),
+                                                             NPY_ARRAY_ALIGNED | NPY_ARRAY_FORCECAST));
+    }
+    if (!shaped) {
+        allocation_failed(fname, name, ndim, dims, type_num);
+    }
+    return shaped;
+}
+
+/* The arguments of one backward call, as the Python-facing functions received them: the
+   kind's statistics either as objects (stats) or as the bytes training_forward saved. */
+typedef struct {
+    PyObject *grad_output, *input, *axis;
+    PyObject *const *stats;   /* the kind's n_stats statistics, or NULL */
+    PyObject *saved_stats;    /* with stats NULL */
+    PyObject *const *params;  /* the kind's n_params parameters */
+} backward_objs;
+
+/* New reference: (grad_input, *grad_params), or NULL with an exception set; mask holds the
+   kind's 1 + n_params output_mask entries. */
 static PyObject *
-backward(module_state *state, const norm_kind *kind, const char *what, PyObject *grad_output_obj,
-         PyObject *input_obj, const shape_t *ns_arg, PyObject *const stat_objs[],
-         PyObject *saved_stats, PyObject *const param_objs[], const int mask[])
+backward(module_state *state, const norm_kind *kind, const char *what, const backward_objs *objs,
+         const shape_t *ns_arg, const int mask[])
 {
     PyObject *result = NULL, *got = NULL, *want = NULL;
-    PyArrayObject *input = NULL, *grad_out = NULL, *input_rows = NULL, *grad_rows = NULL;
-    PyArrayObject *grad_input = NULL;
+    PyArrayObject *input = NULL, *grad_out = NULL, *grad_input = NULL;
     PyArrayObject *params[2] = {NULL, NULL}, *stats[2] = {NULL, NULL}, *grad_params[2] = {NULL, NULL};
-    const char *stats_data[2] = {NULL, NULL};
+    kernel_call call = {0};
     shape_t ns = *ns_arg;
-    npy_intp input_step, grad_step;
+    norm_axes ax;
 
-    input = as_array(input_obj);
+    input = as_array(objs->input);
     if (!input) {
         goto done;
     }
@@ -1105,14 +1548,15 @@ backward(module_state *state, const norm_kind *kind, const char *what, PyObject 
         goto done;
     }
     for (int p = 0; p < kind->n_params; p++) {
-        if (param_array(what, param_objs[p], param_names[p], &ns, param_type_num[dtype], &params[p]) < 0) {
+        if (param_array(what, objs->params[p], param_names[p], &ns, param_type_num[dtype], &params[p]) < 0) {
             goto done;
         }
     }
-    if (check_trailing_shape(input, &ns) < 0) {
+    npy_intp rows;
+    if (resolve_axes(state, objs->axis, input, &ns, &ax) < 0 || batch_size(input, &ax, &rows) < 0) {
         goto done;
     }
-    grad_out = as_array(grad_output_obj);
+    grad_out = as_array(objs->grad_output);
     if (!grad_out) {
         goto done;
     }
@@ -1130,14 +1574,10 @@ backward(module_state *state, const norm_kind *kind, const char *what, PyObject 
         }
         goto done;
     }
-    npy_intp rows;
-    if (batch_size(input, ns.ndim, &rows) < 0) {
-        goto done;
-    }
     const int first_stat = 2 - kind->n_stats;  /* index into (mean, rstd) */
-    if (stat_objs) {
+    if (objs->stats) {
         for (int s = first_stat; s < 2; s++) {
-            stats[s] = stats_input(stat_objs[s - first_stat], kind, stat_names[s], rows);
+            stats[s] = stats_input(objs->stats[s - first_stat], kind, stat_names[s], rows);
             if (!stats[s]) {
                 goto done;
             }
@@ -1145,18 +1585,15 @@ backward(module_state *state, const norm_kind *kind, const char *what, PyObject 
     }
     else {
         saved_layout layout;
-        if (!PyBytes_Check(saved_stats) ||
+        if (!PyBytes_Check(objs->saved_stats) ||
             saved_layout_of(kind, dtype, rows, ns.size, count_given(kind, params), &layout) < 0 ||
-            PyBytes_GET_SIZE(saved_stats) != layout.total) {
+            PyBytes_GET_SIZE(objs->saved_stats) != layout.total) {
             PyErr_SetString(PyExc_ValueError,
                             "stats must be the bytes that training_forward returned with this input "
                             "and these parameters");
             goto done;
         }
-        for (int s = first_stat; s < 2; s++) {
-            stats_data[s] = PyBytes_AS_STRING(saved_stats) + (s - first_stat) * layout.stat_bytes;
-        }
-        const char *saved_param = PyBytes_AS_STRING(saved_stats) + kind->n_stats * layout.stat_bytes;
+        const char *saved_param = PyBytes_AS_STRING(objs->saved_stats) + kind->n_stats * layout.stat_bytes;
         for (int p = 0; p < kind->n_params; p++) {
             if (!params[p]) {
                 continue;
@@ -1175,15 +1612,21 @@ backward(module_state *state, const norm_kind *kind, const char *what, PyObject 
             }
             saved_param += layout.param_bytes;
         }
+        for (int s = first_stat; s < 2; s++) {
+            stats[s] = stats_over_bytes(objs->saved_stats,
+                                        PyBytes_AS_STRING(objs->saved_stats) + (s - first_stat) * layout.stat_bytes,
+                                        input, &ax, param_type_num[dtype]);
+            if (!stats[s]) {
+                goto done;
+            }
+        }
     }
     /* The results first, then any copies of the arguments: a call that cannot have its
        results fails before it has spent memory on copies (broadcast statistics of 2**30
        rows were 8 GiB of copies before grad_input's MemoryError). */
     if (mask[0]) {
-        grad_input = (PyArrayObject *)PyArray_SimpleNew(PyArray_NDIM(input), PyArray_DIMS(input),
-                                                        elem_type_num[dtype]);
+        grad_input = new_result(what, "grad_input", input, &ax, elem_type_num[dtype]);
         if (!grad_input) {
-            allocation_failed(what, "grad_input", PyArray_NDIM(input), PyArray_DIMS(input), elem_type_num[dtype]);
             goto done;
         }
     }
@@ -1202,48 +1645,42 @@ backward(module_state *state, const norm_kind *kind, const char *what, PyObject 
                          ((grad_params[0] || grad_params[1]) && ns.size > 0);
     int status = 0;
     if (produces) {
-        for (int s = first_stat; stat_objs && s < 2; s++) {
-            Py_SETREF(stats[s], contiguous_of_type(stats[s], param_type_num[dtype]));
+        for (int s = first_stat; s < 2; s++) {
+            Py_SETREF(stats[s], stats_shaped(what, stat_names[s], stats[s], input, &ax, param_type_num[dtype]));
             if (!stats[s]) {
-                allocation_failed(what, stat_names[s], 1, &rows, param_type_num[dtype]);
                 goto done;
             }
-            stats_data[s] = PyArray_DATA(stats[s]);
         }
         if (PyArray_TYPE(grad_out) != PyArray_TYPE(input)) {
             Py_SETREF(grad_out, (PyArrayObject *)PyArray_FromArray(
                                     grad_out, PyArray_DescrFromType(PyArray_TYPE(input)),
-                                    NPY_ARRAY_CARRAY_RO | NPY_ARRAY_FORCECAST));
+                                    NPY_ARRAY_ALIGNED | NPY_ARRAY_FORCECAST));
             if (!grad_out) {
                 allocation_failed(what, "grad_output in the input's dtype", PyArray_NDIM(input),
                                   PyArray_DIMS(input), PyArray_TYPE(input));
                 goto done;
             }
         }
-        input_rows = readable_rows(input, ns.ndim, ns.size, &input_step);
-        if (!input_rows) {
-            allocation_failed(what, "a C-contiguous copy of the input", PyArray_NDIM(input),
-                              PyArray_DIMS(input), PyArray_TYPE(input));
-            goto done;
-        }
-        grad_rows = readable_rows(grad_out, ns.ndim, ns.size, &grad_step);
-        if (!grad_rows) {
-            allocation_failed(what, "a C-contiguous copy of grad_output", PyArray_NDIM(input),
-                              PyArray_DIMS(input), PyArray_TYPE(input));
+        call_init(&call, input, &ax);
+        enum { GRAD_OUTPUT, INPUT, MEAN, RSTD, GRAD_INPUT };
+        call_add(&call, grad_out, 0, 0);
+        call_add(&call, input, 0, 0);
+        call_add(&call, stats[0], 0, 1);
+        call_add(&call, stats[1], 0, 1);
+        call_add(&call, grad_input, 1, 0);
+        if (call_prepare(what, &call) < 0) {
             goto done;
         }
         const ln_backward_args args = {
+            .kind = kind->kernel,
             .dtype = (ln_dtype)dtype,
-            .rows = rows,
-            .row_len = ns.size,
-            .grad_output = PyArray_DATA(grad_rows),
-            .grad_output_row_step = grad_step,
-            .input = PyArray_DATA(input_rows),
-            .input_row_step = input_step,
-            .mean = stats_data[0],
-            .rstd = stats_data[1],
+            .extent = call.extent,
+            .grad_output = call_array_at(&call, GRAD_OUTPUT),
+            .input = call_array_at(&call, INPUT),
+            .mean = call_array_at(&call, MEAN),
+            .rstd = call_array_at(&call, RSTD),
             .weight = params[0] ? PyArray_DATA(params[0]) : NULL,
-            .grad_input = grad_input ? PyArray_DATA(grad_input) : NULL,
+            .grad_input = call_array_at(&call, GRAD_INPUT),
             .grad_weight = grad_params[0] ? PyArray_DATA(grad_params[0]) : NULL,
             .grad_bias = grad_params[1] ? PyArray_DATA(grad_params[1]) : NULL,
         };
@@ -1257,6 +1694,9 @@ backward(module_state *state, const norm_kind *kind, const char *what, PyObject 
                      what, (Py_ssize_t)rows, (Py_ssize_t)ns.size);
         goto done;
     }
+    if (call_finish(&call) < 0) {
+        goto done;
+    }
     result = PyTuple_New(1 + kind->n_params);
     if (!result) {
         goto done;
@@ -1268,12 +1708,11 @@ backward(module_state *state, const norm_kind *kind, const char *what, PyObject 
         PyTuple_SET_ITEM(result, i, item);
     }
 done:
+    call_release(&call);
     Py_XDECREF(got);
     Py_XDECREF(want);
     Py_XDECREF(input);
     Py_XDECREF(grad_out);
-    Py_XDECREF(input_rows);
-    Py_XDECREF(grad_rows);
     Py_XDECREF(grad_input);
     for (int i = 0; i < 2; i++) {
         Py_XDECREF(params[i]);
@@ -1284,127 +1723,144 @@ done:
 }
 
 /* ------------------------------------------------------------------------ */
-/* Python-facing functions: LayerNorm                                        */
+/* Python-facing functions: the norm family                                  */
 /* ------------------------------------------------------------------------ */
 
-/* Each function takes its parameters as consecutive arguments (weight, bias), so &values[..]
-   is the param_objs array forward() and backward() want. */
+/* Each function takes its parameters as consecutive arguments (weight[, bias]), so &v[WEIGHT]
+   is the params array forward() and backward() want; axis=, out= and residual_out= are
+   keyword-only. */
 
 PyDoc_STRVAR(layer_norm_doc,
-"layer_norm($module, input, normalized_shape, weight=None, bias=None, eps=1e-05, *, out=None)\n"
+"layer_norm($module, input, normalized_shape, weight=None, bias=None, eps=1e-05, *, axis=None,\n"
+"           out=None)\n"
 "--\n"
 "\n"
-"Layer normalization over the last len(normalized_shape) dimensions, as\n"
-"torch.nn.functional.layer_norm (the core of layernorm.layer_norm).\n"
-"\n"
-"Returns\n"
-"-------\n"
-"ndarray\n"
-"    (input - mean) / sqrt(var + eps) * weight + bias, of the input's dtype, written\n"
-"    into out when given.\n");
+"Layer normalization over the last len(normalized_shape) dimensions (or the axes axis=\n"
+"names), as torch.nn.functional.layer_norm: the core of layernorm.layer_norm.\n");
 
 static PyObject *
 layer_norm(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    enum { INPUT, NORMALIZED_SHAPE, WEIGHT, BIAS, EPS, OUT, N };
-    static const keyword_id keywords[N] = {KW_INPUT, KW_NORMALIZED_SHAPE, KW_WEIGHT, KW_BIAS, KW_EPS, KW_OUT};
+    enum { INPUT, NORMALIZED_SHAPE, WEIGHT, BIAS, EPS, AXIS, OUT, N };
+    static const keyword_id keywords[N] = {KW_INPUT, KW_NORMALIZED_SHAPE, KW_WEIGHT, KW_BIAS,
+                                           KW_EPS, KW_AXIS, KW_OUT};
     module_state *state = get_state(module);
     PyObject *v[N];
     if (parse_args(state, "layer_norm", args, nargs, kwnames, keywords, N, EPS + 1, 2, v) < 0) {
         return NULL;
     }
-    return forward(state, &layer_norm_kind, "layer_norm", v[INPUT], v[NORMALIZED_SHAPE], &v[WEIGHT],
-                   v[EPS], v[OUT], RETURN_OUTPUT);
+    const forward_objs objs = {.input = v[INPUT], .normalized_shape = v[NORMALIZED_SHAPE], .params = &v[WEIGHT],
+                               .eps = v[EPS], .axis = v[AXIS], .out = v[OUT]};
+    return forward(state, &layer_norm_kind, "layer_norm", &objs, RETURN_OUTPUT);
 }
 
 PyDoc_STRVAR(native_layer_norm_doc,
-"native_layer_norm($module, input, normalized_shape, weight=None, bias=None, eps=1e-05)\n"
+"native_layer_norm($module, input, normalized_shape, weight=None, bias=None, eps=1e-05, *,\n"
+"                  axis=None)\n"
 "--\n"
 "\n"
-"Layer normalization that also returns its statistics, as torch.native_layer_norm\n"
-"(the core of layernorm.native_layer_norm).\n"
-"\n"
-"Returns\n"
-"-------\n"
-"(output, mean, rstd)\n"
-"    mean and rstd have shape input.shape[:-D] + (1,) * D, D = len(normalized_shape),\n"
-"    and dtype float32 (float64 for float64 input).\n");
+"layer_norm that also returns its statistics, (output, mean, rstd), as\n"
+"torch.native_layer_norm: the core of layernorm.native_layer_norm.\n");
 
 static PyObject *
 native_layer_norm(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    enum { INPUT, NORMALIZED_SHAPE, WEIGHT, BIAS, EPS, N };
-    static const keyword_id keywords[N] = {KW_INPUT, KW_NORMALIZED_SHAPE, KW_WEIGHT, KW_BIAS, KW_EPS};
+    enum { INPUT, NORMALIZED_SHAPE, WEIGHT, BIAS, EPS, AXIS, N };
+    static const keyword_id keywords[N] = {KW_INPUT, KW_NORMALIZED_SHAPE, KW_WEIGHT, KW_BIAS, KW_EPS, KW_AXIS};
     module_state *state = get_state(module);
     PyObject *v[N];
-    if (parse_args(state, "native_layer_norm", args, nargs, kwnames, keywords, N, N, 2, v) < 0) {
+    if (parse_args(state, "native_layer_norm", args, nargs, kwnames, keywords, N, EPS + 1, 2, v) < 0) {
         return NULL;
     }
-    return forward(state, &layer_norm_kind, "native_layer_norm", v[INPUT], v[NORMALIZED_SHAPE],
-                   &v[WEIGHT], v[EPS], NULL, RETURN_STATS);
+    const forward_objs objs = {.input = v[INPUT], .normalized_shape = v[NORMALIZED_SHAPE], .params = &v[WEIGHT],
+                               .eps = v[EPS], .axis = v[AXIS]};
+    return forward(state, &layer_norm_kind, "native_layer_norm", &objs, RETURN_STATS);
+}
+
+PyDoc_STRVAR(add_layer_norm_doc,
+"add_layer_norm($module, input, residual, normalized_shape, weight=None, bias=None, eps=1e-05,\n"
+"               *, axis=None, out=None, residual_out=None)\n"
+"--\n"
+"\n"
+"(layer_norm(input + residual, ...), input + residual) in one pass over memory: the core\n"
+"of layernorm.add_layer_norm.\n");
+
+static PyObject *
+add_layer_norm(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    enum { INPUT, RESIDUAL, NORMALIZED_SHAPE, WEIGHT, BIAS, EPS, AXIS, OUT, RESIDUAL_OUT, N };
+    static const keyword_id keywords[N] = {KW_INPUT, KW_RESIDUAL, KW_NORMALIZED_SHAPE, KW_WEIGHT, KW_BIAS,
+                                           KW_EPS, KW_AXIS, KW_OUT, KW_RESIDUAL_OUT};
+    module_state *state = get_state(module);
+    PyObject *v[N];
+    if (parse_args(state, "add_layer_norm", args, nargs, kwnames, keywords, N, EPS + 1, 3, v) < 0) {
+        return NULL;
+    }
+    const forward_objs objs = {.input = v[INPUT], .residual = v[RESIDUAL], .normalized_shape = v[NORMALIZED_SHAPE],
+                               .params = &v[WEIGHT], .eps = v[EPS], .axis = v[AXIS], .out = v[OUT],
+                               .residual_out = v[RESIDUAL_OUT]};
+    return forward(state, &layer_norm_kind, "add_layer_norm", &objs, RETURN_SUM);
 }
 
 PyDoc_STRVAR(training_forward_doc,
-"training_forward($module, input, normalized_shape, weight=None, bias=None, eps=1e-05)\n"
+"training_forward($module, input, normalized_shape, weight=None, bias=None, eps=1e-05, *,\n"
+"                 axis=None)\n"
 "--\n"
 "\n"
 "native_layer_norm that also returns what saved_backward needs to read later:\n"
 "(output, (input, stats)), where input holds the input's values in a C-contiguous\n"
-"array that nothing else refers to (the array made from a list or a strided view\n"
-"when there is one, else a copy), so that changing the caller's array afterwards\n"
-"cannot change the gradients, and stats is a bytes object holding the mean and then\n"
-"the rstd of every row, then the weight and the bias as the kernel read them.  Used by\n"
-"LayerNorm in training mode.\n");
+"array that nothing else refers to (the array made from a list when there is one, else\n"
+"a copy), so that changing the caller's array afterwards cannot change the gradients,\n"
+"and stats is a bytes object holding the mean and then the rstd of every row, then the\n"
+"weight and the bias as the kernel read them.  Used by LayerNorm in training mode.\n");
 
 static PyObject *
 training_forward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    enum { INPUT, NORMALIZED_SHAPE, WEIGHT, BIAS, EPS, N };
-    static const keyword_id keywords[N] = {KW_INPUT, KW_NORMALIZED_SHAPE, KW_WEIGHT, KW_BIAS, KW_EPS};
+    enum { INPUT, NORMALIZED_SHAPE, WEIGHT, BIAS, EPS, AXIS, N };
+    static const keyword_id keywords[N] = {KW_INPUT, KW_NORMALIZED_SHAPE, KW_WEIGHT, KW_BIAS, KW_EPS, KW_AXIS};
     module_state *state = get_state(module);
     PyObject *v[N];
-    if (parse_args(state, "training_forward", args, nargs, kwnames, keywords, N, N, 2, v) < 0) {
+    if (parse_args(state, "training_forward", args, nargs, kwnames, keywords, N, EPS + 1, 2, v) < 0) {
         return NULL;
     }
-    return forward(state, &layer_norm_kind, layer_norm_kind.module_name, v[INPUT],
-                   v[NORMALIZED_SHAPE], &v[WEIGHT], v[EPS], NULL, RETURN_SAVED_FOR_GRAD);
+    const forward_objs objs = {.input = v[INPUT], .normalized_shape = v[NORMALIZED_SHAPE], .params = &v[WEIGHT],
+                               .eps = v[EPS], .axis = v[AXIS]};
+    return forward(state, &layer_norm_kind, layer_norm_kind.module_name, &objs, RETURN_SAVED_FOR_GRAD);
 }
 
 PyDoc_STRVAR(layer_norm_backward_doc,
 "layer_norm_backward($module, grad_output, input, normalized_shape, mean, rstd, weight=None,\n"
-"                    bias=None, output_mask=(True, True, True))\n"
+"                    bias=None, output_mask=(True, True, True), *, axis=None)\n"
 "--\n"
 "\n"
-"Gradients of layer_norm, as torch.ops.aten.native_layer_norm_backward (the core of\n"
-"layernorm.layer_norm_backward).\n"
-"\n"
-"Returns\n"
-"-------\n"
-"(grad_input, grad_weight, grad_bias)\n"
-"    Each is None where its output_mask entry is False or its parameter is None.\n");
+"Gradients of layer_norm, (grad_input, grad_weight, grad_bias), as\n"
+"torch.ops.aten.native_layer_norm_backward: the core of layernorm.layer_norm_backward.\n");
 
 static PyObject *
 layer_norm_backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    enum { GRAD_OUTPUT, INPUT, NORMALIZED_SHAPE, MEAN, RSTD, WEIGHT, BIAS, OUTPUT_MASK, N };
-    static const keyword_id keywords[N] = {KW_GRAD_OUTPUT, KW_INPUT, KW_NORMALIZED_SHAPE, KW_MEAN,
-                                           KW_RSTD, KW_WEIGHT, KW_BIAS, KW_OUTPUT_MASK};
+    enum { GRAD_OUTPUT, INPUT, NORMALIZED_SHAPE, MEAN, RSTD, WEIGHT, BIAS, OUTPUT_MASK, AXIS, N };
+    static const keyword_id keywords[N] = {KW_GRAD_OUTPUT, KW_INPUT, KW_NORMALIZED_SHAPE, KW_MEAN, KW_RSTD,
+                                           KW_WEIGHT, KW_BIAS, KW_OUTPUT_MASK, KW_AXIS};
     module_state *state = get_state(module);
     PyObject *v[N];
     shape_t ns;
     int mask[3];
-    if (parse_args(state, "layer_norm_backward", args, nargs, kwnames, keywords, N, N, RSTD + 1, v) < 0 ||
+    if (parse_args(state, "layer_norm_backward", args, nargs, kwnames, keywords, N, OUTPUT_MASK + 1, RSTD + 1,
+                   v) < 0 ||
         parse_normalized_shape(v[NORMALIZED_SHAPE], &ns) < 0 ||
         parse_output_mask(v[OUTPUT_MASK], 1 + layer_norm_kind.n_params, mask) < 0) {
         return NULL;
     }
-    return backward(state, &layer_norm_kind, "layer_norm_backward", v[GRAD_OUTPUT], v[INPUT], &ns,
-                    &v[MEAN], NULL, &v[WEIGHT], mask);
+    const backward_objs objs = {.grad_output = v[GRAD_OUTPUT], .input = v[INPUT], .axis = v[AXIS],
+                                .stats = &v[MEAN], .params = &v[WEIGHT]};
+    return backward(state, &layer_norm_kind, "layer_norm_backward", &objs, &ns, mask);
 }
 
 PyDoc_STRVAR(saved_backward_doc,
 "saved_backward($module, grad_output, input, stats, normalized_shape, weight=None, bias=None,\n"
-"               output_mask=(True, True, True))\n"
+"               output_mask=(True, True, True), *, axis=None)\n"
 "--\n"
 "\n"
 "layer_norm_backward from what training_forward saved: (input, stats), stats its bytes.\n"
@@ -1414,21 +1870,170 @@ PyDoc_STRVAR(saved_backward_doc,
 static PyObject *
 saved_backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    enum { GRAD_OUTPUT, INPUT, STATS, NORMALIZED_SHAPE, WEIGHT, BIAS, OUTPUT_MASK, N };
+    enum { GRAD_OUTPUT, INPUT, STATS, NORMALIZED_SHAPE, WEIGHT, BIAS, OUTPUT_MASK, AXIS, N };
     static const keyword_id keywords[N] = {KW_GRAD_OUTPUT, KW_INPUT, KW_STATS, KW_NORMALIZED_SHAPE,
-                                           KW_WEIGHT, KW_BIAS, KW_OUTPUT_MASK};
+                                           KW_WEIGHT, KW_BIAS, KW_OUTPUT_MASK, KW_AXIS};
     module_state *state = get_state(module);
     PyObject *v[N];
     shape_t ns;
     int mask[3];
-    if (parse_args(state, "saved_backward", args, nargs, kwnames, keywords, N, N,
+    if (parse_args(state, "saved_backward", args, nargs, kwnames, keywords, N, OUTPUT_MASK + 1,
                    NORMALIZED_SHAPE + 1, v) < 0 ||
         parse_normalized_shape(v[NORMALIZED_SHAPE], &ns) < 0 ||
         parse_output_mask(v[OUTPUT_MASK], 1 + layer_norm_kind.n_params, mask) < 0) {
         return NULL;
     }
-    return backward(state, &layer_norm_kind, layer_norm_kind.module_name, v[GRAD_OUTPUT], v[INPUT],
-                    &ns, NULL, v[STATS], &v[WEIGHT], mask);
+    const backward_objs objs = {.grad_output = v[GRAD_OUTPUT], .input = v[INPUT], .axis = v[AXIS],
+                                .saved_stats = v[STATS], .params = &v[WEIGHT]};
+    return backward(state, &layer_norm_kind, layer_norm_kind.module_name, &objs, &ns, mask);
+}
+
+PyDoc_STRVAR(rms_norm_doc,
+"rms_norm($module, input, normalized_shape, weight=None, eps=None, *, axis=None, out=None)\n"
+"--\n"
+"\n"
+"RMS normalization over the last len(normalized_shape) dimensions (or the axes axis=\n"
+"names), as torch.nn.functional.rms_norm: the core of layernorm.rms_norm.\n");
+
+static PyObject *
+rms_norm(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    enum { INPUT, NORMALIZED_SHAPE, WEIGHT, EPS, AXIS, OUT, N };
+    static const keyword_id keywords[N] = {KW_INPUT, KW_NORMALIZED_SHAPE, KW_WEIGHT, KW_EPS, KW_AXIS, KW_OUT};
+    module_state *state = get_state(module);
+    PyObject *v[N];
+    if (parse_args(state, "rms_norm", args, nargs, kwnames, keywords, N, EPS + 1, 2, v) < 0) {
+        return NULL;
+    }
+    const forward_objs objs = {.input = v[INPUT], .normalized_shape = v[NORMALIZED_SHAPE], .params = &v[WEIGHT],
+                               .eps = v[EPS], .axis = v[AXIS], .out = v[OUT]};
+    return forward(state, &rms_norm_kind, "rms_norm", &objs, RETURN_OUTPUT);
+}
+
+PyDoc_STRVAR(native_rms_norm_doc,
+"native_rms_norm($module, input, normalized_shape, weight=None, eps=None, *, axis=None)\n"
+"--\n"
+"\n"
+"rms_norm that also returns its statistic, (output, rstd), as\n"
+"torch.ops.aten._fused_rms_norm: the core of layernorm.native_rms_norm.\n");
+
+static PyObject *
+native_rms_norm(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    enum { INPUT, NORMALIZED_SHAPE, WEIGHT, EPS, AXIS, N };
+    static const keyword_id keywords[N] = {KW_INPUT, KW_NORMALIZED_SHAPE, KW_WEIGHT, KW_EPS, KW_AXIS};
+    module_state *state = get_state(module);
+    PyObject *v[N];
+    if (parse_args(state, "native_rms_norm", args, nargs, kwnames, keywords, N, EPS + 1, 2, v) < 0) {
+        return NULL;
+    }
+    const forward_objs objs = {.input = v[INPUT], .normalized_shape = v[NORMALIZED_SHAPE], .params = &v[WEIGHT],
+                               .eps = v[EPS], .axis = v[AXIS]};
+    return forward(state, &rms_norm_kind, "native_rms_norm", &objs, RETURN_STATS);
+}
+
+PyDoc_STRVAR(add_rms_norm_doc,
+"add_rms_norm($module, input, residual, normalized_shape, weight=None, eps=None, *, axis=None,\n"
+"             out=None, residual_out=None)\n"
+"--\n"
+"\n"
+"(rms_norm(input + residual, ...), input + residual) in one pass over memory: the core of\n"
+"layernorm.add_rms_norm.\n");
+
+static PyObject *
+add_rms_norm(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    enum { INPUT, RESIDUAL, NORMALIZED_SHAPE, WEIGHT, EPS, AXIS, OUT, RESIDUAL_OUT, N };
+    static const keyword_id keywords[N] = {KW_INPUT, KW_RESIDUAL, KW_NORMALIZED_SHAPE, KW_WEIGHT,
+                                           KW_EPS, KW_AXIS, KW_OUT, KW_RESIDUAL_OUT};
+    module_state *state = get_state(module);
+    PyObject *v[N];
+    if (parse_args(state, "add_rms_norm", args, nargs, kwnames, keywords, N, EPS + 1, 3, v) < 0) {
+        return NULL;
+    }
+    const forward_objs objs = {.input = v[INPUT], .residual = v[RESIDUAL], .normalized_shape = v[NORMALIZED_SHAPE],
+                               .params = &v[WEIGHT], .eps = v[EPS], .axis = v[AXIS], .out = v[OUT],
+                               .residual_out = v[RESIDUAL_OUT]};
+    return forward(state, &rms_norm_kind, "add_rms_norm", &objs, RETURN_SUM);
+}
+
+PyDoc_STRVAR(rms_training_forward_doc,
+"rms_training_forward($module, input, normalized_shape, weight=None, eps=None, *, axis=None)\n"
+"--\n"
+"\n"
+"training_forward for RMSNorm: (output, (input, stats)), stats holding the rstd of every\n"
+"row and then the weight.  Used by RMSNorm in training mode.\n");
+
+static PyObject *
+rms_training_forward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    enum { INPUT, NORMALIZED_SHAPE, WEIGHT, EPS, AXIS, N };
+    static const keyword_id keywords[N] = {KW_INPUT, KW_NORMALIZED_SHAPE, KW_WEIGHT, KW_EPS, KW_AXIS};
+    module_state *state = get_state(module);
+    PyObject *v[N];
+    if (parse_args(state, "rms_training_forward", args, nargs, kwnames, keywords, N, EPS + 1, 2, v) < 0) {
+        return NULL;
+    }
+    const forward_objs objs = {.input = v[INPUT], .normalized_shape = v[NORMALIZED_SHAPE], .params = &v[WEIGHT],
+                               .eps = v[EPS], .axis = v[AXIS]};
+    return forward(state, &rms_norm_kind, rms_norm_kind.module_name, &objs, RETURN_SAVED_FOR_GRAD);
+}
+
+PyDoc_STRVAR(rms_norm_backward_doc,
+"rms_norm_backward($module, grad_output, input, normalized_shape, rstd, weight=None,\n"
+"                  output_mask=(True, True), *, axis=None)\n"
+"--\n"
+"\n"
+"Gradients of rms_norm, (grad_input, grad_weight), as\n"
+"torch.ops.aten._fused_rms_norm_backward: the core of layernorm.rms_norm_backward.\n");
+
+static PyObject *
+rms_norm_backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    enum { GRAD_OUTPUT, INPUT, NORMALIZED_SHAPE, RSTD, WEIGHT, OUTPUT_MASK, AXIS, N };
+    static const keyword_id keywords[N] = {KW_GRAD_OUTPUT, KW_INPUT, KW_NORMALIZED_SHAPE, KW_RSTD,
+                                           KW_WEIGHT, KW_OUTPUT_MASK, KW_AXIS};
+    module_state *state = get_state(module);
+    PyObject *v[N];
+    shape_t ns;
+    int mask[2];
+    if (parse_args(state, "rms_norm_backward", args, nargs, kwnames, keywords, N, OUTPUT_MASK + 1, RSTD + 1,
+                   v) < 0 ||
+        parse_normalized_shape(v[NORMALIZED_SHAPE], &ns) < 0 ||
+        parse_output_mask(v[OUTPUT_MASK], 1 + rms_norm_kind.n_params, mask) < 0) {
+        return NULL;
+    }
+    const backward_objs objs = {.grad_output = v[GRAD_OUTPUT], .input = v[INPUT], .axis = v[AXIS],
+                                .stats = &v[RSTD], .params = &v[WEIGHT]};
+    return backward(state, &rms_norm_kind, "rms_norm_backward", &objs, &ns, mask);
+}
+
+PyDoc_STRVAR(rms_saved_backward_doc,
+"rms_saved_backward($module, grad_output, input, stats, normalized_shape, weight=None,\n"
+"                   output_mask=(True, True), *, axis=None)\n"
+"--\n"
+"\n"
+"rms_norm_backward from what rms_training_forward saved.  Used by RMSNorm.backward.\n");
+
+static PyObject *
+rms_saved_backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    enum { GRAD_OUTPUT, INPUT, STATS, NORMALIZED_SHAPE, WEIGHT, OUTPUT_MASK, AXIS, N };
+    static const keyword_id keywords[N] = {KW_GRAD_OUTPUT, KW_INPUT, KW_STATS, KW_NORMALIZED_SHAPE,
+                                           KW_WEIGHT, KW_OUTPUT_MASK, KW_AXIS};
+    module_state *state = get_state(module);
+    PyObject *v[N];
+    shape_t ns;
+    int mask[2];
+    if (parse_args(state, "rms_saved_backward", args, nargs, kwnames, keywords, N, OUTPUT_MASK + 1,
+                   NORMALIZED_SHAPE + 1, v) < 0 ||
+        parse_normalized_shape(v[NORMALIZED_SHAPE], &ns) < 0 ||
+        parse_output_mask(v[OUTPUT_MASK], 1 + rms_norm_kind.n_params, mask) < 0) {
+        return NULL;
+    }
+    const backward_objs objs = {.grad_output = v[GRAD_OUTPUT], .input = v[INPUT], .axis = v[AXIS],
+                                .saved_stats = v[STATS], .params = &v[WEIGHT]};
+    return backward(state, &rms_norm_kind, rms_norm_kind.module_name, &objs, &ns, mask);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1567,14 +2172,17 @@ set_simd_level(PyObject *module, PyObject *arg)
 
 static PyMethodDef layernorm_methods[] = {
     {"layer_norm", (PyCFunction)(void (*)(void))layer_norm, METH_FASTCALL | METH_KEYWORDS, layer_norm_doc},
-    {"native_layer_norm", (PyCFunction)(void (*)(void))native_layer_norm, METH_FASTCALL | METH_KEYWORDS,
-     native_layer_norm_doc},
-    {"training_forward", (PyCFunction)(void (*)(void))training_forward, METH_FASTCALL | METH_KEYWORDS,
-     training_forward_doc},
-    {"layer_norm_backward", (PyCFunction)(void (*)(void))layer_norm_backward,
-     METH_FASTCALL | METH_KEYWORDS, layer_norm_backward_doc},
-    {"saved_backward", (PyCFunction)(void (*)(void))saved_backward, METH_FASTCALL | METH_KEYWORDS,
-     saved_backward_doc},
+    {"native_layer_norm", (PyCFunction)(void (*)(void))native_layer_norm, METH_FASTCALL | METH_KEYWORDS, native_layer_norm_doc},
+    {"add_layer_norm", (PyCFunction)(void (*)(void))add_layer_norm, METH_FASTCALL | METH_KEYWORDS, add_layer_norm_doc},
+    {"layer_norm_backward", (PyCFunction)(void (*)(void))layer_norm_backward, METH_FASTCALL | METH_KEYWORDS, layer_norm_backward_doc},
+    {"training_forward", (PyCFunction)(void (*)(void))training_forward, METH_FASTCALL | METH_KEYWORDS, training_forward_doc},
+    {"saved_backward", (PyCFunction)(void (*)(void))saved_backward, METH_FASTCALL | METH_KEYWORDS, saved_backward_doc},
+    {"rms_norm", (PyCFunction)(void (*)(void))rms_norm, METH_FASTCALL | METH_KEYWORDS, rms_norm_doc},
+    {"native_rms_norm", (PyCFunction)(void (*)(void))native_rms_norm, METH_FASTCALL | METH_KEYWORDS, native_rms_norm_doc},
+    {"add_rms_norm", (PyCFunction)(void (*)(void))add_rms_norm, METH_FASTCALL | METH_KEYWORDS, add_rms_norm_doc},
+    {"rms_norm_backward", (PyCFunction)(void (*)(void))rms_norm_backward, METH_FASTCALL | METH_KEYWORDS, rms_norm_backward_doc},
+    {"rms_training_forward", (PyCFunction)(void (*)(void))rms_training_forward, METH_FASTCALL | METH_KEYWORDS, rms_training_forward_doc},
+    {"rms_saved_backward", (PyCFunction)(void (*)(void))rms_saved_backward, METH_FASTCALL | METH_KEYWORDS, rms_saved_backward_doc},
     {"set_num_threads", set_num_threads, METH_O, set_num_threads_doc},
     {"get_num_threads", get_num_threads, METH_NOARGS, get_num_threads_doc},
     {"simd_level", simd_level, METH_NOARGS, simd_level_doc},
@@ -1669,6 +2277,23 @@ layernorm_exec(PyObject *module)
         "layernorm._layernorm.ParameterChangedError", parameter_changed_error_doc, PyExc_RuntimeError, NULL);
     if (!state->parameter_changed_error ||
         PyModule_AddObjectRef(module, "ParameterChangedError", state->parameter_changed_error) < 0) {
+        return -1;
+    }
+    /* NumPy's own class, so that `except np.exceptions.AxisError` catches ours */
+    PyObject *numpy = PyImport_ImportModule("numpy");
+    if (!numpy) {
+        return -1;
+    }
+    PyObject *exceptions = PyObject_GetAttrString(numpy, "exceptions");  /* NumPy >= 1.25 */
+    if (!exceptions) {
+        PyErr_Clear();
+        Py_INCREF(numpy);
+        exceptions = numpy;
+    }
+    state->axis_error = PyObject_GetAttrString(exceptions, "AxisError");
+    Py_DECREF(exceptions);
+    Py_DECREF(numpy);
+    if (!state->axis_error) {
         return -1;
     }
     return apply_environment();
