@@ -791,6 +791,70 @@ private_input(PyArrayObject *input, PyArrayObject *rows)
 }
 
 /* ------------------------------------------------------------------------ */
+/* Kernel arguments                                                          */
+/* ------------------------------------------------------------------------ */
+
+/* The kernel layer's arguments (ln_kernels.h) for the rows this binding hands it: LayerNorm
+   over one block of `rows` rows; an element array's rows are row_step elements apart, its
+   elements adjacent (the output and grad_input C-contiguous); statistics one value a row,
+   contiguous.  A NULL array is absent. */
+
+static ln_array
+kernel_rows(const void *data, npy_intp row_step, int dtype)
+{
+    static const npy_intp elem_size[] = {2, 4, 8};
+    const ln_array rows = {(char *)data, {.row_step = row_step * elem_size[dtype], .elem_step = elem_size[dtype]}};
+    return rows;
+}
+
+static ln_array
+kernel_stats(const void *data, int dtype)
+{
+    const ln_array stats = {(char *)data, {.row_step = param_size[dtype]}};
+    return stats;
+}
+
+static ln_forward_args
+kernel_forward_args(int dtype, npy_intp rows, npy_intp row_len, const void *input, npy_intp input_row_step,
+                    void *output, const void *weight, const void *bias, double eps, void *mean, void *rstd)
+{
+    const ln_forward_args args = {
+        .kind = LN_NORM_LAYER,
+        .dtype = (ln_dtype)dtype,
+        .extent = {.blocks = 1, .rows = rows, .row_len = row_len},
+        .input = kernel_rows(input, input_row_step, dtype),
+        .output = kernel_rows(output, row_len, dtype),
+        .weight = weight,
+        .bias = bias,
+        .eps = eps,
+        .mean = kernel_stats(mean, dtype),
+        .rstd = kernel_stats(rstd, dtype),
+    };
+    return args;
+}
+
+static ln_backward_args
+kernel_backward_args(int dtype, npy_intp rows, npy_intp row_len, const void *grad_output,
+                     npy_intp grad_output_row_step, const void *input, npy_intp input_row_step, const void *mean,
+                     const void *rstd, const void *weight, void *grad_input, void *grad_weight, void *grad_bias)
+{
+    const ln_backward_args args = {
+        .kind = LN_NORM_LAYER,
+        .dtype = (ln_dtype)dtype,
+        .extent = {.blocks = 1, .rows = rows, .row_len = row_len},
+        .grad_output = kernel_rows(grad_output, grad_output_row_step, dtype),
+        .input = kernel_rows(input, input_row_step, dtype),
+        .mean = kernel_stats(mean, dtype),
+        .rstd = kernel_stats(rstd, dtype),
+        .weight = weight,
+        .grad_input = kernel_rows(grad_input, row_len, dtype),
+        .grad_weight = grad_weight,
+        .grad_bias = grad_bias,
+    };
+    return args;
+}
+
+/* ------------------------------------------------------------------------ */
 /* Norm kinds: the forward and backward they share                           */
 /* ------------------------------------------------------------------------ */
 
@@ -986,19 +1050,10 @@ forward(module_state *state, const norm_kind *kind, const char *what, PyObject *
         }
     }
 
-    const ln_forward_args args = {
-        .dtype = (ln_dtype)dtype,
-        .rows = batch,
-        .row_len = ns.size,
-        .input = PyArray_DATA(rows),
-        .input_row_step = row_step,
-        .output = PyArray_DATA(output),
-        .weight = params[0] ? PyArray_DATA(params[0]) : NULL,
-        .bias = params[1] ? PyArray_DATA(params[1]) : NULL,
-        .eps = eps,
-        .mean = stats_data[0],
-        .rstd = stats_data[1],
-    };
+    const ln_forward_args args = kernel_forward_args(
+        dtype, batch, ns.size, PyArray_DATA(rows), row_step, PyArray_DATA(output),
+        params[0] ? PyArray_DATA(params[0]) : NULL, params[1] ? PyArray_DATA(params[1]) : NULL, eps,
+        stats_data[0], stats_data[1]);
     /* Nothing to write, nothing to compute: the kernel would still walk every empty row. */
     const int produces = PyArray_SIZE(output) > 0 || (returns != RETURN_OUTPUT && batch > 0);
     int status = 0;
@@ -1232,21 +1287,11 @@ backward(module_state *state, const norm_kind *kind, const char *what, PyObject 
                               PyArray_DIMS(input), PyArray_TYPE(input));
             goto done;
         }
-        const ln_backward_args args = {
-            .dtype = (ln_dtype)dtype,
-            .rows = rows,
-            .row_len = ns.size,
-            .grad_output = PyArray_DATA(grad_rows),
-            .grad_output_row_step = grad_step,
-            .input = PyArray_DATA(input_rows),
-            .input_row_step = input_step,
-            .mean = stats_data[0],
-            .rstd = stats_data[1],
-            .weight = params[0] ? PyArray_DATA(params[0]) : NULL,
-            .grad_input = grad_input ? PyArray_DATA(grad_input) : NULL,
-            .grad_weight = grad_params[0] ? PyArray_DATA(grad_params[0]) : NULL,
-            .grad_bias = grad_params[1] ? PyArray_DATA(grad_params[1]) : NULL,
-        };
+        const ln_backward_args args = kernel_backward_args(
+            dtype, rows, ns.size, PyArray_DATA(grad_rows), grad_step, PyArray_DATA(input_rows), input_step,
+            stats_data[0], stats_data[1], params[0] ? PyArray_DATA(params[0]) : NULL,
+            grad_input ? PyArray_DATA(grad_input) : NULL, grad_params[0] ? PyArray_DATA(grad_params[0]) : NULL,
+            grad_params[1] ? PyArray_DATA(grad_params[1]) : NULL);
         Py_BEGIN_ALLOW_THREADS
         status = ln_backward(&args);
         Py_END_ALLOW_THREADS

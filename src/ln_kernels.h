@@ -1,26 +1,38 @@
 /*
- * ln_kernels.h -- the pure-C LayerNorm kernel layer (no Python in here).
+ * ln_kernels.h -- the pure-C kernel layer of the norm family (no Python in here).
  *
- * What it computes, in NumPy terms, for rows of N = row_len elements:
+ * What it computes, in NumPy terms, for rows of N = row_len elements (statistics in float64):
  *
- *     mean = x.mean(-1, keepdims=True)                      # in float64
- *     var  = ((x - mean) ** 2).mean(-1, keepdims=True)      # biased, in float64
+ *   LayerNorm (LN_NORM_LAYER):
+ *     mean = x.mean(-1, keepdims=True)
+ *     var  = ((x - mean) ** 2).mean(-1, keepdims=True)      # biased
  *     rstd = 1 / np.sqrt(var + eps)
  *     y    = (x - mean) * rstd * weight + bias              # rounded once per element
  *
- * and the backward pass of that function.  Results are bit-identical whatever the
- * SIMD level and the thread count (ln_rows.h and ln_internal.h say why).
+ *   RMSNorm (LN_NORM_RMS): LayerNorm with the mean fixed at 0 and no bias:
+ *     rstd = 1 / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps)
+ *     y    = x * rstd * weight
+ *
+ * and the backward pass of each.  A row is any set of elements the layout layer (ln_layout.h)
+ * can walk with one element step: the trailing axes of a C-contiguous array, or the channels
+ * of an NCHW one.  Results are bit-identical whatever the SIMD level and the thread count
+ * (ln_rows.h and ln_internal.h say why).
  */
 #ifndef LN_KERNELS_H
 #define LN_KERNELS_H
 
 #include <stddef.h>
 
+#include "ln_layout.h"
+
 /* Element type of the input, the output and the gradients.
  * Statistics are always float64 internally; weight/bias are float32 for
  * LN_F16/LN_F32 input and float64 for LN_F64 input ("param type"); mean/rstd
  * handed in or out are of the same param type. */
 typedef enum { LN_F16 = 0, LN_F32 = 1, LN_F64 = 2 } ln_dtype;
+
+/* What the statistics are: centred (mean and variance) or not (mean of squares). */
+typedef enum { LN_NORM_LAYER = 0, LN_NORM_RMS = 1 } ln_norm_kind;
 
 /* Kernel variants, slowest first.  LN_SIMD_VEC128 is SSE2 on x86-64 and NEON on aarch64;
  * a build has the levels its target can run (ln_simd_name says which). */
@@ -32,34 +44,43 @@ typedef enum {
 } ln_simd_level;
 #define LN_SIMD_LEVELS 4
 
+/* One array taking part in a call: its first element and how to walk it over the call's
+ * extent (ln_layout.h).  Element arrays are aligned to their element size.  Statistics
+ * (mean, rstd) have one param-type value per row: elem_step 0, and in backward any
+ * steps, zero included (a broadcast value is never expanded). */
 typedef struct {
-    ln_dtype dtype;
-    ptrdiff_t rows;            /* number of rows (product of the batch dims) */
-    ptrdiff_t row_len;         /* N, elements per row, contiguous within a row */
-    const void *input;         /* first row */
-    ptrdiff_t input_row_step;  /* elements from one row start to the next (any sign) */
-    void *output;              /* rows x row_len, C-contiguous; may equal input */
-    const void *weight;        /* row_len params, or NULL for ones */
-    const void *bias;          /* row_len params, or NULL for zeros */
+    char *data;    /* NULL: absent (an optional input, or a result not wanted) */
+    ln_walk walk;
+} ln_array;
+
+typedef struct {
+    ln_norm_kind kind;
+    ln_dtype dtype;          /* of input, residual, sum and output */
+    ln_extent extent;        /* blocks x rows x row_len, common to every array below */
+    ln_array input;
+    ln_array residual;       /* present: the rows normalized are sum = input + residual */
+    ln_array sum;            /* present iff residual is: input + residual rounded to dtype, as
+                                NumPy's add rounds it; may be input's or residual's own memory */
+    ln_array output;         /* may be input's (or sum's) own memory, element for element */
+    const void *weight;      /* row_len params, contiguous, or NULL for ones */
+    const void *bias;        /* row_len params, contiguous, or NULL for zeros; NULL for RMS */
     double eps;
-    void *mean;                /* rows params out, or NULL */
-    void *rstd;                /* rows params out, or NULL */
+    ln_array mean;           /* out, or absent; always absent for RMS */
+    ln_array rstd;           /* out, or absent */
 } ln_forward_args;
 
 typedef struct {
+    ln_norm_kind kind;
     ln_dtype dtype;
-    ptrdiff_t rows;
-    ptrdiff_t row_len;
-    const void *grad_output;   /* first row of dL/dy */
-    ptrdiff_t grad_output_row_step;
-    const void *input;         /* first row of x */
-    ptrdiff_t input_row_step;
-    const void *mean;          /* rows params, contiguous */
-    const void *rstd;          /* rows params, contiguous */
-    const void *weight;        /* row_len params, or NULL for ones */
-    void *grad_input;          /* rows x row_len, C-contiguous, or NULL to skip */
-    void *grad_weight;         /* row_len params, or NULL to skip */
-    void *grad_bias;           /* row_len params, or NULL to skip */
+    ln_extent extent;
+    ln_array grad_output;
+    ln_array input;
+    ln_array mean;           /* in; always absent for RMS (the mean is 0) */
+    ln_array rstd;           /* in */
+    const void *weight;      /* row_len params, or NULL for ones */
+    ln_array grad_input;     /* out, or absent: not computed */
+    void *grad_weight;       /* row_len params out, contiguous, or NULL to skip */
+    void *grad_bias;         /* likewise; always NULL for RMS */
 } ln_backward_args;
 
 /* Both return 0, or -1 when scratch memory could not be allocated. */
