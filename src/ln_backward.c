@@ -1,7 +1,7 @@
 /*
- * ln_backward.c -- the backward driver: splits a call into row blocks, or a few huge rows
- * into column spans, across the threads, runs the level's row kernels on them and adds
- * up the parameter gradients.
+ * ln_backward.c -- the backward driver: splits a call into row blocks (of rows, or of the
+ * strided route's tiles), or a few huge rows into column spans, across the threads, runs
+ * the level's kernels on them and adds up the parameter gradients.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -40,19 +40,57 @@ static void ln_store_params(ln_dtype dtype, void *p, const double *sums, ptrdiff
  * row in parallel and each row's span sums are added in order; pass 2 runs over column
  * spans in parallel, each walking all rows top to bottom, so each column of dweight
  * and dbias is summed by one task, in row order.
+ *
+ * The strided route goes by row blocks too, blocks of whole tiles: a block's partial sums
+ * are per lane (16 per column), added by ln_sum_lanes when the block is done.
  */
 
 typedef struct {
     const ln_backward_args *args;
-    const ln_dtype_kernels *kernels;  /* the level in use, for args->dtype */
+    const ln_row_kernels *kernels;  /* the level in use, for args->kind and args->dtype */
     ptrdiff_t elsize;        /* bytes per element of dy, x, dx */
     ptrdiff_t param_elsize;  /* bytes per weight, mean and rstd */
-    ptrdiff_t blocks;        /* row blocks */
+    ptrdiff_t grad_blocks;   /* row blocks (of rows, or of tiles) */
+    ptrdiff_t lanes;         /* partial sums per column a block: 1, or 16 on the strided route */
     ptrdiff_t spans;         /* LN_CHUNK-column spans per row */
-    double *dparams;         /* blocks x [dweight (row_len), dbias (row_len)], float64 */
+    double *dparams;         /* grad_blocks x [dweight (lanes x row_len), dbias (lanes x row_len)] */
     double *sums;            /* column spans: rows x spans x [sum g, sum g * xhat] */
     double *row_means;       /* column spans: rows x [mean g, mean g * xhat] */
 } ln_backward_job;
+
+/* Debug builds' check of what ln_kernels.h promises the kernels. */
+static inline int ln_backward_args_valid(const ln_backward_args *a)
+{
+    const ln_extent *e = &a->extent;
+    const int has_work = e->blocks > 0 && e->rows > 0 && e->row_len > 0 &&
+                         (a->grad_input.data || a->grad_weight || a->grad_bias);
+    return 0 <= a->kind && a->kind < LN_NORM_KINDS && 0 <= a->dtype && a->dtype < LN_DTYPES &&
+           e->blocks >= 0 && e->rows >= 0 && e->row_len >= 0 &&
+           (!has_work || (a->grad_output.data && a->input.data && a->rstd.data &&
+                          (a->kind == LN_NORM_RMS || a->mean.data))) &&
+           (a->kind == LN_NORM_LAYER || (!a->mean.data && !a->grad_bias)) &&
+           ln_element_array_valid(&a->grad_output, a->dtype) && ln_element_array_valid(&a->input, a->dtype) &&
+           ln_element_array_valid(&a->grad_input, a->dtype) && ln_stat_array_valid(&a->mean, a->dtype, e) &&
+           ln_stat_array_valid(&a->rstd, a->dtype, e);
+}
+
+/* Row r's mean: RMSNorm's is 0. */
+static double ln_backward_mean(const ln_backward_args *a, ptrdiff_t r)
+{
+    return a->kind == LN_NORM_RMS ? 0.0 : ln_load_stat(a->dtype, &a->mean, &a->extent, r);
+}
+
+/* Block `block`'s dweight partial sums (lanes x row_len), or NULL when not wanted. */
+static double *ln_block_dweight(const ln_backward_job *job, ptrdiff_t block)
+{
+    return job->args->grad_weight ? job->dparams + 2 * block * job->lanes * job->args->extent.row_len : NULL;
+}
+
+/* ... and its dbias partial sums. */
+static double *ln_block_dbias(const ln_backward_job *job, ptrdiff_t block)
+{
+    return job->args->grad_bias ? job->dparams + (2 * block + 1) * job->lanes * job->args->extent.row_len : NULL;
+}
 
 static void ln_backward_blocks(void *ctx, ptrdiff_t begin, ptrdiff_t end)
 {
@@ -60,10 +98,31 @@ static void ln_backward_blocks(void *ctx, ptrdiff_t begin, ptrdiff_t end)
     const ln_backward_args *a = job->args;
     for (ptrdiff_t block = begin; block < end; block++) {
         ptrdiff_t row_begin, row_end;
-        ln_range_of_part(a->rows, (int)job->blocks, (int)block, &row_begin, &row_end);
-        job->kernels->backward_rows(
-            a, row_begin, row_end, a->grad_weight ? job->dparams + 2 * block * a->row_len : NULL,
-            a->grad_bias ? job->dparams + (2 * block + 1) * a->row_len : NULL);
+        ln_range_of_part(ln_rows_of(&a->extent), (int)job->grad_blocks, (int)block, &row_begin, &row_end);
+        job->kernels->backward_rows(a, row_begin, row_end, ln_block_dweight(job, block), ln_block_dbias(job, block));
+    }
+}
+
+/* Column j's 16 lanes at sums[16 j ..] added by the fixed tree into sums[j], in place: the
+   lanes of the columns before j are spent by then. */
+static void ln_sum_column_lanes(double *sums, ptrdiff_t row_len)
+{
+    for (ptrdiff_t j = 0; sums && j < row_len; j++) {
+        sums[j] = ln_sum_lanes(sums + 16 * j);
+    }
+}
+
+/* The strided route's row blocks: whole tiles each, their lanes added when done. */
+static void ln_backward_tile_blocks(void *ctx, ptrdiff_t begin, ptrdiff_t end)
+{
+    const ln_backward_job *job = ctx;
+    const ln_backward_args *a = job->args;
+    for (ptrdiff_t block = begin; block < end; block++) {
+        ptrdiff_t tile_begin, tile_end;
+        ln_range_of_part(ln_tiles_of(&a->extent), (int)job->grad_blocks, (int)block, &tile_begin, &tile_end);
+        job->kernels->backward_tiles(a, tile_begin, tile_end, ln_block_dweight(job, block), ln_block_dbias(job, block));
+        ln_sum_column_lanes(ln_block_dweight(job, block), a->extent.row_len);
+        ln_sum_column_lanes(ln_block_dbias(job, block), a->extent.row_len);
     }
 }
 
@@ -74,13 +133,12 @@ static void ln_backward_span_sums(void *ctx, ptrdiff_t begin, ptrdiff_t end)
     const ln_backward_args *a = job->args;
     for (ptrdiff_t t = begin; t < end; t++) {
         const ptrdiff_t r = t / job->spans, start = (t % job->spans) * LN_CHUNK;
-        const ptrdiff_t len = a->row_len - start < LN_CHUNK ? a->row_len - start : LN_CHUNK;
-        job->kernels->grad_sums(
-            (const char *)a->grad_output + (r * a->grad_output_row_step + start) * job->elsize,
-            (const char *)a->input + (r * a->input_row_step + start) * job->elsize,
-            a->weight ? (const char *)a->weight + start * job->param_elsize : NULL, len,
-            ln_load1_param_as_f64(a->dtype, a->mean, r), ln_load1_param_as_f64(a->dtype, a->rstd, r),
-            job->sums + 2 * t);
+        const ptrdiff_t len = a->extent.row_len - start < LN_CHUNK ? a->extent.row_len - start : LN_CHUNK;
+        job->kernels->grad_sums(ln_row_address(&a->grad_output, &a->extent, r) + start * job->elsize,
+                                ln_row_address(&a->input, &a->extent, r) + start * job->elsize,
+                                a->weight ? (const char *)a->weight + start * job->param_elsize : NULL, len,
+                                ln_backward_mean(a, r), ln_load_stat(a->dtype, &a->rstd, &a->extent, r),
+                                job->sums + 2 * t);
     }
 }
 
@@ -90,26 +148,27 @@ static void ln_backward_span_apply(void *ctx, ptrdiff_t begin, ptrdiff_t end)
     const ln_backward_job *job = ctx;
     const ln_backward_args *a = job->args;
     const int stream_dx = ln_backward_streams_dx(a);
+    const ptrdiff_t rows = ln_rows_of(&a->extent);
     for (ptrdiff_t s = begin; s < end; s++) {
         const ptrdiff_t start = s * LN_CHUNK;
-        const ptrdiff_t len = a->row_len - start < LN_CHUNK ? a->row_len - start : LN_CHUNK;
-        for (ptrdiff_t first = 0; first < a->rows; first += LN_GRAD_ROWS) {
-            ln_grad_rows group = {.count = (int)(a->rows - first < LN_GRAD_ROWS ? a->rows - first : LN_GRAD_ROWS),
+        const ptrdiff_t len = a->extent.row_len - start < LN_CHUNK ? a->extent.row_len - start : LN_CHUNK;
+        for (ptrdiff_t first = 0; first < rows; first += LN_GRAD_ROWS) {
+            ln_grad_rows group = {.count = (int)(rows - first < LN_GRAD_ROWS ? rows - first : LN_GRAD_ROWS),
                                   .stream_dx = stream_dx};
             for (int k = 0; k < group.count; k++) {
                 const ptrdiff_t r = first + k;
-                group.dy[k] = (const char *)a->grad_output + (r * a->grad_output_row_step + start) * job->elsize;
-                group.x[k] = (const char *)a->input + (r * a->input_row_step + start) * job->elsize;
-                group.dx[k] = a->grad_input ? (char *)a->grad_input + (r * a->row_len + start) * job->elsize : NULL;
-                group.mean[k] = ln_load1_param_as_f64(a->dtype, a->mean, r);
-                group.rstd[k] = ln_load1_param_as_f64(a->dtype, a->rstd, r);
+                group.dy[k] = ln_row_address(&a->grad_output, &a->extent, r) + start * job->elsize;
+                group.x[k] = ln_row_address(&a->input, &a->extent, r) + start * job->elsize;
+                group.dx[k] = a->grad_input.data ? ln_row_address(&a->grad_input, &a->extent, r) + start * job->elsize
+                                                 : NULL;
+                group.mean[k] = ln_backward_mean(a, r);
+                group.rstd[k] = ln_load_stat(a->dtype, &a->rstd, &a->extent, r);
                 group.g_mean[k] = job->row_means[2 * r];
                 group.gx_mean[k] = job->row_means[2 * r + 1];
             }
-            job->kernels->grad_apply(
-                &group, a->weight ? (const char *)a->weight + start * job->param_elsize : NULL, len,
-                a->grad_weight ? job->dparams + start : NULL,
-                a->grad_bias ? job->dparams + a->row_len + start : NULL);
+            job->kernels->grad_apply(&group, a->weight ? (const char *)a->weight + start * job->param_elsize : NULL,
+                                     len, a->grad_weight ? job->dparams + start : NULL,
+                                     a->grad_bias ? job->dparams + a->extent.row_len + start : NULL);
         }
     }
 #if defined(__x86_64__)
@@ -122,23 +181,24 @@ static void ln_backward_span_apply(void *ctx, ptrdiff_t begin, ptrdiff_t end)
 static int ln_backward_by_column_spans(ln_backward_job *job)
 {
     const ln_backward_args *a = job->args;
+    const ptrdiff_t rows = ln_rows_of(&a->extent);
     int status = -1;
-    job->spans = (a->row_len + LN_CHUNK - 1) / LN_CHUNK;
-    job->sums = calloc((size_t)(2 * a->rows * (job->spans + 1)), sizeof(double));
+    job->spans = (a->extent.row_len + LN_CHUNK - 1) / LN_CHUNK;
+    job->sums = calloc((size_t)(2 * rows * (job->spans + 1)), sizeof(double));
     if (!job->sums) {
         goto done;
     }
-    job->row_means = job->sums + 2 * a->rows * job->spans;
-    if (a->grad_input) {
-        ln_parallel_for(a->rows * job->spans, 4, ln_backward_span_sums, job);
-        for (ptrdiff_t r = 0; r < a->rows; r++) {
+    job->row_means = job->sums + 2 * rows * job->spans;
+    if (a->grad_input.data) {
+        ln_parallel_for(rows * job->spans, 4, ln_backward_span_sums, job);
+        for (ptrdiff_t r = 0; r < rows; r++) {
             double g_sum = 0.0, gx_sum = 0.0;
             for (ptrdiff_t s = 0; s < job->spans; s++) {
                 g_sum += job->sums[2 * (r * job->spans + s)];
                 gx_sum += job->sums[2 * (r * job->spans + s) + 1];
             }
-            job->row_means[2 * r] = g_sum / (double)a->row_len;
-            job->row_means[2 * r + 1] = gx_sum / (double)a->row_len;
+            job->row_means[2 * r] = g_sum / (double)a->extent.row_len;
+            job->row_means[2 * r + 1] = gx_sum / (double)a->extent.row_len;
         }
     }
     ln_parallel_for(job->spans, 4, ln_backward_span_apply, job);
@@ -150,35 +210,40 @@ done:
 
 int ln_backward(const ln_backward_args *a)
 {
-    assert(a && 0 <= a->dtype && a->dtype < LN_DTYPES && a->rows >= 0 && a->row_len >= 0);
-    assert(a->rows == 0 || a->row_len == 0 || (a->grad_output && a->input && a->mean && a->rstd));
+    assert(a && ln_backward_args_valid(a));
     ln_backward_job job = {
         .args = a,
-        .kernels = &ln_kernels_in_use()->by_dtype[a->dtype],
+        .kernels = &ln_kernels_in_use()->by_dtype[a->dtype].by_kind[a->kind],
         .elsize = (ptrdiff_t)ln_dtype_size(a->dtype),
         .param_elsize = (ptrdiff_t)ln_param_size(a->dtype),
-        .blocks = 1,
+        .grad_blocks = 1,
+        .lanes = 1,
     };
+    const ptrdiff_t rows = ln_rows_of(&a->extent), n = a->extent.row_len;
     const int want_params = a->grad_weight || a->grad_bias;
     int dparams_kept = 0;
-    const double elements = (double)a->rows * (double)a->row_len;
+    const double elements = (double)rows * (double)n;
     int status = -1;
-    if (!a->grad_input && !want_params) {
+    if (!a->grad_input.data && !want_params) {
         return 0;
     }
+    const int contiguous = ln_elements_adjacent(&a->grad_output, a->dtype) &&
+                           ln_elements_adjacent(&a->input, a->dtype) && ln_elements_adjacent(&a->grad_input, a->dtype);
+    job.lanes = contiguous ? 1 : 16;
+    const ptrdiff_t units = contiguous ? rows : ln_tiles_of(&a->extent);  /* what row blocks hold */
     if (elements >= LN_PARALLEL_MIN_ELEMENTS) {
-        const ptrdiff_t max_blocks = LN_GRAD_PARTIALS_MAX / a->row_len;
-        job.blocks = a->rows < LN_GRAD_BLOCKS ? a->rows : LN_GRAD_BLOCKS;
-        job.blocks = job.blocks < max_blocks ? job.blocks : max_blocks > 1 ? max_blocks : 1;
+        const ptrdiff_t max_blocks = LN_GRAD_PARTIALS_MAX / (job.lanes * n);
+        job.grad_blocks = units < LN_GRAD_BLOCKS ? units : LN_GRAD_BLOCKS;
+        job.grad_blocks = job.grad_blocks < max_blocks ? job.grad_blocks : max_blocks > 1 ? max_blocks : 1;
     }
-    const int by_column_spans = a->row_len >= LN_SPLIT_ROW_MIN &&
-                                (a->rows < LN_GRAD_BLOCKS || a->row_len >= LN_COLUMN_SPANS_MIN);
+    const int by_column_spans = contiguous && n >= LN_SPLIT_ROW_MIN &&
+                                (rows < LN_GRAD_BLOCKS || n >= LN_COLUMN_SPANS_MIN);
     if (by_column_spans) {
-        job.blocks = 1;
+        job.grad_blocks = 1;
     }
     if (want_params) {
         /* +1 so that row_len == 0 still allocates */
-        job.dparams = ln_scratch_take((size_t)(2 * job.blocks * a->row_len + 1), &dparams_kept);
+        job.dparams = ln_scratch_take((size_t)(2 * job.grad_blocks * job.lanes * n + 1), &dparams_kept);
         if (!job.dparams) {
             goto done;
         }
@@ -190,23 +255,23 @@ int ln_backward(const ln_backward_args *a)
             }
         }
         else {
-            ln_parallel_for(job.blocks, 1, ln_backward_blocks, &job);
+            ln_parallel_for(job.grad_blocks, 1, contiguous ? ln_backward_blocks : ln_backward_tile_blocks, &job);
         }
     }
     if (want_params) {
         /* Block 0's sums take the other blocks' in block order, column by column (contiguous,
            so the compiler vectorizes it), then go out in the parameters' dtype. */
-        double *const dweight = job.dparams, *const dbias = job.dparams + a->row_len;
-        for (ptrdiff_t block = 1; block < job.blocks; block++) {
-            const double *const block_dweight = job.dparams + 2 * block * a->row_len;
-            const double *const block_dbias = block_dweight + a->row_len;
-            for (ptrdiff_t j = 0; j < a->row_len; j++) {
+        double *const dweight = job.dparams, *const dbias = job.dparams + job.lanes * n;
+        for (ptrdiff_t block = 1; block < job.grad_blocks; block++) {
+            const double *const block_dweight = job.dparams + 2 * block * job.lanes * n;
+            const double *const block_dbias = block_dweight + job.lanes * n;
+            for (ptrdiff_t j = 0; j < n; j++) {
                 dweight[j] += block_dweight[j];
                 dbias[j] += block_dbias[j];
             }
         }
-        ln_store_params(a->dtype, a->grad_weight, dweight, a->row_len);
-        ln_store_params(a->dtype, a->grad_bias, dbias, a->row_len);
+        ln_store_params(a->dtype, a->grad_weight, dweight, n);
+        ln_store_params(a->dtype, a->grad_bias, dbias, n);
     }
     status = 0;
 done:

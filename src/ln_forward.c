@@ -1,6 +1,9 @@
 /*
- * ln_forward.c -- the forward driver: splits a call into row ranges, or a few huge rows
- * into chunks, across the threads, and runs the level's row kernels on them.
+ * ln_forward.c -- the forward driver: splits a call into row ranges (contiguous route) or
+ * tiles (strided route), or a few huge rows into chunks, across the threads, and runs the
+ * level's kernels on them.  On the contiguous route a residual is summed into `sum` a few
+ * rows at a time, and those rows are then normalized from `sum` by the ordinary row
+ * kernels, so the output is bit for bit the norm of `sum`.
  */
 #include <stdlib.h>
 
@@ -8,21 +11,64 @@
 
 typedef struct {
     const ln_forward_args *args;
-    const ln_dtype_kernels *kernels;  /* the level in use, for args->dtype */
+    const ln_dtype_kernels *dtype_kernels;  /* the level in use, for args->dtype */
+    const ln_row_kernels *kernels;          /* ... and args->kind */
+    ln_forward_args of_sum;                 /* with a residual: args normalizing `sum` */
+    ptrdiff_t sum_rows;                     /* with a residual: rows summed at a time */
     /* for one huge row split across threads: */
-    const char *row_in;
+    const char *row_x, *row_residual;       /* the row's input and residual (or NULL) */
+    char *row_sum;                          /* ... and its sum (or NULL) */
+    const char *row_in;                     /* the row normalized: row_sum, or row_x */
     char *row_out;
-    ln_moments *chunk_moments;        /* one per LN_CHUNK-element chunk of the row */
+    ln_moments *chunk_moments;              /* one per LN_CHUNK-element chunk of the row */
     double mean, rstd;
 } ln_forward_job;
 
+/* Debug builds' check of what ln_kernels.h promises the kernels. */
+static inline int ln_forward_args_valid(const ln_forward_args *a)
+{
+    const ln_extent *e = &a->extent;
+    const int has_work = e->blocks > 0 && e->rows > 0 && e->row_len > 0;
+    return 0 <= a->kind && a->kind < LN_NORM_KINDS && 0 <= a->dtype && a->dtype < LN_DTYPES &&
+           e->blocks >= 0 && e->rows >= 0 && e->row_len >= 0 &&
+           (!has_work || (a->input.data && a->output.data)) &&
+           (a->residual.data != NULL) == (a->sum.data != NULL) &&
+           (a->kind == LN_NORM_LAYER || (!a->bias && !a->mean.data)) &&
+           ln_element_array_valid(&a->input, a->dtype) && ln_element_array_valid(&a->residual, a->dtype) &&
+           ln_element_array_valid(&a->sum, a->dtype) && ln_element_array_valid(&a->output, a->dtype) &&
+           ln_stat_array_valid(&a->mean, a->dtype, e) && ln_stat_array_valid(&a->rstd, a->dtype, e);
+}
+
+/* Rows [begin, end) by the row kernels; a residual first summed into `sum`, sum_rows rows at
+   a time, and those rows normalized from it while they are in cache. */
 static void ln_forward_rows(void *ctx, ptrdiff_t begin, ptrdiff_t end)
 {
     const ln_forward_job *job = ctx;
-    job->kernels->forward_rows(job->args, begin, end);
+    const ln_forward_args *a = job->args;
+    if (!a->residual.data) {
+        job->kernels->forward_rows(a, begin, end);
+        return;
+    }
+    for (ptrdiff_t first = begin; first < end; first += job->sum_rows) {
+        const ptrdiff_t last = end - first < job->sum_rows ? end : first + job->sum_rows;
+        for (ptrdiff_t r = first; r < last; r++) {
+            job->dtype_kernels->add_row(ln_row_address(&a->input, &a->extent, r),
+                                        ln_row_address(&a->residual, &a->extent, r),
+                                        ln_row_address(&a->sum, &a->extent, r), a->extent.row_len);
+        }
+        job->kernels->forward_rows(&job->of_sum, first, last);
+    }
 }
 
-/* Tasks [begin, end): the moments of those chunks of the huge row. */
+/* Tiles [begin, end) of the strided route (which sums a residual itself). */
+static void ln_forward_tiles(void *ctx, ptrdiff_t begin, ptrdiff_t end)
+{
+    const ln_forward_job *job = ctx;
+    job->kernels->forward_tiles(job->args, begin, end);
+}
+
+/* Tasks [begin, end): those chunks of the huge row summed (with a residual), and their
+   moments. */
 static void ln_forward_huge_row_moments(void *ctx, ptrdiff_t begin, ptrdiff_t end)
 {
     ln_forward_job *job = ctx;
@@ -30,7 +76,11 @@ static void ln_forward_huge_row_moments(void *ctx, ptrdiff_t begin, ptrdiff_t en
     const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(a->dtype);
     for (ptrdiff_t c = begin; c < end; c++) {
         const ptrdiff_t start = c * LN_CHUNK;
-        const ptrdiff_t len = a->row_len - start < LN_CHUNK ? a->row_len - start : LN_CHUNK;
+        const ptrdiff_t len = a->extent.row_len - start < LN_CHUNK ? a->extent.row_len - start : LN_CHUNK;
+        if (job->row_sum) {
+            job->dtype_kernels->add_row(job->row_x + start * elsize, job->row_residual + start * elsize,
+                                        job->row_sum + start * elsize, len);
+        }
         job->chunk_moments[c] = job->kernels->chunk_moments(job->row_in + start * elsize, len);
     }
 }
@@ -40,7 +90,7 @@ static void ln_forward_huge_row_normalize(void *ctx, ptrdiff_t begin, ptrdiff_t 
 {
     const ln_forward_job *job = ctx;
     const ln_forward_args *a = job->args;
-    const ptrdiff_t stop = end * LN_CHUNK < a->row_len ? end * LN_CHUNK : a->row_len;
+    const ptrdiff_t stop = end * LN_CHUNK < a->extent.row_len ? end * LN_CHUNK : a->extent.row_len;
     ln_normalize_spans_backwards(ln_forward_streams(a) ? job->kernels->normalize_row_streaming
                                                        : job->kernels->normalize_row,
                                  a->dtype, job->row_in, job->row_out, begin * LN_CHUNK, stop, job->mean,
@@ -49,46 +99,70 @@ static void ln_forward_huge_row_normalize(void *ctx, ptrdiff_t begin, ptrdiff_t 
 
 int ln_forward(const ln_forward_args *a)
 {
-    assert(a && 0 <= a->dtype && a->dtype < LN_DTYPES && a->row_len >= 0);
-    assert(a->rows <= 0 || a->row_len == 0 || (a->input && a->output));
-    ln_forward_job job = {.args = a, .kernels = &ln_kernels_in_use()->by_dtype[a->dtype]};
+    assert(a && ln_forward_args_valid(a));
+    const ln_dtype_kernels *dtype_kernels = &ln_kernels_in_use()->by_dtype[a->dtype];
+    ln_forward_job job = {.args = a, .dtype_kernels = dtype_kernels, .kernels = &dtype_kernels->by_kind[a->kind]};
+    const ptrdiff_t rows = ln_rows_of(&a->extent), n = a->extent.row_len;
     const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(a->dtype);
-    if (a->rows <= 0) {
+    if (rows <= 0) {
         return 0;
     }
-    if (a->row_len == 0) {
-        for (ptrdiff_t r = 0; r < a->rows; r++) {
+    if (n == 0) {
+        for (ptrdiff_t r = 0; r < rows; r++) {
             ln_store_stats(a, r, 0.0, NAN);  /* torch: mean 0, rstd NaN */
         }
         return 0;
     }
     const int threads = ln_threads_get();
-    const double elements = (double)a->rows * (double)a->row_len;
-    if (threads <= 1 || elements < LN_PARALLEL_MIN_ELEMENTS) {
-        ln_forward_rows(&job, 0, a->rows);
+    const int parallel = threads > 1 && (double)rows * (double)n >= LN_PARALLEL_MIN_ELEMENTS;
+    const ptrdiff_t min_rows = LN_PARALLEL_MIN_ELEMENTS / 4 / n;
+    const int contiguous = ln_elements_adjacent(&a->input, a->dtype) &&
+                           ln_elements_adjacent(&a->residual, a->dtype) &&
+                           ln_elements_adjacent(&a->sum, a->dtype) && ln_elements_adjacent(&a->output, a->dtype);
+    if (!contiguous) {
+        const ptrdiff_t tiles = ln_tiles_of(&a->extent), min_tiles = min_rows / LN_TILE_ROWS;
+        if (parallel) {
+            ln_parallel_for(tiles, min_tiles > 1 ? min_tiles : 1, ln_forward_tiles, &job);
+        }
+        else {
+            ln_forward_tiles(&job, 0, tiles);
+        }
         return 0;
     }
-    if (a->row_len < LN_SPLIT_ROW_MIN || a->rows >= 4 * (ptrdiff_t)threads) {
-        const ptrdiff_t min_rows = LN_PARALLEL_MIN_ELEMENTS / 4 / a->row_len;
-        ln_parallel_for(a->rows, min_rows > 1 ? min_rows : 1, ln_forward_rows, &job);
+    if (a->residual.data) {
+        job.of_sum = *a;
+        job.of_sum.input = a->sum;
+        job.of_sum.residual = job.of_sum.sum = (ln_array){0};
+        job.sum_rows = LN_SUM_BATCH_BYTES / (n * elsize);
+        job.sum_rows = job.sum_rows > 1 ? job.sum_rows : 1;
+    }
+    if (!parallel) {
+        ln_forward_rows(&job, 0, rows);
+        return 0;
+    }
+    if (n < LN_SPLIT_ROW_MIN || rows >= 4 * (ptrdiff_t)threads) {
+        ln_parallel_for(rows, min_rows > 1 ? min_rows : 1, ln_forward_rows, &job);
         return 0;
     }
     /* A few huge rows: split each row into its chunks across the threads. */
-    const ptrdiff_t chunks = (a->row_len + LN_CHUNK - 1) / LN_CHUNK;
+    const ptrdiff_t chunks = (n + LN_CHUNK - 1) / LN_CHUNK;
     job.chunk_moments = malloc((size_t)chunks * sizeof(ln_moments));
     if (!job.chunk_moments) {
         return -1;
     }
-    for (ptrdiff_t r = 0; r < a->rows; r++) {
-        job.row_in = (const char *)a->input + r * a->input_row_step * elsize;
-        job.row_out = (char *)a->output + r * a->row_len * elsize;
+    for (ptrdiff_t r = 0; r < rows; r++) {
+        job.row_x = ln_row_address(&a->input, &a->extent, r);
+        job.row_residual = a->residual.data ? ln_row_address(&a->residual, &a->extent, r) : NULL;
+        job.row_sum = a->sum.data ? ln_row_address(&a->sum, &a->extent, r) : NULL;
+        job.row_in = job.row_sum ? job.row_sum : job.row_x;
+        job.row_out = ln_row_address(&a->output, &a->extent, r);
         ln_parallel_for(chunks, 4, ln_forward_huge_row_moments, &job);
         ln_moments m = job.chunk_moments[0];
         for (ptrdiff_t c = 1; c < chunks; c++) {
             m = ln_merge(m, job.chunk_moments[c]);
         }
         job.mean = m.mean;
-        job.rstd = ln_rstd_of(m, a->eps);
+        job.rstd = ln_rstd_of(a->kind, m, a->eps);
         ln_store_stats(a, r, job.mean, job.rstd);
         ln_parallel_for(chunks, 4, ln_forward_huge_row_normalize, &job);
     }

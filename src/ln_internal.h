@@ -10,7 +10,15 @@
  *     ln_level_<level>.c                 one translation unit per level: primitives + rows,
  *                                        exporting its kernel table only
  *     ln_dispatch.c, ln_threads.c        level choice; thread pool and scratch buffer
- *     ln_forward.c, ln_backward.c        drivers: split a call into rows, spans, threads
+ *     ln_layout.c                        shapes and strides to blocks x rows x row_len walks
+ *     ln_forward.c, ln_backward.c        drivers: split a call into rows or tiles, spans, threads
+ *
+ * Two routes through a call, chosen by the layout alone.  Rows whose elements are adjacent in
+ * every array (the contiguous route) go through the row kernels one row at a time, as vectors
+ * along the row.  Otherwise (the strided route: channels-first data, transposed rows) rows go
+ * in tiles of 16 rows of one block, one row per vector lane, each lane walking its row's
+ * elements with their step.  Each route's bits are its own: the same at every level and
+ * thread count, not the same as the other route's.
  *
  * Determinism: a row's statistics are computed chunk by chunk (LN_CHUNK elements,
  * boundaries fixed from the row start) and the chunks are merged left to right,
@@ -31,6 +39,16 @@
 #include "ln_types.h"
 
 #define LN_ALWAYS_INLINE inline __attribute__((always_inline))
+
+/* The norm kinds, in ln_norm_kind order, as X(kind, suffix, DTYPE, dtype_suffix): a
+   cross product with LN_FOR_EACH_DTYPE's list, for the kernel tables. */
+#define LN_FOR_EACH_KIND(X, DTYPE, dtype_suffix) \
+    X(LN_NORM_LAYER, layer, DTYPE, dtype_suffix)   \
+    X(LN_NORM_RMS, rms, DTYPE, dtype_suffix)
+#define LN_NORM_KINDS 2
+
+/* Rows per tile of the strided route: one a vector lane. */
+#define LN_TILE_ROWS 16
 
 /* ------------------------------------------------------------------------ */
 /* The kernel table                                                          */
@@ -55,28 +73,44 @@ typedef struct {
     const char *x[LN_GRAD_ROWS];        /* ... and x */
     char *dx[LN_GRAD_ROWS];             /* ... and dx, or all NULL to skip dx */
     double mean[LN_GRAD_ROWS], rstd[LN_GRAD_ROWS];
-    double g_mean[LN_GRAD_ROWS];        /* mean(dy * weight) over the row */
+    double g_mean[LN_GRAD_ROWS];        /* mean(dy * weight) over the row (0 for RMSNorm) */
     double gx_mean[LN_GRAD_ROWS];       /* mean(dy * weight * xhat) over the row */
 } ln_grad_rows;
 
-/* One SIMD level's kernels for one element type. */
+/* One SIMD level's kernels for one norm kind and element type.  "Rows [begin, end)" are
+   linear row indices of the call (ln_row_address); "tiles [begin, end)" are the strided
+   route's tiles, block by block (ln_tile_of). */
 typedef struct {
-    /* forward over rows [begin, end) of a call */
+    /* contiguous route, forward over rows [begin, end) of a call without a residual */
     void (*forward_rows)(const ln_forward_args *a, ptrdiff_t begin, ptrdiff_t end);
+    /* strided route, forward over tiles [begin, end), residual included */
+    void (*forward_tiles)(const ln_forward_args *a, ptrdiff_t begin, ptrdiff_t end);
     /* moments of 1 <= n <= LN_CHUNK elements */
     ln_moments (*chunk_moments)(const void *x, ptrdiff_t n);
     /* 1 <= n <= LN_NORMALIZE_SPAN elements, output by ordinary or by non-temporal stores */
     ln_normalize_fn normalize_row;
     ln_normalize_fn normalize_row_streaming;
-    /* backward over rows [begin, end), adding into float64 dweight/dbias (each may be NULL) */
+    /* contiguous route, backward over rows [begin, end), adding into float64 dweight/dbias
+       (each may be NULL) */
     void (*backward_rows)(const ln_backward_args *a, ptrdiff_t begin, ptrdiff_t end,
                           double *dweight, double *dbias);
+    /* strided route, backward over tiles [begin, end), adding into float64 per-lane sums:
+       column j's lanes at dweight_lanes[16 j .. 16 j + 16) (each may be NULL) */
+    void (*backward_tiles)(const ln_backward_args *a, ptrdiff_t begin, ptrdiff_t end,
+                           double *dweight_lanes, double *dbias_lanes);
     /* backward pass 1 over a span of one row: sums of g and g * xhat */
     void (*grad_sums)(const void *dy, const void *x, const void *weight, ptrdiff_t n,
                       double mean, double rstd, double sums[2]);
     /* backward pass 2 over a span of a group of rows */
     void (*grad_apply)(const ln_grad_rows *group, const void *weight, ptrdiff_t n,
                        double *dweight, double *dbias);
+} ln_row_kernels;
+
+/* One SIMD level's kernels for one element type. */
+typedef struct {
+    ln_row_kernels by_kind[LN_NORM_KINDS];
+    /* sum[0 .. n) = x + residual, rounded as NumPy's add rounds it */
+    void (*add_row)(const void *x, const void *residual, void *sum, ptrdiff_t n);
 } ln_dtype_kernels;
 
 /* One SIMD level's kernels, the only export of its translation unit. */
@@ -128,10 +162,18 @@ static inline ln_moments ln_merge(ln_moments a, ln_moments b)
     return m;
 }
 
-static inline double ln_rstd_of(ln_moments m, double eps)
+/* Whether a row's moments are finite: a NaN or an Inf in the row makes the whole row NaN,
+   as in torch.  RMSNorm's moments are about 0 (mean 0, m2 the sum of squares), so its m2
+   tells. */
+static inline int ln_moments_finite(ln_norm_kind kind, ln_moments m)
 {
-    if (!isfinite(m.mean)) {
-        return NAN;  /* NaN or Inf in the row: the whole row becomes NaN, as in torch */
+    return isfinite(kind == LN_NORM_RMS ? m.m2 : m.mean);
+}
+
+static inline double ln_rstd_of(ln_norm_kind kind, ln_moments m, double eps)
+{
+    if (!ln_moments_finite(kind, m)) {
+        return NAN;
     }
     const double var = m.m2 > 0.0 ? m.m2 / m.n : 0.0;
     return 1.0 / sqrt(var + eps);
@@ -150,29 +192,97 @@ static inline double ln_sum_lanes(const double lanes[16])
     return ((pairs[0] + pairs[2]) + (pairs[1] + pairs[3]));
 }
 
+/* Rows in a call: every block's. */
+static inline ptrdiff_t ln_rows_of(const ln_extent *extent)
+{
+    return extent->blocks * extent->rows;
+}
+
+/* Row r of a call, block r / rows, row r % rows of it, in an array walked over extent. */
+static inline char *ln_row_address(const ln_array *array, const ln_extent *extent, ptrdiff_t r)
+{
+    assert(array->data && 0 <= r && r < ln_rows_of(extent));
+    const ptrdiff_t block = extent->blocks > 1 ? r / extent->rows : 0;
+    return array->data + block * array->walk.block_step + (r - block * extent->rows) * array->walk.row_step;
+}
+
+/* Whether an array absent or walked row by row with adjacent elements: the contiguous route. */
+static inline int ln_elements_adjacent(const ln_array *array, ln_dtype dtype)
+{
+    return !array->data || array->walk.elem_step == (ptrdiff_t)ln_dtype_size(dtype);
+}
+
+/* Whether every row of an array starts at a multiple of `alignment` bytes. */
+static inline int ln_rows_aligned(const ln_array *array, const ln_extent *extent, ptrdiff_t alignment)
+{
+    return (uintptr_t)array->data % (uintptr_t)alignment == 0 &&
+           (extent->rows <= 1 || array->walk.row_step % alignment == 0) &&
+           (extent->blocks <= 1 || array->walk.block_step % alignment == 0);
+}
+
+/* Debug builds' checks of an array argument: an element array (if present) aligned to its
+   element size and stepping in whole elements; a statistics array one param-type value per
+   row, aligned, its elements not stepped over (elem_step 0, or rows of at most one element,
+   which the layout plan steps by the element size). */
+static inline int ln_element_array_valid(const ln_array *array, ln_dtype dtype)
+{
+    const ptrdiff_t size = (ptrdiff_t)ln_dtype_size(dtype);
+    return !array->data || ((uintptr_t)array->data % (uintptr_t)size == 0 && array->walk.elem_step % size == 0 &&
+                            array->walk.row_step % size == 0 && array->walk.block_step % size == 0);
+}
+
+static inline int ln_stat_array_valid(const ln_array *array, ln_dtype dtype, const ln_extent *extent)
+{
+    return !array->data ||
+           ((uintptr_t)array->data % ln_param_size(dtype) == 0 && (array->walk.elem_step == 0 || extent->row_len <= 1));
+}
+
+/* Tiles in a call: each block's rows in tiles of LN_TILE_ROWS, the last one maybe partial. */
+static inline ptrdiff_t ln_tiles_of(const ln_extent *extent)
+{
+    return extent->blocks * ((extent->rows + LN_TILE_ROWS - 1) / LN_TILE_ROWS);
+}
+
+/* Tile t's first row (a linear row index) and its number of rows. */
+static inline void ln_tile_of(const ln_extent *extent, ptrdiff_t t, ptrdiff_t *first, int *count)
+{
+    const ptrdiff_t per_block = (extent->rows + LN_TILE_ROWS - 1) / LN_TILE_ROWS;
+    const ptrdiff_t row = (t % per_block) * LN_TILE_ROWS;
+    *first = (t / per_block) * extent->rows + row;
+    *count = (int)(extent->rows - row < LN_TILE_ROWS ? extent->rows - row : LN_TILE_ROWS);
+}
+
 /* Whether forward writes its float32/float64 output with non-temporal stores. */
 static inline int ln_forward_streams(const ln_forward_args *a)
 {
-    const ptrdiff_t row_bytes = a->row_len * (ptrdiff_t)ln_dtype_size(a->dtype);
+    const ptrdiff_t row_bytes = a->extent.row_len * (ptrdiff_t)ln_dtype_size(a->dtype);
     return row_bytes >= LN_STREAM_MIN_BYTES ||
-           (a->row_len > LN_CHUNK && row_bytes * a->rows >= LN_STREAM_MIN_OUTPUT_BYTES);
+           (a->extent.row_len > LN_CHUNK && row_bytes * ln_rows_of(&a->extent) >= LN_STREAM_MIN_OUTPUT_BYTES);
 }
 
 /* Whether backward writes dx with non-temporal stores (see LN_BACKWARD_STREAM_MIN_BYTES). */
 static inline int ln_backward_streams_dx(const ln_backward_args *a)
 {
-    const ptrdiff_t row_bytes = a->row_len * (a->dtype == LN_F64 ? 8 : a->dtype == LN_F32 ? 4 : 0);
-    return a->grad_input && row_bytes > 0 && row_bytes % 16 == 0 &&
-           ((uintptr_t)a->grad_input & 15) == 0 && row_bytes * a->rows >= LN_BACKWARD_STREAM_MIN_BYTES;
+    const ptrdiff_t row_bytes = a->extent.row_len * (a->dtype == LN_F64 ? 8 : a->dtype == LN_F32 ? 4 : 0);
+    return a->grad_input.data && row_bytes > 0 && row_bytes % 16 == 0 &&
+           ln_rows_aligned(&a->grad_input, &a->extent, 16) &&
+           row_bytes * ln_rows_of(&a->extent) >= LN_BACKWARD_STREAM_MIN_BYTES;
 }
 
-static inline void ln_store_stats(const ln_forward_args *a, ptrdiff_t row, double mean, double rstd)
+/* One statistic of row r as a float64, from an array of dtype's param type. */
+static inline double ln_load_stat(ln_dtype dtype, const ln_array *stat, const ln_extent *extent, ptrdiff_t r)
 {
-    if (a->mean) {
-        ln_store1_param(a->dtype, a->mean, row, mean);
+    return ln_load1_param_as_f64(dtype, ln_row_address(stat, extent, r), 0);
+}
+
+/* Row r's statistics out, where wanted (mean is absent for RMSNorm). */
+static inline void ln_store_stats(const ln_forward_args *a, ptrdiff_t r, double mean, double rstd)
+{
+    if (a->mean.data) {
+        ln_store1_param(a->dtype, ln_row_address(&a->mean, &a->extent, r), 0, mean);
     }
-    if (a->rstd) {
-        ln_store1_param(a->dtype, a->rstd, row, rstd);
+    if (a->rstd.data) {
+        ln_store1_param(a->dtype, ln_row_address(&a->rstd, &a->extent, r), 0, rstd);
     }
 }
 

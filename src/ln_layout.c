@@ -49,7 +49,7 @@ ln_layout_status ln_layout_plan(int ndim, const ptrdiff_t *shape, int naxes, con
     }
 
     /* The other axes in C order, merged where they can be; at most two may remain. */
-    int kept[2];
+    int kept[2] = {0, 0};
     int nkept = 0;
     for (int d = 0; d < ndim; d++) {
         if (normalized[d] || shape[d] == 1) {

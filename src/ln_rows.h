@@ -9,6 +9,10 @@
  * elements, 16 accumulation lanes, lane k taking the elements i with i % 16 == k, then a
  * fixed reduction tree (ln_sum_lanes) -- so every level returns bit-identical results.
  *
+ * Every algorithm takes the norm kind and the element type as its first parameters; the
+ * table at the end instantiates it for each (kind, dtype), so both are constants and each
+ * instance is compiled for its pair alone (RMSNorm's loops hold no mean and no bias).
+ *
  * Forward, per row of N elements (statistics in float64):
  *
  *     chunk c (<= LN_CHUNK elements, K = its first element, one pass):
@@ -25,6 +29,13 @@
  *     output, float64 data:
  *         y_j = fma(x_j - mean, rstd * w_j, b_j)
  *
+ *     RMSNorm: the same with the mean fixed at 0 and no bias: K = 0 and s1 unused, so
+ *         moments_c = (n_c, 0, s2), the sum of squares, which ln_merge adds up (delta = 0);
+ *         y_j = fma(x_j, a_j, 0), x - 0 - 0 being x exactly.
+ *
+ *     With a residual (ln_forward.c): sum = x + residual as NumPy rounds it is written
+ *     first, a few rows at a time, and those rows are then normalized from sum as above.
+ *
  * Backward, per row (dy = dL/dy, g = dy * w, xhat = (x - mean) * rstd, N elements):
  *
  *     y = xhat * w + b, so dL/dxhat_j = g_j, and since xhat depends on every x through
@@ -36,6 +47,12 @@
  *             float32 over blocks of LN_GRAD_SUM_BLOCK groups for float16/float32 data)
  *     pass 2: dx (float32 arithmetic for float16/float32 data, float64 for float64),
  *             and dy * xhat, dy added into float64 column sums, LN_GRAD_ROWS rows at a time
+ *
+ *     RMSNorm: mean = 0, so xhat = x * rstd and nothing depends on x through a mean:
+ *         dx_j = rstd * (g_j - xhat_j * mean(g * xhat)),   no dbias
+ *
+ * Those are the contiguous route's row kernels (rows whose elements are adjacent); the
+ * strided route's tile kernels, further down, compute the same per lane.
  */
 #if !defined(LN_LEVEL_KERNELS) || !defined(LN_LOOP_PER_PARAM_CASE)
 #error "include a level's ln_simd_<level>.h and define LN_LEVEL_KERNELS before ln_rows.h"
@@ -86,7 +103,8 @@ static LN_ALWAYS_INLINE gd load_as_f64(ln_dtype dtype, const void *p, ptrdiff_t 
    subtraction below loses at most log2(n + 1) bits of float64's 53; x - K is exact for
    float16/float32 data.  Even and odd groups use separate accumulators, so no add waits
    on the one before it.  The accumulator is a type of its own so that the pipelined row
-   loop (forward_rows_pipelined) performs exactly the same operations. */
+   loop (forward_rows_pipelined) performs exactly the same operations.  RMSNorm's chunk
+   sums x^2 alone, K = 0. */
 typedef struct {
     double shift;
     gd shift_v, s1_even, s2_even, s1_odd, s2_odd;
@@ -95,9 +113,9 @@ typedef struct {
     gf shift_f, block_s1_even, block_s2_even, block_s1_odd, block_s2_odd;
 } moments_acc;
 
-static LN_ALWAYS_INLINE void moments_start(moments_acc *acc, ln_dtype dtype, const void *x)
+static LN_ALWAYS_INLINE void moments_start(moments_acc *acc, ln_norm_kind kind, ln_dtype dtype, const void *x)
 {
-    acc->shift = ln_load1_as_f64(dtype, x, 0);
+    acc->shift = kind == LN_NORM_RMS ? 0.0 : ln_load1_as_f64(dtype, x, 0);
     acc->shift_v = gd_splat(acc->shift);
     acc->s1_even = acc->s2_even = acc->s1_odd = acc->s2_odd = gd_splat(0.0);
     if (dtype == LN_F16) {
@@ -107,55 +125,60 @@ static LN_ALWAYS_INLINE void moments_start(moments_acc *acc, ln_dtype dtype, con
 }
 
 /* float16: the block's float32 sums into the float64 ones. */
-static LN_ALWAYS_INLINE void moments_flush_f16(moments_acc *acc)
+static LN_ALWAYS_INLINE void moments_flush_f16(moments_acc *acc, ln_norm_kind kind)
 {
-    acc->s1_even = gd_add(acc->s1_even, gf_widen(gf_add(acc->block_s1_even, acc->block_s1_odd)));
+    if (kind == LN_NORM_LAYER) {
+        acc->s1_even = gd_add(acc->s1_even, gf_widen(gf_add(acc->block_s1_even, acc->block_s1_odd)));
+    }
     acc->s2_even = gd_add(acc->s2_even, gf_widen(gf_add(acc->block_s2_even, acc->block_s2_odd)));
     acc->block_s1_even = acc->block_s2_even = acc->block_s1_odd = acc->block_s2_odd = gf_splat(0.0f);
 }
 
 /* Adds the group of 16 at x[i]; `odd` picks the accumulators: (i / 16) % 2. */
-static LN_ALWAYS_INLINE void moments_add(moments_acc *acc, ln_dtype dtype, const void *x, ptrdiff_t i,
-                                         int odd)
+static LN_ALWAYS_INLINE void moments_add(moments_acc *acc, ln_norm_kind kind, ln_dtype dtype, const void *x,
+                                         ptrdiff_t i, int odd)
 {
+    const int has_mean = kind == LN_NORM_LAYER;
     if (dtype == LN_F16) {
         /* x - K is exact in float32 for float16 values of similar size, and the squares of
            such differences are too; the float32 block sums of 8 terms round at 2^-24
            relative, far below float16's 2^-11 (the float64 path made this case
            conversion-bound: 2048x1024 float16, AVX2, 2 threads: 488 -> 351 us). */
-        const gf d = gf_sub(load_as_f32(dtype, x, i), acc->shift_f);
+        const gf value = load_as_f32(dtype, x, i);
+        const gf d = has_mean ? gf_sub(value, acc->shift_f) : value;
         if (odd) {
-            acc->block_s1_odd = gf_add(acc->block_s1_odd, d);
+            acc->block_s1_odd = has_mean ? gf_add(acc->block_s1_odd, d) : acc->block_s1_odd;
             acc->block_s2_odd = gf_fma(d, d, acc->block_s2_odd);
         }
         else {
-            acc->block_s1_even = gf_add(acc->block_s1_even, d);
+            acc->block_s1_even = has_mean ? gf_add(acc->block_s1_even, d) : acc->block_s1_even;
             acc->block_s2_even = gf_fma(d, d, acc->block_s2_even);
         }
         if ((i / 16) % LN_F16_BLOCK == LN_F16_BLOCK - 1) {
-            moments_flush_f16(acc);
+            moments_flush_f16(acc, kind);
         }
         return;
     }
-    const gd d = gd_sub(load_as_f64(dtype, x, i), acc->shift_v);
+    const gd value = load_as_f64(dtype, x, i);
+    const gd d = has_mean ? gd_sub(value, acc->shift_v) : value;
     if (odd) {
-        acc->s1_odd = gd_add(acc->s1_odd, d);
+        acc->s1_odd = has_mean ? gd_add(acc->s1_odd, d) : acc->s1_odd;
         acc->s2_odd = gd_fma(d, d, acc->s2_odd);
     }
     else {
-        acc->s1_even = gd_add(acc->s1_even, d);
+        acc->s1_even = has_mean ? gd_add(acc->s1_even, d) : acc->s1_even;
         acc->s2_even = gd_fma(d, d, acc->s2_even);
     }
 }
 
 /* The moments, once every whole group before x[i] has been added: the elements from i
    to n go into the lanes one by one. */
-static LN_ALWAYS_INLINE ln_moments moments_finish(moments_acc *acc, ln_dtype dtype, const void *x,
-                                                  ptrdiff_t i, ptrdiff_t n)
+static LN_ALWAYS_INLINE ln_moments moments_finish(moments_acc *acc, ln_norm_kind kind, ln_dtype dtype,
+                                                  const void *x, ptrdiff_t i, ptrdiff_t n)
 {
     double s1_lanes[16], s2_lanes[16];
     if (dtype == LN_F16) {
-        moments_flush_f16(acc);
+        moments_flush_f16(acc, kind);
     }
     gd_store(s1_lanes, gd_add(acc->s1_even, acc->s1_odd));
     gd_store(s2_lanes, gd_add(acc->s2_even, acc->s2_odd));
@@ -164,37 +187,41 @@ static LN_ALWAYS_INLINE ln_moments moments_finish(moments_acc *acc, ln_dtype dty
         s1_lanes[i & 15] += d;
         s2_lanes[i & 15] = fma(d, d, s2_lanes[i & 15]);
     }
+    if (kind == LN_NORM_RMS) {
+        const ln_moments about_zero = {(double)n, 0.0, ln_sum_lanes(s2_lanes)};
+        return about_zero;
+    }
     const double sum1 = ln_sum_lanes(s1_lanes), sum2 = ln_sum_lanes(s2_lanes);
     const double mean_offset = sum1 / (double)n;
     ln_moments m = {(double)n, acc->shift + mean_offset, sum2 - sum1 * mean_offset};
     return m;
 }
 
-static LN_ALWAYS_INLINE ln_moments chunk_moments(ln_dtype dtype, const void *x, ptrdiff_t n)
+static LN_ALWAYS_INLINE ln_moments chunk_moments(ln_norm_kind kind, ln_dtype dtype, const void *x, ptrdiff_t n)
 {
     assert(x && 1 <= n && n <= LN_CHUNK);
     moments_acc acc;
-    moments_start(&acc, dtype, x);
+    moments_start(&acc, kind, dtype, x);
     ptrdiff_t i = 0;
     for (; i + 32 <= n; i += 32) {
-        moments_add(&acc, dtype, x, i, 0);
-        moments_add(&acc, dtype, x, i + 16, 1);
+        moments_add(&acc, kind, dtype, x, i, 0);
+        moments_add(&acc, kind, dtype, x, i + 16, 1);
     }
     if (i + 16 <= n) {
-        moments_add(&acc, dtype, x, i, 0);
+        moments_add(&acc, kind, dtype, x, i, 0);
         i += 16;
     }
-    return moments_finish(&acc, dtype, x, i, n);
+    return moments_finish(&acc, kind, dtype, x, i, n);
 }
 
 /* Moments of a whole row: its chunks, merged left to right. */
-static LN_ALWAYS_INLINE ln_moments row_moments(ln_dtype dtype, const char *x, ptrdiff_t n)
+static LN_ALWAYS_INLINE ln_moments row_moments(ln_norm_kind kind, ln_dtype dtype, const char *x, ptrdiff_t n)
 {
     const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(dtype);
-    ln_moments m = chunk_moments(dtype, x, n < LN_CHUNK ? n : LN_CHUNK);
+    ln_moments m = chunk_moments(kind, dtype, x, n < LN_CHUNK ? n : LN_CHUNK);
     for (ptrdiff_t start = LN_CHUNK; start < n; start += LN_CHUNK) {
         const ptrdiff_t len = n - start < LN_CHUNK ? n - start : LN_CHUNK;
-        m = ln_merge(m, chunk_moments(dtype, x + start * elsize, len));
+        m = ln_merge(m, chunk_moments(kind, dtype, x + start * elsize, len));
     }
     return m;
 }
@@ -207,7 +234,8 @@ static LN_ALWAYS_INLINE ln_moments row_moments(ln_dtype dtype, const char *x, pt
        float16/float32: y = fma((x - mean_hi) - mean_lo, float(rstd) * w, b), computed in
                         float32, mean_hi = float(mean), mean_lo = float(mean - mean_hi)
        float64:         y = fma(x - mean, rstd * w, b)
-   weight and bias are of the param type (float32, or float64 for float64 data), or NULL. */
+   weight and bias are of the param type (float32, or float64 for float64 data), or NULL.
+   RMSNorm's mean is 0, and its x - 0 - 0 is x: it skips the subtractions, same bits. */
 typedef struct {
     float mean_hi, mean_lo, scale;
     gf mean_hi_v, mean_lo_v, scale_v;
@@ -237,11 +265,13 @@ static LN_ALWAYS_INLINE row_norm row_norm_of(ln_dtype dtype, double mean, double
 
 /* y[i .. i + 16) from x[i .. i + 16); `streaming`: float32/float64 output by non-temporal
    stores, y + i 64-byte aligned. */
-static LN_ALWAYS_INLINE void normalize_group(ln_dtype dtype, const row_norm *k, const void *x, void *y,
-                                             ptrdiff_t i, const void *weight, const void *bias, int streaming)
+static LN_ALWAYS_INLINE void normalize_group(ln_norm_kind kind, ln_dtype dtype, const row_norm *k, const void *x,
+                                             void *y, ptrdiff_t i, const void *weight, const void *bias,
+                                             int streaming)
 {
     if (dtype == LN_F64) {
-        const gd centred = gd_sub(gd_load((const double *)x + i), k->mean_v);
+        const gd value_x = gd_load((const double *)x + i);
+        const gd centred = kind == LN_NORM_RMS ? value_x : gd_sub(value_x, k->mean_v);
         const gd a = weight ? gd_mul(gd_load((const double *)weight + i), k->rstd_v) : k->rstd_v;
         const gd b = bias ? gd_load((const double *)bias + i) : gd_splat(0.0);
         const gd value = gd_fma(centred, a, b);
@@ -253,7 +283,8 @@ static LN_ALWAYS_INLINE void normalize_group(ln_dtype dtype, const row_norm *k, 
         }
     }
     else {
-        const gf centred = gf_sub(gf_sub(load_as_f32(dtype, x, i), k->mean_hi_v), k->mean_lo_v);
+        const gf value_x = load_as_f32(dtype, x, i);
+        const gf centred = kind == LN_NORM_RMS ? value_x : gf_sub(gf_sub(value_x, k->mean_hi_v), k->mean_lo_v);
         const gf a = weight ? gf_mul(gf_load((const float *)weight + i), k->scale_v) : k->scale_v;
         const gf b = bias ? gf_load((const float *)bias + i) : gf_splat(0.0f);
         const gf value = gf_fma(centred, a, b);
@@ -267,15 +298,18 @@ static LN_ALWAYS_INLINE void normalize_group(ln_dtype dtype, const row_norm *k, 
 }
 
 /* y[i] from x[i]: the same arithmetic, one element. */
-static LN_ALWAYS_INLINE void normalize_one(ln_dtype dtype, const row_norm *k, const void *x, void *y,
-                                           ptrdiff_t i, const void *weight, const void *bias)
+static LN_ALWAYS_INLINE void normalize_one(ln_norm_kind kind, ln_dtype dtype, const row_norm *k, const void *x,
+                                           void *y, ptrdiff_t i, const void *weight, const void *bias)
 {
     if (dtype == LN_F64) {
+        const double value_x = ((const double *)x)[i];
         const double a = weight ? ((const double *)weight)[i] * k->rstd : k->rstd;
-        ((double *)y)[i] = fma(((const double *)x)[i] - k->mean, a, bias ? ((const double *)bias)[i] : 0.0);
+        ((double *)y)[i] = fma(kind == LN_NORM_RMS ? value_x : value_x - k->mean, a,
+                               bias ? ((const double *)bias)[i] : 0.0);
         return;
     }
-    const float centred = ((float)ln_load1_as_f64(dtype, x, i) - k->mean_hi) - k->mean_lo;
+    const float value_x = (float)ln_load1_as_f64(dtype, x, i);
+    const float centred = kind == LN_NORM_RMS ? value_x : (value_x - k->mean_hi) - k->mean_lo;
     const float a = weight ? ((const float *)weight)[i] * k->scale : k->scale;
     const float out = fmaf(centred, a, bias ? ((const float *)bias)[i] : 0.0f);
     if (dtype == LN_F16) {
@@ -291,21 +325,22 @@ static LN_ALWAYS_INLINE void normalize_one(ln_dtype dtype, const row_norm *k, co
    again, and costs no read for ownership.  The head up to a 64-byte boundary then goes
    one element at a time; the values are the same.  float16 output is stored as usual
    (its 32-byte groups are half a cache line): only float32 and float64 stream. */
-static LN_ALWAYS_INLINE void normalize(ln_dtype dtype, int streaming, const void *x, void *y, ptrdiff_t n,
-                                       double mean, double rstd, const void *weight, const void *bias)
+static LN_ALWAYS_INLINE void normalize(ln_norm_kind kind, ln_dtype dtype, int streaming, const void *x, void *y,
+                                       ptrdiff_t n, double mean, double rstd, const void *weight,
+                                       const void *bias)
 {
     assert(x && y && 1 <= n && n <= LN_NORMALIZE_SPAN);
     const row_norm k = row_norm_of(dtype, mean, rstd);
     const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(dtype);
     ptrdiff_t i = 0;
     for (; streaming && i < n && ((uintptr_t)((char *)y + i * elsize) & 63) != 0; i++) {
-        normalize_one(dtype, &k, x, y, i, weight, bias);
+        normalize_one(kind, dtype, &k, x, y, i, weight, bias);
     }
     for (; i + 16 <= n; i += 16) {
-        normalize_group(dtype, &k, x, y, i, weight, bias, streaming);
+        normalize_group(kind, dtype, &k, x, y, i, weight, bias, streaming);
     }
     for (; i < n; i++) {
-        normalize_one(dtype, &k, x, y, i, weight, bias);
+        normalize_one(kind, dtype, &k, x, y, i, weight, bias);
     }
     if (streaming) {
         stream_fence();
@@ -314,20 +349,67 @@ static LN_ALWAYS_INLINE void normalize(ln_dtype dtype, int streaming, const void
 
 /* normalize() with the weight/bias cases compiled apart, so that no loop tests them, at
    levels where a loop per case is worth its build time (LN_LOOP_PER_PARAM_CASE). */
-static LN_ALWAYS_INLINE void normalize_row(ln_dtype dtype, int streaming, const void *x, void *y, ptrdiff_t n,
-                                           double mean, double rstd, const void *weight, const void *bias)
+static LN_ALWAYS_INLINE void normalize_row(ln_norm_kind kind, ln_dtype dtype, int streaming, const void *x,
+                                           void *y, ptrdiff_t n, double mean, double rstd, const void *weight,
+                                           const void *bias)
 {
+    bias = kind == LN_NORM_RMS ? NULL : bias;
     if (!LN_LOOP_PER_PARAM_CASE || (weight && bias)) {
-        normalize(dtype, streaming, x, y, n, mean, rstd, weight, bias);
+        normalize(kind, dtype, streaming, x, y, n, mean, rstd, weight, bias);
     }
     else if (weight) {
-        normalize(dtype, streaming, x, y, n, mean, rstd, weight, NULL);
+        normalize(kind, dtype, streaming, x, y, n, mean, rstd, weight, NULL);
     }
     else if (bias) {
-        normalize(dtype, streaming, x, y, n, mean, rstd, NULL, bias);
+        normalize(kind, dtype, streaming, x, y, n, mean, rstd, NULL, bias);
     }
     else {
-        normalize(dtype, streaming, x, y, n, mean, rstd, NULL, NULL);
+        normalize(kind, dtype, streaming, x, y, n, mean, rstd, NULL, NULL);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Forward: the residual sum                                                 */
+/* ------------------------------------------------------------------------ */
+
+/* sum[i .. i + 16) = x + residual rounded to the element type as NumPy's add rounds it:
+   float16 through float32, whose 24 bits (at least 2 * 11 + 2) make rounding twice the
+   same as rounding once; float32 and float64 in their own precision.  sum may be x's or
+   residual's own memory: each group is loaded before it is stored. */
+static LN_ALWAYS_INLINE void add_group(ln_dtype dtype, const void *x, const void *residual, void *sum, ptrdiff_t i)
+{
+    if (dtype == LN_F64) {
+        gd_store((double *)sum + i, gd_add(gd_load((const double *)x + i), gd_load((const double *)residual + i)));
+    }
+    else {
+        store_from_f32(dtype, sum, i, gf_add(load_as_f32(dtype, x, i), load_as_f32(dtype, residual, i)));
+    }
+}
+
+/* sum[i] = x[i] + residual[i]: the same arithmetic, one element. */
+static LN_ALWAYS_INLINE void add_one(ln_dtype dtype, const void *x, const void *residual, void *sum, ptrdiff_t i)
+{
+    if (dtype == LN_F64) {
+        ((double *)sum)[i] = ((const double *)x)[i] + ((const double *)residual)[i];
+    }
+    else if (dtype == LN_F32) {
+        ((float *)sum)[i] = ((const float *)x)[i] + ((const float *)residual)[i];
+    }
+    else {
+        ((uint16_t *)sum)[i] = ln_float_to_half((float)ln_load1_as_f64(dtype, x, i) +
+                                                (float)ln_load1_as_f64(dtype, residual, i));
+    }
+}
+
+static LN_ALWAYS_INLINE void add_row(ln_dtype dtype, const void *x, const void *residual, void *sum, ptrdiff_t n)
+{
+    assert(x && residual && sum && n >= 0);
+    ptrdiff_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        add_group(dtype, x, residual, sum, i);
+    }
+    for (; i < n; i++) {
+        add_one(dtype, x, residual, sum, i);
     }
 }
 
@@ -339,10 +421,11 @@ static LN_ALWAYS_INLINE void normalize_row(ln_dtype dtype, int streaming, const 
    in blocks of 16: per row, the textbook two passes in float64; per block, the
    divisions and square roots as one group operation (IEEE division and sqrt are
    correctly rounded, so lane and scalar results agree bit for bit). */
-static LN_ALWAYS_INLINE void forward_short_rows(ln_dtype dtype, const ln_forward_args *a, ptrdiff_t begin,
-                                                ptrdiff_t end)
+static LN_ALWAYS_INLINE void forward_short_rows(ln_norm_kind kind, ln_dtype dtype, const ln_forward_args *a,
+                                                ptrdiff_t begin, ptrdiff_t end)
 {
-    const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(dtype), n = a->row_len;
+    const ptrdiff_t n = a->extent.row_len;
+    const int has_mean = kind == LN_NORM_LAYER;
     assert(1 <= n && n < 16);
     const gd n_v = gd_splat((double)n), eps_v = gd_splat(a->eps);
     const gd one_v = gd_splat(1.0);
@@ -350,20 +433,23 @@ static LN_ALWAYS_INLINE void forward_short_rows(ln_dtype dtype, const ln_forward
         const ptrdiff_t rows = end - block < 16 ? end - block : 16;
         double values[16][16], firsts[16], means[16], m2s[16], rstds[16];
         for (ptrdiff_t k = 0; k < 16; k++) {
-            /* sums about the first element, so that a constant row has mean == x exactly */
+            /* sums about the first element, so that a constant row has mean == x exactly;
+               RMSNorm's mean is 0 */
             double sum = 0.0;
             firsts[k] = 0.0;
             if (k < rows) {
-                const char *x = (const char *)a->input + (block + k) * a->input_row_step * elsize;
-                firsts[k] = ln_load1_as_f64(dtype, x, 0);
+                const char *x = ln_row_address(&a->input, &a->extent, block + k);
+                firsts[k] = has_mean ? ln_load1_as_f64(dtype, x, 0) : 0.0;
                 for (ptrdiff_t i = 0; i < n; i++) {
                     values[k][i] = ln_load1_as_f64(dtype, x, i);
-                    sum += values[k][i] - firsts[k];
+                    sum += has_mean ? values[k][i] - firsts[k] : 0.0;
                 }
             }
             means[k] = sum;
         }
-        gd_store(means, gd_add(gd_load(firsts), gd_div(gd_load(means), n_v)));
+        if (has_mean) {
+            gd_store(means, gd_add(gd_load(firsts), gd_div(gd_load(means), n_v)));
+        }
         for (ptrdiff_t k = 0; k < 16; k++) {
             double m2 = 0.0;
             for (ptrdiff_t i = 0; k < rows && i < n; i++) {
@@ -376,18 +462,19 @@ static LN_ALWAYS_INLINE void forward_short_rows(ln_dtype dtype, const ln_forward
         gd_store(rstds, gd_div(one_v, gd_sqrt(gd_add(var, eps_v))));
         for (ptrdiff_t k = 0; k < rows; k++) {
             const double mean = means[k];
-            const double rstd = isfinite(mean) ? rstds[k] : NAN;
-            char *y = (char *)a->output + (block + k) * n * elsize;
+            const ln_moments m = {(double)n, mean, m2s[k]};
+            const double rstd = ln_moments_finite(kind, m) ? rstds[k] : NAN;
+            char *y = ln_row_address(&a->output, &a->extent, block + k);
             ln_store_stats(a, block + k, mean, rstd);
             if (dtype == LN_F64) {
-                const double *weight = a->weight, *bias = a->bias;
+                const double *weight = a->weight, *bias = has_mean ? a->bias : NULL;
                 for (ptrdiff_t i = 0; i < n; i++) {
                     const double scale = weight ? weight[i] * rstd : rstd;
                     ((double *)y)[i] = fma(values[k][i] - mean, scale, bias ? bias[i] : 0.0);
                 }
             }
             else {
-                const float *weight = a->weight, *bias = a->bias;
+                const float *weight = a->weight, *bias = has_mean ? a->bias : NULL;
                 const float mean_hi = (float)mean, mean_lo = (float)(mean - (double)mean_hi);
                 const float scale = (float)rstd;
                 for (ptrdiff_t i = 0; i < n; i++) {
@@ -410,93 +497,96 @@ static LN_ALWAYS_INLINE void forward_short_rows(ln_dtype dtype, const ln_forward
    the normalized row's loads and stores overlap instead of taking turns (16x768 float32:
    3.2 -> 2.7 us).  It runs the same operations as chunk_moments and normalize, so the
    results are the plain path's, bit for bit. */
-static LN_ALWAYS_INLINE void forward_rows_pipelined(ln_dtype dtype, const ln_forward_args *a, ptrdiff_t begin,
-                                                    ptrdiff_t end, const void *weight, const void *bias)
+static LN_ALWAYS_INLINE void forward_rows_pipelined(ln_norm_kind kind, ln_dtype dtype, const ln_forward_args *a,
+                                                    ptrdiff_t begin, ptrdiff_t end, const void *weight,
+                                                    const void *bias)
 {
-    const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(dtype), n = a->row_len;
+    const ptrdiff_t n = a->extent.row_len;
     assert(16 <= n && n <= LN_CHUNK);
     row_norm previous = row_norm_of(dtype, 0.0, 0.0);
     for (ptrdiff_t r = begin; r <= end; r++) {
         const int gather = r < end, emit = r > begin;
         /* pointers only to rows that exist: row end and row begin - 1 may lie outside */
-        const char *x = gather ? (const char *)a->input + r * a->input_row_step * elsize : NULL;
-        const char *x_previous = emit ? (const char *)a->input + (r - 1) * a->input_row_step * elsize : NULL;
-        char *y_previous = emit ? (char *)a->output + (r - 1) * n * elsize : NULL;
+        const char *x = gather ? ln_row_address(&a->input, &a->extent, r) : NULL;
+        const char *x_previous = emit ? ln_row_address(&a->input, &a->extent, r - 1) : NULL;
+        char *y_previous = emit ? ln_row_address(&a->output, &a->extent, r - 1) : NULL;
         moments_acc acc = {0};
         if (gather) {
-            moments_start(&acc, dtype, x);
+            moments_start(&acc, kind, dtype, x);
         }
         ptrdiff_t i = 0;
         for (; i + 32 <= n; i += 32) {
             if (gather) {
-                moments_add(&acc, dtype, x, i, 0);
-                moments_add(&acc, dtype, x, i + 16, 1);
+                moments_add(&acc, kind, dtype, x, i, 0);
+                moments_add(&acc, kind, dtype, x, i + 16, 1);
             }
             if (emit) {
-                normalize_group(dtype, &previous, x_previous, y_previous, i, weight, bias, 0);
-                normalize_group(dtype, &previous, x_previous, y_previous, i + 16, weight, bias, 0);
+                normalize_group(kind, dtype, &previous, x_previous, y_previous, i, weight, bias, 0);
+                normalize_group(kind, dtype, &previous, x_previous, y_previous, i + 16, weight, bias, 0);
             }
         }
         if (i + 16 <= n) {
             if (gather) {
-                moments_add(&acc, dtype, x, i, 0);
+                moments_add(&acc, kind, dtype, x, i, 0);
             }
             if (emit) {
-                normalize_group(dtype, &previous, x_previous, y_previous, i, weight, bias, 0);
+                normalize_group(kind, dtype, &previous, x_previous, y_previous, i, weight, bias, 0);
             }
             i += 16;
         }
         for (ptrdiff_t j = i; emit && j < n; j++) {
-            normalize_one(dtype, &previous, x_previous, y_previous, j, weight, bias);
+            normalize_one(kind, dtype, &previous, x_previous, y_previous, j, weight, bias);
         }
         if (gather) {
-            const ln_moments m = moments_finish(&acc, dtype, x, i, n);
-            const double rstd = ln_rstd_of(m, a->eps);
+            const ln_moments m = moments_finish(&acc, kind, dtype, x, i, n);
+            const double rstd = ln_rstd_of(kind, m, a->eps);
             ln_store_stats(a, r, m.mean, rstd);
             previous = row_norm_of(dtype, m.mean, rstd);
         }
     }
 }
 
-/* Rows [begin, end): statistics, then the normalized row, while the row is in cache. */
-static LN_ALWAYS_INLINE void forward_rows(ln_dtype dtype, const ln_forward_args *a, ptrdiff_t begin,
-                                          ptrdiff_t end)
+/* Rows [begin, end) of a call whose rows have adjacent elements and no residual (the
+   driver sums a residual first): statistics, then the normalized row, while the row is in
+   cache. */
+static LN_ALWAYS_INLINE void forward_rows(ln_norm_kind kind, ln_dtype dtype, const ln_forward_args *a,
+                                          ptrdiff_t begin, ptrdiff_t end)
 {
-    assert(a && a->input && a->output && a->row_len >= 1);
-    assert(0 <= begin && begin <= end && end <= a->rows);
-    const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(dtype);
-    if (a->row_len < 16) {
-        forward_short_rows(dtype, a, begin, end);
+    const ptrdiff_t n = a->extent.row_len;
+    assert(a && a->input.data && a->output.data && !a->residual.data && n >= 1);
+    assert(0 <= begin && begin <= end && end <= ln_rows_of(&a->extent));
+    const void *bias = kind == LN_NORM_RMS ? NULL : a->bias;
+    if (n < 16) {
+        forward_short_rows(kind, dtype, a, begin, end);
         return;
     }
-    if (a->row_len <= LN_CHUNK) {
+    if (n <= LN_CHUNK) {
         /* the weight/bias cases compiled apart, so that no loop tests them (avx512, one
            thread, 256x1024 float32 with both: 64 -> 59 us), where the level wants it */
-        if (!LN_LOOP_PER_PARAM_CASE || (a->weight && a->bias)) {
-            forward_rows_pipelined(dtype, a, begin, end, a->weight, a->bias);
+        if (!LN_LOOP_PER_PARAM_CASE || (a->weight && bias)) {
+            forward_rows_pipelined(kind, dtype, a, begin, end, a->weight, bias);
         }
         else if (a->weight) {
-            forward_rows_pipelined(dtype, a, begin, end, a->weight, NULL);
+            forward_rows_pipelined(kind, dtype, a, begin, end, a->weight, NULL);
         }
-        else if (a->bias) {
-            forward_rows_pipelined(dtype, a, begin, end, NULL, a->bias);
+        else if (bias) {
+            forward_rows_pipelined(kind, dtype, a, begin, end, NULL, bias);
         }
         else {
-            forward_rows_pipelined(dtype, a, begin, end, NULL, NULL);
+            forward_rows_pipelined(kind, dtype, a, begin, end, NULL, NULL);
         }
         return;
     }
-    const ln_dtype_kernels *kernels = &LN_LEVEL_KERNELS.by_dtype[dtype];
+    const ln_row_kernels *kernels = &LN_LEVEL_KERNELS.by_dtype[dtype].by_kind[kind];
     const ln_normalize_fn normalize_span = ln_forward_streams(a) ? kernels->normalize_row_streaming
                                                                  : kernels->normalize_row;
     for (ptrdiff_t r = begin; r < end; r++) {
-        const char *x = (const char *)a->input + r * a->input_row_step * elsize;
-        char *y = (char *)a->output + r * a->row_len * elsize;
-        const ln_moments m = row_moments(dtype, x, a->row_len);
-        const double rstd = ln_rstd_of(m, a->eps);
+        const char *x = ln_row_address(&a->input, &a->extent, r);
+        char *y = ln_row_address(&a->output, &a->extent, r);
+        const ln_moments m = row_moments(kind, dtype, x, n);
+        const double rstd = ln_rstd_of(kind, m, a->eps);
         ln_store_stats(a, r, m.mean, rstd);
-        ln_normalize_spans_backwards(normalize_span, dtype, x, y, 0, a->row_len, m.mean, rstd, a->weight,
-                                     a->bias);
+        ln_normalize_spans_backwards(normalize_span, dtype, x, y, 0, n, m.mean, rstd, a->weight, bias);
     }
 }
 
@@ -509,10 +599,12 @@ static LN_ALWAYS_INLINE void forward_rows(ln_dtype dtype, const ln_forward_args 
    The products are formed in float32 (mean and rstd are float32 for this data, so x - mean
    is exact for x near the mean) and summed in float32 over blocks of LN_GRAD_SUM_BLOCK
    groups whose sums are added in float64.  `weight` points at the span's first column,
-   or is NULL. */
-static LN_ALWAYS_INLINE void grad_sums_single(ln_dtype dtype, const void *dy, const void *x, const float *weight,
-                                              ptrdiff_t n, double mean, double rstd, double sums[2])
+   or is NULL.  RMSNorm (mean 0) needs no sum(g): sums[0] is 0 then. */
+static LN_ALWAYS_INLINE void grad_sums_single(ln_norm_kind kind, ln_dtype dtype, const void *dy, const void *x,
+                                              const float *weight, ptrdiff_t n, double mean, double rstd,
+                                              double sums[2])
 {
+    const int has_mean = kind == LN_NORM_LAYER;
     const gf mean_v = gf_splat((float)mean);
     gd g_sum = gd_splat(0.0), gc_sum = gd_splat(0.0);
     double g_lanes[16], gc_lanes[16];
@@ -526,13 +618,14 @@ static LN_ALWAYS_INLINE void grad_sums_single(ln_dtype dtype, const void *dy, co
             if (weight) {
                 g = gf_mul(g, gf_load(weight + i));
             }
-            const gf centred = gf_sub(load_as_f32(dtype, x, i), mean_v);
+            const gf value_x = load_as_f32(dtype, x, i);
+            const gf centred = has_mean ? gf_sub(value_x, mean_v) : value_x;
             if ((i / 16) % 2 == 0) {
-                even_g = gf_add(even_g, g);
+                even_g = has_mean ? gf_add(even_g, g) : even_g;
                 even_gc = gf_fma(g, centred, even_gc);
             }
             else {
-                odd_g = gf_add(odd_g, g);
+                odd_g = has_mean ? gf_add(odd_g, g) : odd_g;
                 odd_gc = gf_fma(g, centred, odd_gc);
             }
             i += 16;
@@ -547,18 +640,21 @@ static LN_ALWAYS_INLINE void grad_sums_single(ln_dtype dtype, const void *dy, co
         if (weight) {
             g *= weight[i];
         }
-        const float centred = (float)ln_load1_as_f64(dtype, x, i) - (float)mean;
+        const float value_x = (float)ln_load1_as_f64(dtype, x, i);
+        const float centred = has_mean ? value_x - (float)mean : value_x;
         g_lanes[i & 15] += g;
         gc_lanes[i & 15] += g * centred;
     }
-    sums[0] = ln_sum_lanes(g_lanes);
+    sums[0] = has_mean ? ln_sum_lanes(g_lanes) : 0.0;
     sums[1] = ln_sum_lanes(gc_lanes) * rstd;
 }
 
 /* The same for float64 data, all in float64. */
-static LN_ALWAYS_INLINE void grad_sums_double(const double *dy, const double *x, const double *weight,
-                                              ptrdiff_t n, double mean, double rstd, double sums[2])
+static LN_ALWAYS_INLINE void grad_sums_double(ln_norm_kind kind, const double *dy, const double *x,
+                                              const double *weight, ptrdiff_t n, double mean, double rstd,
+                                              double sums[2])
 {
+    const int has_mean = kind == LN_NORM_LAYER;
     const gd mean_v = gd_splat(mean), rstd_v = gd_splat(rstd);
     gd g_sum = gd_splat(0.0), gx_sum = gd_splat(0.0);
     double g_lanes[16], gx_lanes[16];
@@ -568,8 +664,9 @@ static LN_ALWAYS_INLINE void grad_sums_double(const double *dy, const double *x,
         if (weight) {
             g = gd_mul(g, gd_load(weight + i));
         }
-        const gd xhat = gd_mul(gd_sub(gd_load(x + i), mean_v), rstd_v);
-        g_sum = gd_add(g_sum, g);
+        const gd value_x = gd_load(x + i);
+        const gd xhat = gd_mul(has_mean ? gd_sub(value_x, mean_v) : value_x, rstd_v);
+        g_sum = has_mean ? gd_add(g_sum, g) : g_sum;
         gx_sum = gd_add(gx_sum, gd_mul(g, xhat));
     }
     gd_store(g_lanes, g_sum);
@@ -577,21 +674,21 @@ static LN_ALWAYS_INLINE void grad_sums_double(const double *dy, const double *x,
     for (; i < n; i++) {
         const double g = weight ? dy[i] * weight[i] : dy[i];
         g_lanes[i & 15] += g;
-        gx_lanes[i & 15] += g * ((x[i] - mean) * rstd);
+        gx_lanes[i & 15] += g * ((has_mean ? x[i] - mean : x[i]) * rstd);
     }
-    sums[0] = ln_sum_lanes(g_lanes);
+    sums[0] = has_mean ? ln_sum_lanes(g_lanes) : 0.0;
     sums[1] = ln_sum_lanes(gx_lanes);
 }
 
-static LN_ALWAYS_INLINE void grad_sums(ln_dtype dtype, const void *dy, const void *x, const void *weight,
-                                       ptrdiff_t n, double mean, double rstd, double sums[2])
+static LN_ALWAYS_INLINE void grad_sums(ln_norm_kind kind, ln_dtype dtype, const void *dy, const void *x,
+                                       const void *weight, ptrdiff_t n, double mean, double rstd, double sums[2])
 {
     assert(dy && x && n >= 1 && sums);
     if (dtype == LN_F64) {
-        grad_sums_double(dy, x, weight, n, mean, rstd, sums);
+        grad_sums_double(kind, dy, x, weight, n, mean, rstd, sums);
     }
     else {
-        grad_sums_single(dtype, dy, x, weight, n, mean, rstd, sums);
+        grad_sums_single(kind, dtype, dy, x, weight, n, mean, rstd, sums);
     }
 }
 
@@ -607,10 +704,12 @@ static LN_ALWAYS_INLINE void grad_sums(ln_dtype dtype, const void *dy, const voi
    in float32 for float16/float32 data (the per-row constants rounded once from float64).
    dx, dweight and dbias may each be NULL.  A group's rows pass over a column together:
    their (at most LN_GRAD_ROWS) terms are summed in registers, and dweight and dbias, in
-   float64, go to memory once per group instead of once per row. */
-static LN_ALWAYS_INLINE void grad_apply_single(ln_dtype dtype, const ln_grad_rows *group, const float *weight,
-                                               ptrdiff_t n, double *dweight, double *dbias)
+   float64, go to memory once per group instead of once per row.  RMSNorm: xc = x and
+   g_mean = 0, so the inner fma's addend is -0 and it is the product alone (same bits). */
+static LN_ALWAYS_INLINE void grad_apply_single(ln_norm_kind kind, ln_dtype dtype, const ln_grad_rows *group,
+                                               const float *weight, ptrdiff_t n, double *dweight, double *dbias)
 {
+    const int has_mean = kind == LN_NORM_LAYER;
     gf mean_v[LN_GRAD_ROWS], rstd_v[LN_GRAD_ROWS], xc_scale_v[LN_GRAD_ROWS], offset_v[LN_GRAD_ROWS];
     float mean[LN_GRAD_ROWS], rstd[LN_GRAD_ROWS], xc_scale[LN_GRAD_ROWS], offset[LN_GRAD_ROWS];
     const int count = group->count;
@@ -631,10 +730,12 @@ static LN_ALWAYS_INLINE void grad_apply_single(ln_dtype dtype, const ln_grad_row
         gf group_dweight = gf_splat(0.0f), group_dbias = group_dweight;
         for (int k = 0; k < count; k++) {
             const gf dy_v = load_as_f32(dtype, group->dy[k], j);
-            const gf xc = gf_sub(load_as_f32(dtype, group->x[k], j), mean_v[k]);
+            const gf value_x = load_as_f32(dtype, group->x[k], j);
+            const gf xc = has_mean ? gf_sub(value_x, mean_v[k]) : value_x;
             if (want_dx) {
                 const gf g = weight ? gf_mul(dy_v, w) : dy_v;
-                const gf dx = gf_fma(rstd_v[k], g, gf_fma(xc_scale_v[k], xc, offset_v[k]));
+                const gf inner = has_mean ? gf_fma(xc_scale_v[k], xc, offset_v[k]) : gf_mul(xc_scale_v[k], xc);
+                const gf dx = gf_fma(rstd_v[k], g, inner);
                 if (dtype == LN_F32 && group->stream_dx) {
                     gf_stream16((float *)group->dx[k] + j, dx);
                 }
@@ -660,10 +761,12 @@ static LN_ALWAYS_INLINE void grad_apply_single(ln_dtype dtype, const ln_grad_row
         float group_dweight = 0.0f, group_dbias = 0.0f;
         for (int k = 0; k < count; k++) {
             const float dy_1 = (float)ln_load1_as_f64(dtype, group->dy[k], j);
-            const float xc = (float)ln_load1_as_f64(dtype, group->x[k], j) - mean[k];
+            const float value_x = (float)ln_load1_as_f64(dtype, group->x[k], j);
+            const float xc = has_mean ? value_x - mean[k] : value_x;
             if (want_dx) {
                 const float g = weight ? dy_1 * weight[j] : dy_1;
-                ln_store1_from_f64(dtype, group->dx[k], j, fmaf(rstd[k], g, fmaf(xc_scale[k], xc, offset[k])));
+                const float inner = has_mean ? fmaf(xc_scale[k], xc, offset[k]) : xc_scale[k] * xc;
+                ln_store1_from_f64(dtype, group->dx[k], j, fmaf(rstd[k], g, inner));
             }
             group_dweight = fmaf(dy_1 * xc, rstd[k], group_dweight);
             group_dbias += dy_1;
@@ -678,9 +781,10 @@ static LN_ALWAYS_INLINE void grad_apply_single(ln_dtype dtype, const ln_grad_row
 }
 
 /* The same for float64 data, all in float64. */
-static LN_ALWAYS_INLINE void grad_apply_double(const ln_grad_rows *group, const double *weight, ptrdiff_t n,
-                                               double *dweight, double *dbias)
+static LN_ALWAYS_INLINE void grad_apply_double(ln_norm_kind kind, const ln_grad_rows *group, const double *weight,
+                                               ptrdiff_t n, double *dweight, double *dbias)
 {
+    const int has_mean = kind == LN_NORM_LAYER;
     gd mean_v[LN_GRAD_ROWS], rstd_v[LN_GRAD_ROWS], xc_scale_v[LN_GRAD_ROWS], offset_v[LN_GRAD_ROWS];
     double xc_scale[LN_GRAD_ROWS], offset[LN_GRAD_ROWS];
     const int count = group->count;
@@ -700,10 +804,12 @@ static LN_ALWAYS_INLINE void grad_apply_double(const ln_grad_rows *group, const 
         gd dbias_v = dbias ? gd_load(dbias + j) : gd_splat(0.0);
         for (int k = 0; k < count; k++) {
             const gd dy_v = gd_load((const double *)group->dy[k] + j);
-            const gd xc = gd_sub(gd_load((const double *)group->x[k] + j), mean_v[k]);
+            const gd value_x = gd_load((const double *)group->x[k] + j);
+            const gd xc = has_mean ? gd_sub(value_x, mean_v[k]) : value_x;
             if (want_dx) {
                 const gd g = weight ? gd_mul(dy_v, w) : dy_v;
-                const gd dx = gd_fma(rstd_v[k], g, gd_fma(xc_scale_v[k], xc, offset_v[k]));
+                const gd inner = has_mean ? gd_fma(xc_scale_v[k], xc, offset_v[k]) : gd_mul(xc_scale_v[k], xc);
+                const gd dx = gd_fma(rstd_v[k], g, inner);
                 if (group->stream_dx) {
                     gd_stream16((double *)group->dx[k] + j, dx);
                 }
@@ -728,10 +834,12 @@ static LN_ALWAYS_INLINE void grad_apply_double(const ln_grad_rows *group, const 
     for (; j < n; j++) {
         for (int k = 0; k < count; k++) {
             const double dy_1 = ((const double *)group->dy[k])[j];
-            const double xc = ((const double *)group->x[k])[j] - group->mean[k];
+            const double value_x = ((const double *)group->x[k])[j];
+            const double xc = has_mean ? value_x - group->mean[k] : value_x;
             if (want_dx) {
                 const double g = weight ? dy_1 * weight[j] : dy_1;
-                ((double *)group->dx[k])[j] = fma(group->rstd[k], g, fma(xc_scale[k], xc, offset[k]));
+                const double inner = has_mean ? fma(xc_scale[k], xc, offset[k]) : xc_scale[k] * xc;
+                ((double *)group->dx[k])[j] = fma(group->rstd[k], g, inner);
             }
             if (dweight) {
                 dweight[j] = fma(dy_1 * xc, group->rstd[k], dweight[j]);
@@ -743,18 +851,20 @@ static LN_ALWAYS_INLINE void grad_apply_double(const ln_grad_rows *group, const 
     }
 }
 
-static LN_ALWAYS_INLINE void grad_apply(ln_dtype dtype, const ln_grad_rows *group, const void *weight,
-                                        ptrdiff_t n, double *dweight, double *dbias)
+static LN_ALWAYS_INLINE void grad_apply(ln_norm_kind kind, ln_dtype dtype, const ln_grad_rows *group,
+                                        const void *weight, ptrdiff_t n, double *dweight, double *dbias)
 {
     assert(group && 1 <= group->count && group->count <= LN_GRAD_ROWS && n >= 1);
+    assert(kind == LN_NORM_LAYER || !dbias);
     for (int k = 0; k < group->count; k++) {
         assert(group->dy[k] && group->x[k] && (group->dx[k] != NULL) == (group->dx[0] != NULL));
     }
+    dbias = kind == LN_NORM_RMS ? NULL : dbias;
     if (dtype == LN_F64) {
-        grad_apply_double(group, weight, n, dweight, dbias);
+        grad_apply_double(kind, group, weight, n, dweight, dbias);
     }
     else {
-        grad_apply_single(dtype, group, weight, n, dweight, dbias);
+        grad_apply_single(kind, dtype, group, weight, n, dweight, dbias);
     }
 }
 
@@ -765,10 +875,11 @@ static LN_ALWAYS_INLINE void grad_apply(ln_dtype dtype, const ln_grad_rows *grou
 /* Rows shorter than one group (n < 16), where per-row overhead would dominate: 16 rows
    at a time, one row per lane, all in float64.  Lane k of the parameter accumulators
    takes rows block + k; the lanes are added by the fixed tree when the range is done. */
-static LN_ALWAYS_INLINE void backward_short_rows(ln_dtype dtype, const ln_backward_args *a, ptrdiff_t begin,
-                                                 ptrdiff_t end, double *dweight, double *dbias)
+static LN_ALWAYS_INLINE void backward_short_rows(ln_norm_kind kind, ln_dtype dtype, const ln_backward_args *a,
+                                                 ptrdiff_t begin, ptrdiff_t end, double *dweight, double *dbias)
 {
-    const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(dtype), n = a->row_len;
+    const ptrdiff_t n = a->extent.row_len;
+    const int has_mean = kind == LN_NORM_LAYER;
     assert(1 <= n && n < 16);
     const gd n_v = gd_splat((double)n), zero_v = gd_splat(0.0);
     gd dweight_lanes[16], dbias_lanes[16];   /* [column], a lane per row slot */
@@ -789,10 +900,10 @@ static LN_ALWAYS_INLINE void backward_short_rows(ln_dtype dtype, const ln_backwa
                 continue;
             }
             const ptrdiff_t r = block + k;
-            const char *dy = (const char *)a->grad_output + r * a->grad_output_row_step * elsize;
-            const char *x = (const char *)a->input + r * a->input_row_step * elsize;
-            means[k] = ln_load1_param_as_f64(dtype, a->mean, r);
-            rstds[k] = ln_load1_param_as_f64(dtype, a->rstd, r);
+            const char *dy = ln_row_address(&a->grad_output, &a->extent, r);
+            const char *x = ln_row_address(&a->input, &a->extent, r);
+            means[k] = has_mean ? ln_load_stat(dtype, &a->mean, &a->extent, r) : 0.0;
+            rstds[k] = ln_load_stat(dtype, &a->rstd, &a->extent, r);
             for (ptrdiff_t i = 0; i < n; i++) {
                 dy_t[i][k] = ln_load1_as_f64(dtype, dy, i);
                 x_t[i][k] = ln_load1_as_f64(dtype, x, i);
@@ -801,10 +912,10 @@ static LN_ALWAYS_INLINE void backward_short_rows(ln_dtype dtype, const ln_backwa
         const gd mean_v = gd_load(means), rstd_v = gd_load(rstds);
         gd g_sum = zero_v, gx_sum = zero_v;
         for (ptrdiff_t i = 0; i < n; i++) {
-            const gd dy_v = gd_load(dy_t[i]);
-            const gd xhat = gd_mul(gd_sub(gd_load(x_t[i]), mean_v), rstd_v);
+            const gd dy_v = gd_load(dy_t[i]), value_x = gd_load(x_t[i]);
+            const gd xhat = gd_mul(has_mean ? gd_sub(value_x, mean_v) : value_x, rstd_v);
             const gd g = a->weight ? gd_mul(dy_v, gd_splat(ln_load1_param_as_f64(dtype, a->weight, i))) : dy_v;
-            g_sum = gd_add(g_sum, g);
+            g_sum = has_mean ? gd_add(g_sum, g) : g_sum;
             gx_sum = gd_add(gx_sum, gd_mul(g, xhat));
             if (dweight) {
                 dweight_lanes[i] = gd_add(dweight_lanes[i], gd_mul(dy_v, xhat));
@@ -815,16 +926,17 @@ static LN_ALWAYS_INLINE void backward_short_rows(ln_dtype dtype, const ln_backwa
             gd_store(x_t[i], xhat);
             gd_store(dy_t[i], g);
         }
-        if (!a->grad_input) {
+        if (!a->grad_input.data) {
             continue;
         }
         const gd g_mean = gd_div(g_sum, n_v), gx_mean = gd_div(gx_sum, n_v);
         for (ptrdiff_t i = 0; i < n; i++) {
-            const gd inner = gd_sub(gd_sub(gd_load(dy_t[i]), g_mean), gd_mul(gd_load(x_t[i]), gx_mean));
+            const gd g = gd_load(dy_t[i]);
+            const gd inner = gd_sub(has_mean ? gd_sub(g, g_mean) : g, gd_mul(gd_load(x_t[i]), gx_mean));
             gd_store(dx_t[i], gd_mul(inner, rstd_v));
         }
         for (ptrdiff_t k = 0; k < rows; k++) {
-            char *dx = (char *)a->grad_input + (block + k) * n * elsize;
+            char *dx = ln_row_address(&a->grad_input, &a->extent, block + k);
             for (ptrdiff_t i = 0; i < n; i++) {
                 ln_store1_from_f64(dtype, dx, i, dx_t[i][k]);
             }
@@ -845,14 +957,16 @@ static LN_ALWAYS_INLINE void backward_short_rows(ln_dtype dtype, const ln_backwa
 
 /* Rows [begin, end): pass 1 row by row, pass 2 over groups of LN_GRAD_ROWS rows, each
    group still in cache from pass 1. */
-static LN_ALWAYS_INLINE void backward_rows(ln_dtype dtype, const ln_backward_args *a, ptrdiff_t begin,
-                                           ptrdiff_t end, double *dweight, double *dbias)
+static LN_ALWAYS_INLINE void backward_rows(ln_norm_kind kind, ln_dtype dtype, const ln_backward_args *a,
+                                           ptrdiff_t begin, ptrdiff_t end, double *dweight, double *dbias)
 {
-    assert(a && a->grad_output && a->input && a->mean && a->rstd && a->row_len >= 1);
-    assert(0 <= begin && begin <= end && end <= a->rows);
-    const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(dtype), n = a->row_len;
+    const ptrdiff_t n = a->extent.row_len;
+    const int has_mean = kind == LN_NORM_LAYER;
+    assert(a && a->grad_output.data && a->input.data && a->rstd.data && n >= 1);
+    assert(0 <= begin && begin <= end && end <= ln_rows_of(&a->extent));
+    dbias = has_mean ? dbias : NULL;
     if (n < 16) {
-        backward_short_rows(dtype, a, begin, end, dweight, dbias);
+        backward_short_rows(kind, dtype, a, begin, end, dweight, dbias);
         return;
     }
     const int stream_dx = ln_backward_streams_dx(a);
@@ -861,19 +975,19 @@ static LN_ALWAYS_INLINE void backward_rows(ln_dtype dtype, const ln_backward_arg
                               .stream_dx = stream_dx};
         for (int k = 0; k < group.count; k++) {
             const ptrdiff_t r = first + k;
-            group.dy[k] = (const char *)a->grad_output + r * a->grad_output_row_step * elsize;
-            group.x[k] = (const char *)a->input + r * a->input_row_step * elsize;
-            group.dx[k] = a->grad_input ? (char *)a->grad_input + r * n * elsize : NULL;
-            group.mean[k] = ln_load1_param_as_f64(dtype, a->mean, r);
-            group.rstd[k] = ln_load1_param_as_f64(dtype, a->rstd, r);
+            group.dy[k] = ln_row_address(&a->grad_output, &a->extent, r);
+            group.x[k] = ln_row_address(&a->input, &a->extent, r);
+            group.dx[k] = a->grad_input.data ? ln_row_address(&a->grad_input, &a->extent, r) : NULL;
+            group.mean[k] = has_mean ? ln_load_stat(dtype, &a->mean, &a->extent, r) : 0.0;
+            group.rstd[k] = ln_load_stat(dtype, &a->rstd, &a->extent, r);
             double sums[2] = {0.0, 0.0};
-            if (a->grad_input) {
-                grad_sums(dtype, group.dy[k], group.x[k], a->weight, n, group.mean[k], group.rstd[k], sums);
+            if (a->grad_input.data) {
+                grad_sums(kind, dtype, group.dy[k], group.x[k], a->weight, n, group.mean[k], group.rstd[k], sums);
             }
             group.g_mean[k] = sums[0] / (double)n;
             group.gx_mean[k] = sums[1] / (double)n;
         }
-        grad_apply(dtype, &group, a->weight, n, dweight, dbias);
+        grad_apply(kind, dtype, &group, a->weight, n, dweight, dbias);
     }
     if (stream_dx) {
         stream_fence();
@@ -881,57 +995,351 @@ static LN_ALWAYS_INLINE void backward_rows(ln_dtype dtype, const ln_backward_arg
 }
 
 /* ------------------------------------------------------------------------ */
+/* Strided route: tiles of rows, a row per lane                              */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Rows whose elements are not adjacent in memory (channels-first data normalized over C:
+ * elements H*W apart, rows adjacent) go LN_TILE_ROWS rows of one block at a time, lane k of
+ * every group holding the tile's row k, in a loop over the rows' elements: element j of the
+ * tile's rows is one group, loaded (and stored) as a vector where those rows are adjacent in
+ * memory, else gathered (and scattered) through a lane buffer with scalar loads.  A lane's
+ * arithmetic is its own and sequential over its row, so its bits are the same at every
+ * level and thread count; the tiles depend on the shape alone.  Per lane:
+ *
+ *     statistics in float64, one pass per LN_CHUNK elements about the chunk's first
+ *     element K (0 for RMSNorm), the chunks merged by ln_merge, as chunk_moments does:
+ *     a two-pass mean would read the tile a third time for no accuracy that matters here
+ *     output: normalize_one's formulas, with each lane's own mean and rstd
+ *     backward: backward_short_rows' formulas, in float64; dweight and dbias added into
+ *     per-lane column sums over the tiles, whose lanes ln_backward.c adds by ln_sum_lanes
+ *
+ * A tile is read twice, for the statistics and then for the output (or for the backward's
+ * two passes): 16 rows of up to a few thousand elements are still in cache the second time,
+ * longer rows are read twice from memory.
+ */
+
+/* One array's part in a tile: where its lanes' rows are and how to walk them. */
+typedef struct {
+    char *first;          /* lane 0's row; NULL: the array is absent */
+    ptrdiff_t row_step;   /* bytes from one lane's row to the next's */
+    ptrdiff_t elem_step;  /* bytes from one element of a row to the next */
+    int adjacent;         /* all 16 lanes, rows adjacent: element j is one group in memory */
+} tile_view;
+
+static LN_ALWAYS_INLINE tile_view tile_view_of(ln_dtype dtype, const ln_array *array, const ln_extent *extent,
+                                               ptrdiff_t first, int count)
+{
+    tile_view t = {NULL, 0, 0, 0};
+    if (array->data) {
+        t.first = ln_row_address(array, extent, first);
+        t.row_step = array->walk.row_step;
+        t.elem_step = array->walk.elem_step;
+        t.adjacent = count == LN_TILE_ROWS && t.row_step == (ptrdiff_t)ln_dtype_size(dtype);
+    }
+    return t;
+}
+
+/* Element j of the tile's `count` rows as 16 consecutive elements: in memory where they are
+   adjacent, else gathered into lanes, whose lanes from count on the caller has zeroed. */
+static LN_ALWAYS_INLINE const void *tile_load(ln_dtype dtype, const tile_view *t, int count, ptrdiff_t j,
+                                              void *lanes)
+{
+    const char *from = t->first + j * t->elem_step;
+    const size_t size = ln_dtype_size(dtype);
+    if (t->adjacent) {
+        return from;
+    }
+    for (int k = 0; k < count; k++) {
+        memcpy((char *)lanes + (size_t)k * size, from + k * t->row_step, size);
+    }
+    return lanes;
+}
+
+/* Where element j of the tile's rows is to be written as 16 consecutive elements: in memory
+   where they are adjacent, else lanes, for tile_scatter. */
+static LN_ALWAYS_INLINE void *tile_target(const tile_view *t, ptrdiff_t j, void *lanes)
+{
+    return t->adjacent ? t->first + j * t->elem_step : lanes;
+}
+
+/* Element j of the tile's `count` rows out of lanes, unless tile_target put it in place. */
+static LN_ALWAYS_INLINE void tile_scatter(ln_dtype dtype, const tile_view *t, int count, ptrdiff_t j,
+                                          const void *lanes)
+{
+    char *to = t->first + j * t->elem_step;
+    const size_t size = ln_dtype_size(dtype);
+    if (t->adjacent) {
+        return;
+    }
+    for (int k = 0; k < count; k++) {
+        memcpy(to + k * t->row_step, (const char *)lanes + (size_t)k * size, size);
+    }
+}
+
+/* Tile `tile` forward: statistics per lane (summing the residual into `sum` on the way),
+   the statistics out, then the output. */
+static LN_ALWAYS_INLINE void forward_tile(ln_norm_kind kind, ln_dtype dtype, const ln_forward_args *a,
+                                          ptrdiff_t tile)
+{
+    const ptrdiff_t n = a->extent.row_len;
+    const int has_mean = kind == LN_NORM_LAYER, has_residual = a->residual.data != NULL;
+    ptrdiff_t first;
+    int count;
+    ln_tile_of(&a->extent, tile, &first, &count);
+    const tile_view x = tile_view_of(dtype, &a->input, &a->extent, first, count);
+    const tile_view residual = tile_view_of(dtype, &a->residual, &a->extent, first, count);
+    const tile_view sum = tile_view_of(dtype, &a->sum, &a->extent, first, count);
+    const tile_view y = tile_view_of(dtype, &a->output, &a->extent, first, count);
+    const tile_view *source = has_residual ? &sum : &x;  /* the rows normalized */
+    /* lanes of 16 elements of any type; those past count stay zero */
+    double x_lanes[16] = {0}, residual_lanes[16] = {0}, sum_lanes[16] = {0}, y_lanes[16] = {0};
+
+    ln_moments m[16];
+    for (ptrdiff_t start = 0; start < n; start += LN_CHUNK) {
+        const ptrdiff_t len = n - start < LN_CHUNK ? n - start : LN_CHUNK;
+        gd shift = gd_splat(0.0), s1 = shift, s2 = shift;
+        for (ptrdiff_t j = start; j < start + len; j++) {
+            const void *values;
+            if (has_residual) {
+                void *target = tile_target(&sum, j, sum_lanes);
+                add_group(dtype, tile_load(dtype, &x, count, j, x_lanes),
+                          tile_load(dtype, &residual, count, j, residual_lanes), target, 0);
+                tile_scatter(dtype, &sum, count, j, target);
+                values = target;
+            }
+            else {
+                values = tile_load(dtype, &x, count, j, x_lanes);
+            }
+            const gd value = load_as_f64(dtype, values, 0);
+            if (has_mean && j == start) {
+                shift = value;
+            }
+            const gd d = has_mean ? gd_sub(value, shift) : value;
+            s1 = has_mean ? gd_add(s1, d) : s1;
+            s2 = gd_fma(d, d, s2);
+        }
+        double shifts[16], sums1[16], sums2[16];
+        gd_store(shifts, shift);
+        gd_store(sums1, s1);
+        gd_store(sums2, s2);
+        for (int k = 0; k < 16; k++) {
+            const double mean_offset = sums1[k] / (double)len;
+            const ln_moments chunk = {(double)len, has_mean ? shifts[k] + mean_offset : 0.0,
+                                      has_mean ? sums2[k] - sums1[k] * mean_offset : sums2[k]};
+            m[k] = start == 0 ? chunk : ln_merge(m[k], chunk);
+        }
+    }
+
+    double means[16], rstds[16];
+    for (int k = 0; k < 16; k++) {
+        means[k] = m[k].mean;
+        rstds[k] = ln_rstd_of(kind, m[k], a->eps);
+        if (k < count) {
+            ln_store_stats(a, first + k, means[k], rstds[k]);
+        }
+    }
+    const void *weight = a->weight, *bias = has_mean ? a->bias : NULL;
+    if (dtype == LN_F64) {
+        const gd mean_v = gd_load(means), rstd_v = gd_load(rstds);
+        for (ptrdiff_t j = 0; j < n; j++) {
+            const gd value_x = gd_load(tile_load(dtype, source, count, j, x_lanes));
+            const gd centred = has_mean ? gd_sub(value_x, mean_v) : value_x;
+            const gd scale = weight ? gd_mul(gd_splat(((const double *)weight)[j]), rstd_v) : rstd_v;
+            const gd offset = gd_splat(bias ? ((const double *)bias)[j] : 0.0);
+            void *target = tile_target(&y, j, y_lanes);
+            gd_store(target, gd_fma(centred, scale, offset));
+            tile_scatter(dtype, &y, count, j, target);
+        }
+        return;
+    }
+    float mean_hi[16], mean_lo[16], scales[16];
+    for (int k = 0; k < 16; k++) {
+        mean_hi[k] = (float)means[k];
+        mean_lo[k] = (float)(means[k] - (double)mean_hi[k]);
+        scales[k] = (float)rstds[k];
+    }
+    const gf mean_hi_v = gf_load(mean_hi), mean_lo_v = gf_load(mean_lo), scale_v = gf_load(scales);
+    for (ptrdiff_t j = 0; j < n; j++) {
+        const gf value_x = load_as_f32(dtype, tile_load(dtype, source, count, j, x_lanes), 0);
+        const gf centred = has_mean ? gf_sub(gf_sub(value_x, mean_hi_v), mean_lo_v) : value_x;
+        const gf scale = weight ? gf_mul(gf_splat(((const float *)weight)[j]), scale_v) : scale_v;
+        const gf offset = gf_splat(bias ? ((const float *)bias)[j] : 0.0f);
+        void *target = tile_target(&y, j, y_lanes);
+        store_from_f32(dtype, target, 0, gf_fma(centred, scale, offset));
+        tile_scatter(dtype, &y, count, j, target);
+    }
+}
+
+static LN_ALWAYS_INLINE void forward_tiles(ln_norm_kind kind, ln_dtype dtype, const ln_forward_args *a,
+                                           ptrdiff_t begin, ptrdiff_t end)
+{
+    assert(a && a->input.data && a->output.data && a->extent.row_len >= 1);
+    assert(0 <= begin && begin <= end && end <= ln_tiles_of(&a->extent));
+    for (ptrdiff_t tile = begin; tile < end; tile++) {
+        forward_tile(kind, dtype, a, tile);
+    }
+}
+
+/* Tile `tile` backward, all in float64: pass 1 the lanes' sums of g and g * xhat (when dx is
+   wanted), pass 2 dx and the parameter gradients' terms, added into the per-lane column
+   sums dweight_lanes and dbias_lanes (each may be NULL).  Lanes past count hold zeros,
+   whose terms are zeros. */
+static LN_ALWAYS_INLINE void backward_tile(ln_norm_kind kind, ln_dtype dtype, const ln_backward_args *a,
+                                           ptrdiff_t tile, double *dweight_lanes, double *dbias_lanes)
+{
+    const ptrdiff_t n = a->extent.row_len;
+    const int has_mean = kind == LN_NORM_LAYER;
+    ptrdiff_t first;
+    int count;
+    ln_tile_of(&a->extent, tile, &first, &count);
+    const tile_view dy = tile_view_of(dtype, &a->grad_output, &a->extent, first, count);
+    const tile_view x = tile_view_of(dtype, &a->input, &a->extent, first, count);
+    const tile_view dx = tile_view_of(dtype, &a->grad_input, &a->extent, first, count);
+    double dy_lanes[16] = {0}, x_lanes[16] = {0}, dx_lanes[16] = {0};
+    double means[16] = {0}, rstds[16] = {0};
+    for (int k = 0; k < count; k++) {
+        means[k] = has_mean ? ln_load_stat(dtype, &a->mean, &a->extent, first + k) : 0.0;
+        rstds[k] = ln_load_stat(dtype, &a->rstd, &a->extent, first + k);
+    }
+    const gd mean_v = gd_load(means), rstd_v = gd_load(rstds), zero_v = gd_splat(0.0);
+    gd g_mean = zero_v, gx_mean = zero_v;
+    if (dx.first) {
+        gd g_sum = zero_v, gx_sum = zero_v;
+        for (ptrdiff_t j = 0; j < n; j++) {
+            const gd dy_v = load_as_f64(dtype, tile_load(dtype, &dy, count, j, dy_lanes), 0);
+            const gd value_x = load_as_f64(dtype, tile_load(dtype, &x, count, j, x_lanes), 0);
+            const gd xhat = gd_mul(has_mean ? gd_sub(value_x, mean_v) : value_x, rstd_v);
+            const gd g = a->weight ? gd_mul(dy_v, gd_splat(ln_load1_param_as_f64(dtype, a->weight, j))) : dy_v;
+            g_sum = has_mean ? gd_add(g_sum, g) : g_sum;
+            gx_sum = gd_add(gx_sum, gd_mul(g, xhat));
+        }
+        const gd n_v = gd_splat((double)n);
+        g_mean = gd_div(g_sum, n_v);
+        gx_mean = gd_div(gx_sum, n_v);
+    }
+    for (ptrdiff_t j = 0; j < n; j++) {
+        const gd dy_v = load_as_f64(dtype, tile_load(dtype, &dy, count, j, dy_lanes), 0);
+        const gd value_x = load_as_f64(dtype, tile_load(dtype, &x, count, j, x_lanes), 0);
+        const gd xhat = gd_mul(has_mean ? gd_sub(value_x, mean_v) : value_x, rstd_v);
+        if (dx.first) {
+            const gd g = a->weight ? gd_mul(dy_v, gd_splat(ln_load1_param_as_f64(dtype, a->weight, j))) : dy_v;
+            const gd inner = gd_sub(has_mean ? gd_sub(g, g_mean) : g, gd_mul(xhat, gx_mean));
+            double values[16];
+            gd_store(values, gd_mul(inner, rstd_v));
+            void *target = tile_target(&dx, j, dx_lanes);
+            for (int k = 0; k < 16; k++) {
+                ln_store1_from_f64(dtype, target, k, values[k]);
+            }
+            tile_scatter(dtype, &dx, count, j, target);
+        }
+        if (dweight_lanes) {
+            gd_store(dweight_lanes + 16 * j, gd_add(gd_load(dweight_lanes + 16 * j), gd_mul(dy_v, xhat)));
+        }
+        if (dbias_lanes) {
+            gd_store(dbias_lanes + 16 * j, gd_add(gd_load(dbias_lanes + 16 * j), dy_v));
+        }
+    }
+}
+
+static LN_ALWAYS_INLINE void backward_tiles(ln_norm_kind kind, ln_dtype dtype, const ln_backward_args *a,
+                                            ptrdiff_t begin, ptrdiff_t end, double *dweight_lanes,
+                                            double *dbias_lanes)
+{
+    assert(a && a->grad_output.data && a->input.data && a->rstd.data && a->extent.row_len >= 1);
+    assert(0 <= begin && begin <= end && end <= ln_tiles_of(&a->extent));
+    dbias_lanes = kind == LN_NORM_LAYER ? dbias_lanes : NULL;
+    for (ptrdiff_t tile = begin; tile < end; tile++) {
+        backward_tile(kind, dtype, a, tile, dweight_lanes, dbias_lanes);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
 /* The level's kernel table                                                  */
 /* ------------------------------------------------------------------------ */
 
-/* The table's functions for one element type: each fixes dtype, a constant, so the code
-   above is compiled for that type alone. */
-#define LN_DTYPE_FUNCTIONS(DTYPE, suffix)                                                          \
-    static void forward_rows_##suffix(const ln_forward_args *a, ptrdiff_t begin, ptrdiff_t end)    \
+/* The table's functions for one norm kind and element type: each fixes both, constants, so
+   the code above is compiled for that pair alone. */
+#define LN_KIND_FUNCTIONS(KIND, kind_suffix, DTYPE, suffix)                                        \
+    static void forward_rows_##kind_suffix##_##suffix(const ln_forward_args *a, ptrdiff_t begin,   \
+                                                      ptrdiff_t end)                               \
     {                                                                                              \
-        forward_rows(DTYPE, a, begin, end);                                                        \
+        forward_rows(KIND, DTYPE, a, begin, end);                                                  \
     }                                                                                              \
-    static ln_moments chunk_moments_##suffix(const void *x, ptrdiff_t n)                           \
+    static void forward_tiles_##kind_suffix##_##suffix(const ln_forward_args *a, ptrdiff_t begin,  \
+                                                       ptrdiff_t end)                              \
     {                                                                                              \
-        return chunk_moments(DTYPE, x, n);                                                         \
+        forward_tiles(KIND, DTYPE, a, begin, end);                                                 \
     }                                                                                              \
-    static void normalize_row_##suffix(const void *x, void *y, ptrdiff_t n, double mean,          \
-                                       double rstd, const void *weight, const void *bias)          \
+    static ln_moments chunk_moments_##kind_suffix##_##suffix(const void *x, ptrdiff_t n)           \
     {                                                                                              \
-        normalize_row(DTYPE, 0, x, y, n, mean, rstd, weight, bias);                                \
+        return chunk_moments(KIND, DTYPE, x, n);                                                   \
     }                                                                                              \
-    static void normalize_row_streaming_##suffix(const void *x, void *y, ptrdiff_t n, double mean, \
-                                                 double rstd, const void *weight, const void *bias) \
+    static void normalize_row_##kind_suffix##_##suffix(const void *x, void *y, ptrdiff_t n,        \
+                                                       double mean, double rstd,                   \
+                                                       const void *weight, const void *bias)       \
     {                                                                                              \
-        normalize_row(DTYPE, 1, x, y, n, mean, rstd, weight, bias);                                \
+        normalize_row(KIND, DTYPE, 0, x, y, n, mean, rstd, weight, bias);                          \
     }                                                                                              \
-    static void backward_rows_##suffix(const ln_backward_args *a, ptrdiff_t begin, ptrdiff_t end,  \
-                                       double *dweight, double *dbias)                             \
+    static void normalize_row_streaming_##kind_suffix##_##suffix(const void *x, void *y,           \
+                                                                 ptrdiff_t n, double mean,         \
+                                                                 double rstd, const void *weight,  \
+                                                                 const void *bias)                 \
     {                                                                                              \
-        backward_rows(DTYPE, a, begin, end, dweight, dbias);                                       \
+        normalize_row(KIND, DTYPE, 1, x, y, n, mean, rstd, weight, bias);                          \
     }                                                                                              \
-    static void grad_sums_##suffix(const void *dy, const void *x, const void *weight, ptrdiff_t n, \
-                                   double mean, double rstd, double sums[2])                       \
+    static void backward_rows_##kind_suffix##_##suffix(const ln_backward_args *a, ptrdiff_t begin, \
+                                                       ptrdiff_t end, double *dweight,             \
+                                                       double *dbias)                              \
     {                                                                                              \
-        grad_sums(DTYPE, dy, x, weight, n, mean, rstd, sums);                                      \
+        backward_rows(KIND, DTYPE, a, begin, end, dweight, dbias);                                 \
     }                                                                                              \
-    static void grad_apply_##suffix(const ln_grad_rows *group, const void *weight, ptrdiff_t n,     \
-                                    double *dweight, double *dbias)                                \
+    static void backward_tiles_##kind_suffix##_##suffix(const ln_backward_args *a,                 \
+                                                        ptrdiff_t begin, ptrdiff_t end,            \
+                                                        double *dweight_lanes,                     \
+                                                        double *dbias_lanes)                       \
     {                                                                                              \
-        grad_apply(DTYPE, group, weight, n, dweight, dbias);                                       \
+        backward_tiles(KIND, DTYPE, a, begin, end, dweight_lanes, dbias_lanes);                    \
+    }                                                                                              \
+    static void grad_sums_##kind_suffix##_##suffix(const void *dy, const void *x,                  \
+                                                   const void *weight, ptrdiff_t n, double mean,   \
+                                                   double rstd, double sums[2])                    \
+    {                                                                                              \
+        grad_sums(KIND, DTYPE, dy, x, weight, n, mean, rstd, sums);                                \
+    }                                                                                              \
+    static void grad_apply_##kind_suffix##_##suffix(const ln_grad_rows *group, const void *weight, \
+                                                    ptrdiff_t n, double *dweight, double *dbias)   \
+    {                                                                                              \
+        grad_apply(KIND, DTYPE, group, weight, n, dweight, dbias);                                 \
     }
+
+/* ... and for one element type: the residual sum, and its kinds' functions. */
+#define LN_DTYPE_FUNCTIONS(DTYPE, suffix)                                                          \
+    static void add_row_##suffix(const void *x, const void *residual, void *sum, ptrdiff_t n)      \
+    {                                                                                              \
+        add_row(DTYPE, x, residual, sum, n);                                                       \
+    }                                                                                              \
+    LN_FOR_EACH_KIND(LN_KIND_FUNCTIONS, DTYPE, suffix)
 
 LN_FOR_EACH_DTYPE(LN_DTYPE_FUNCTIONS)
 
-#define LN_DTYPE_TABLE_ENTRY(DTYPE, suffix)                         \
-    [DTYPE] = {                                                     \
-        .forward_rows = forward_rows_##suffix,                      \
-        .chunk_moments = chunk_moments_##suffix,                    \
-        .normalize_row = normalize_row_##suffix,                    \
-        .normalize_row_streaming = normalize_row_streaming_##suffix, \
-        .backward_rows = backward_rows_##suffix,                    \
-        .grad_sums = grad_sums_##suffix,                            \
-        .grad_apply = grad_apply_##suffix,                          \
+#define LN_KIND_TABLE_ENTRY(KIND, kind_suffix, DTYPE, suffix)                              \
+    [KIND] = {                                                                             \
+        .forward_rows = forward_rows_##kind_suffix##_##suffix,                             \
+        .forward_tiles = forward_tiles_##kind_suffix##_##suffix,                           \
+        .chunk_moments = chunk_moments_##kind_suffix##_##suffix,                           \
+        .normalize_row = normalize_row_##kind_suffix##_##suffix,                           \
+        .normalize_row_streaming = normalize_row_streaming_##kind_suffix##_##suffix,       \
+        .backward_rows = backward_rows_##kind_suffix##_##suffix,                           \
+        .backward_tiles = backward_tiles_##kind_suffix##_##suffix,                         \
+        .grad_sums = grad_sums_##kind_suffix##_##suffix,                                   \
+        .grad_apply = grad_apply_##kind_suffix##_##suffix,                                 \
+    },
+
+#define LN_DTYPE_TABLE_ENTRY(DTYPE, suffix)                                         \
+    [DTYPE] = {                                                                     \
+        .by_kind = {LN_FOR_EACH_KIND(LN_KIND_TABLE_ENTRY, DTYPE, suffix)},          \
+        .add_row = add_row_##suffix,                                                \
     },
 
 const ln_kernel_table LN_LEVEL_KERNELS = {.by_dtype = {LN_FOR_EACH_DTYPE(LN_DTYPE_TABLE_ENTRY)}};

@@ -94,6 +94,11 @@
    allocation) qualify; float16 is stored as usual. */
 #define LN_BACKWARD_STREAM_MIN_BYTES ((ptrdiff_t)4 << 20)
 
+/* With a residual, the contiguous route sums rows into `sum` this many bytes at a time (one
+   row at least) and normalizes them from it next, so that the sums are read back from L1
+   or L2 rather than memory. */
+#define LN_SUM_BATCH_BYTES ((ptrdiff_t)32 << 10)
+
 /* The normalize pass goes through a long row from the end back, so that the part the
    statistics pass read last, still in cache, is used first, one span at a time, and through
    each span forward.  A span of 16384 elements (64 KiB of float32) is long enough for the

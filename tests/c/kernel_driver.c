@@ -9,6 +9,12 @@
  * Python and no NumPy: the inputs come from a fixed pseudo-random generator, so the same
  * program cross-compiled for another architecture sees the same bytes.
  *
+ * The cases cover both norm kinds, both routes through the kernels (rows of adjacent
+ * elements; channels-first, transposed and gathered rows, one lane a row), outputs laid out
+ * unlike their inputs, statistics broadcast in backward, and the fused residual add, in place
+ * too.  An output's whole buffer is hashed, gaps between its elements included, so a stray
+ * write shows.
+ *
  * Inputs are made with exact double arithmetic only (no libm calls, whose last bits may
  * differ between architectures) and rounded once to the element type.
  *
@@ -30,21 +36,50 @@
 /* The cases                                                                 */
 /* ------------------------------------------------------------------------ */
 
-/* What one call does; every variant runs on every shape and dtype. */
+/* Where an array's elements lie in its buffer, for a call's blocks x rows x row_len. */
+typedef enum {
+    ROWS,            /* row after row, row_len + row_pad elements apart (last to first if
+                        reversed); C-contiguous without padding */
+    CHANNELS_FIRST,  /* blocks x row_len x rows, C-contiguous: NCHW over C, rows = H*W */
+    TRANSPOSED,      /* row_len x (blocks x rows), C-contiguous: a 2-D array over axis 0 */
+    SPREAD,          /* CHANNELS_FIRST with rows 2 elements apart and elements 2 rows + 1
+                        apart: neither adjacent, so the kernels gather and scatter */
+} layout;
+
+/* Which statistics backward reads for a row. */
+typedef enum {
+    OWN_STATS,       /* its own */
+    BLOCK_0_STATS,   /* block 0's row of the same index (zero block step) */
+    ROW_0_STATS,     /* row 0's (zero steps) */
+} stats_walk;
+
+/* What one call does; every variant runs on every shape of its set and every dtype. */
 typedef struct {
     const char *name;
-    int backward;      /* 0: ln_forward, 1: ln_backward */
-    int weight;        /* pass a weight (else NULL: ones) */
-    int bias;          /* forward: pass a bias (else NULL: zeros) */
-    int stats;         /* forward: write mean and rstd */
-    int grad_input;    /* backward: write dx */
-    int grad_params;   /* backward: write dweight and dbias */
-    int row_pad;       /* elements between input rows beyond row_len */
-    int reversed;      /* input rows stored last to first (a negative row step) */
-    int special_rows;  /* NaN, +-Inf and constant rows among the ordinary ones */
+    ln_norm_kind kind;
+    int backward;           /* 0: ln_forward, 1: ln_backward */
+    int weight;             /* pass a weight (else NULL: ones) */
+    int bias;               /* forward, LayerNorm: pass a bias (else NULL: zeros) */
+    int stats;              /* forward: write the statistics (mean for LayerNorm, and rstd) */
+    int grad_input;         /* backward: write dx */
+    int grad_params;        /* backward: write dweight (and dbias for LayerNorm) */
+    layout in;              /* input, grad_output and residual */
+    layout out;             /* output, sum and grad_input (ROWS: without padding) */
+    int row_pad;            /* ROWS input: elements between rows beyond row_len */
+    int reversed;           /* ROWS input: rows stored last to first (a negative row step) */
+    int special_rows;       /* NaN, +-Inf and constant rows among the ordinary ones */
+    int residual;           /* forward: normalize input + residual, the sum in its own buffer */
+    int sum_over_input;     /* forward with a residual: the sum written over the input */
+    int output_over_input;  /* forward: the output written over the input (or over the sum
+                               when that is written over the input) */
+    stats_walk stats_in;    /* backward: the statistics each row reads */
 } variant;
 
+#define LN LN_NORM_LAYER
+#define RMS LN_NORM_RMS
+
 static const variant variants[] = {
+    /* rows of adjacent elements (the shapes in `shapes`) */
     {.name = "fwd", .weight = 1, .bias = 1, .stats = 1},
     {.name = "fwd-plain"},
     {.name = "fwd-weight-strided", .weight = 1, .row_pad = 5},
@@ -54,11 +89,65 @@ static const variant variants[] = {
     {.name = "bwd-dx-reversed", .backward = 1, .grad_input = 1, .row_pad = 5, .reversed = 1},
     {.name = "bwd-params", .backward = 1, .weight = 1, .grad_params = 1},
     {.name = "bwd-special", .backward = 1, .weight = 1, .grad_input = 1, .special_rows = 1},
+    {.name = "bwd-one-stat", .backward = 1, .weight = 1, .grad_input = 1, .grad_params = 1, .stats_in = ROW_0_STATS},
+    {.name = "rms-fwd", .kind = RMS, .weight = 1, .stats = 1},
+    {.name = "rms-fwd-plain", .kind = RMS},
+    {.name = "rms-fwd-special", .kind = RMS, .weight = 1, .stats = 1, .special_rows = 1},
+    {.name = "rms-bwd", .kind = RMS, .backward = 1, .weight = 1, .grad_input = 1, .grad_params = 1},
+    {.name = "rms-bwd-dx-reversed", .kind = RMS, .backward = 1, .grad_input = 1, .row_pad = 5, .reversed = 1},
+    {.name = "rms-bwd-special", .kind = RMS, .backward = 1, .weight = 1, .grad_input = 1, .special_rows = 1},
+    {.name = "add-fwd", .weight = 1, .bias = 1, .stats = 1, .residual = 1},
+    {.name = "add-fwd-reversed", .bias = 1, .stats = 1, .row_pad = 3, .reversed = 1, .residual = 1},
+    {.name = "add-fwd-in-place", .weight = 1, .residual = 1, .sum_over_input = 1, .output_over_input = 1},
+    {.name = "rms-add-fwd", .kind = RMS, .weight = 1, .stats = 1, .residual = 1},
+    /* rows one lane each (the shapes in `tile_shapes`) */
+    {.name = "cf-fwd", .weight = 1, .bias = 1, .stats = 1, .in = CHANNELS_FIRST, .out = CHANNELS_FIRST},
+    {.name = "cf-fwd-plain", .in = CHANNELS_FIRST, .out = CHANNELS_FIRST},
+    {.name = "cf-fwd-special", .weight = 1, .bias = 1, .stats = 1, .in = CHANNELS_FIRST, .out = CHANNELS_FIRST,
+     .special_rows = 1},
+    {.name = "cf-fwd-in-place", .weight = 1, .bias = 1, .in = CHANNELS_FIRST, .out = CHANNELS_FIRST,
+     .output_over_input = 1},
+    {.name = "cf-fwd-to-rows", .weight = 1, .stats = 1, .in = CHANNELS_FIRST, .out = ROWS},
+    {.name = "rows-fwd-to-cf", .bias = 1, .stats = 1, .in = ROWS, .out = CHANNELS_FIRST},
+    {.name = "tr-fwd", .weight = 1, .bias = 1, .stats = 1, .in = TRANSPOSED, .out = TRANSPOSED},
+    {.name = "spread-fwd", .weight = 1, .bias = 1, .stats = 1, .in = SPREAD, .out = SPREAD},
+    {.name = "rms-cf-fwd", .kind = RMS, .weight = 1, .stats = 1, .in = CHANNELS_FIRST, .out = CHANNELS_FIRST},
+    {.name = "rms-spread-fwd", .kind = RMS, .stats = 1, .in = SPREAD, .out = SPREAD},
+    {.name = "cf-add-fwd", .weight = 1, .bias = 1, .stats = 1, .in = CHANNELS_FIRST, .out = CHANNELS_FIRST,
+     .residual = 1},
+    {.name = "cf-add-fwd-in-place", .weight = 1, .in = CHANNELS_FIRST, .out = CHANNELS_FIRST, .residual = 1,
+     .sum_over_input = 1, .output_over_input = 1},
+    {.name = "rms-spread-add-fwd", .kind = RMS, .weight = 1, .stats = 1, .in = SPREAD, .out = SPREAD,
+     .residual = 1},
+    {.name = "cf-bwd", .backward = 1, .weight = 1, .grad_input = 1, .grad_params = 1, .in = CHANNELS_FIRST,
+     .out = CHANNELS_FIRST},
+    {.name = "cf-bwd-params", .backward = 1, .grad_params = 1, .in = CHANNELS_FIRST, .out = CHANNELS_FIRST},
+    {.name = "cf-bwd-special", .backward = 1, .weight = 1, .grad_input = 1, .in = CHANNELS_FIRST,
+     .out = CHANNELS_FIRST, .special_rows = 1},
+    {.name = "cf-bwd-broadcast", .backward = 1, .weight = 1, .grad_input = 1, .grad_params = 1,
+     .in = CHANNELS_FIRST, .out = CHANNELS_FIRST, .stats_in = BLOCK_0_STATS},
+    {.name = "cf-bwd-to-rows", .backward = 1, .weight = 1, .grad_input = 1, .in = CHANNELS_FIRST, .out = ROWS},
+    {.name = "tr-bwd", .backward = 1, .weight = 1, .grad_input = 1, .grad_params = 1, .in = TRANSPOSED,
+     .out = TRANSPOSED},
+    {.name = "spread-bwd", .backward = 1, .weight = 1, .grad_input = 1, .grad_params = 1, .in = SPREAD,
+     .out = SPREAD},
+    {.name = "rms-cf-bwd", .kind = RMS, .backward = 1, .weight = 1, .grad_input = 1, .grad_params = 1,
+     .in = CHANNELS_FIRST, .out = CHANNELS_FIRST},
+    {.name = "rms-spread-bwd", .kind = RMS, .backward = 1, .grad_input = 1, .grad_params = 1, .in = SPREAD,
+     .out = SPREAD},
+    {.name = "rms-cf-bwd-broadcast", .kind = RMS, .backward = 1, .weight = 1, .grad_input = 1, .grad_params = 1,
+     .in = CHANNELS_FIRST, .out = CHANNELS_FIRST, .stats_in = BLOCK_0_STATS},
 };
 
-/* Row lengths that take every route through the kernels (LN_CHUNK is 2048), with enough
+/* Whether a variant lays rows out one a lane (its shapes are tile_shapes). */
+static int by_tiles(const variant *v)
+{
+    return v->in != ROWS || v->out != ROWS;
+}
+
+/* Row lengths that take every route through the row kernels (LN_CHUNK is 2048), with enough
    rows that most inputs have the 65536 elements a call needs before it uses threads.  Every
-   variant runs on every shape in every dtype. */
+   row variant runs on every shape in every dtype. */
 static const struct {
     ptrdiff_t rows, row_len;
 } shapes[] = {
@@ -80,6 +169,22 @@ static const struct {
                                  backward goes by column spans */
     {16, 8 * 2048 + 6},       /* huge rows, but enough of them to share out whole */
     {2, 64 * 2048 + 3},       /* float64 rows of 1 MiB: forward's non-temporal stores */
+};
+
+/* Shapes for rows one lane each (tiles of 16 rows of a block): whole and partial tiles,
+   short rows, rows of several chunks, and enough elements for threads. */
+static const struct {
+    ptrdiff_t blocks, rows, row_len;
+} tile_shapes[] = {
+    {2, 5, 0},                /* empty rows */
+    {3, 1, 7},                /* a tile of one row a block */
+    {1, 16, 16},              /* one whole tile */
+    {4, 37, 64},              /* a partial tile closing each block */
+    {2, 300, 3},
+    {2, 17, 300},
+    {1, 20, 2049},            /* statistics merged chunk by chunk in each lane */
+    {8, 196, 64},             /* NCHW (8, 64, 14, 14) over C: threads, and row blocks in backward */
+    {1, 3000, 24},
 };
 
 /* Outputs large enough for the other non-temporal stores, only in the variant and dtype that
@@ -183,12 +288,53 @@ static void store_param(ln_dtype dtype, void *base, ptrdiff_t i, double value)
     }
 }
 
-/* Writes rows x row_len elements, row r from element r * row_step of first_row on.  With
-   special rows, rows cycle through: ordinary, one NaN, one +Inf, a -Inf and a +Inf, constant. */
-static void fill_rows(uint64_t *state, ln_dtype dtype, void *first_row, ptrdiff_t row_step,
-                      ptrdiff_t rows, ptrdiff_t row_len, int special_rows)
+/* Where a layout puts element j of row `row` of block `block`: offset
+   first + block * block_step + row * row_step + j * elem_step, in elements. */
+typedef struct {
+    ptrdiff_t block_step, row_step, elem_step;
+    ptrdiff_t first;  /* offset of block 0's row 0's element 0 */
+    size_t count;     /* elements the buffer holds: from the lowest offset to the highest */
+} placement;
+
+static placement place(layout where, ln_extent extent, ptrdiff_t row_pad, int reversed)
 {
-    for (ptrdiff_t r = 0; r < rows; r++) {
+    const ptrdiff_t blocks = extent.blocks, rows = extent.rows, n = extent.row_len;
+    placement p = {0};
+    switch (where) {
+    case ROWS:
+        p = (placement){rows * (n + row_pad), (n + row_pad) * (reversed ? -1 : 1), 1};
+        break;
+    case CHANNELS_FIRST:
+        p = (placement){n * rows, 1, rows};
+        break;
+    case TRANSPOSED:
+        p = (placement){rows, 1, blocks * rows};
+        break;
+    case SPREAD:
+        p = (placement){n * (2 * rows + 1), 2, 2 * rows + 1};
+        break;
+    }
+    const ptrdiff_t sizes[3] = {blocks, rows, n}, steps[3] = {p.block_step, p.row_step, p.elem_step};
+    ptrdiff_t lowest = 0, highest = 0;
+    for (int k = 0; k < 3; k++) {
+        const ptrdiff_t reach = (sizes[k] - 1) * steps[k];
+        lowest += reach < 0 ? reach : 0;
+        highest += reach > 0 ? reach : 0;
+    }
+    p.first = -lowest;
+    p.count = blocks * rows * n > 0 ? (size_t)(highest - lowest + 1) : 0;
+    return p;
+}
+
+/* Fills the elements of every row of extent placed as p, r = block * rows + row in order.
+   With special rows, rows cycle through: ordinary, one NaN, one +Inf, a -Inf and a +Inf,
+   constant. */
+static void fill_rows(uint64_t *state, ln_dtype dtype, void *base, const placement *p, ln_extent extent,
+                      int special_rows)
+{
+    const ptrdiff_t row_len = extent.row_len;
+    for (ptrdiff_t r = 0; r < extent.blocks * extent.rows; r++) {
+        const ptrdiff_t first = p->first + (r / extent.rows) * p->block_step + (r % extent.rows) * p->row_step;
         const double offset = row_offsets[splitmix64(state) % 4];
         const double scale = row_scales[splitmix64(state) % 5];
         const int kind = special_rows ? (int)(r % 5) : 0;
@@ -205,7 +351,7 @@ static void fill_rows(uint64_t *state, ln_dtype dtype, void *first_row, ptrdiff_
             else if (j == (spot + 1) % row_len && kind == 3) {
                 value = -INFINITY;
             }
-            store_element(dtype, first_row, r * row_step + j, value);
+            store_element(dtype, base, first + j * p->elem_step, value);
         }
     }
 }
@@ -269,15 +415,15 @@ typedef struct {
     char name[64];
     const variant *variant;
     ln_dtype dtype;
-    ptrdiff_t rows, row_len;
-    ptrdiff_t row_step;     /* elements from one input row start to the next (any sign) */
-    buffer x, dy;           /* the inputs' storage, padding included */
-    const void *x_first;    /* first row of x within x.data */
-    const void *dy_first;   /* ... and of dy */
+    ln_extent extent;
+    placement in, out;      /* where the input-side and the output-side arrays' elements lie */
+    buffer x, dy, residual; /* the inputs, gaps included */
+    buffer x_made;          /* x as made, put back before each run that writes over it */
     buffer weight, bias;    /* row_len params, or data NULL */
     buffer mean, rstd;      /* backward: rows params from forward at the scalar level */
-    buffer outputs[3];      /* what a run writes and the hash covers, in this order */
+    buffer outputs[4];      /* what a run writes (besides x), in the order the hash covers */
     int output_count;
+    int output_at, mean_at, rstd_at, sum_at;  /* forward: their indices in outputs, or -1 */
 } test_case;
 
 /* Reports what went wrong in which case and exits with status 1. */
@@ -301,121 +447,222 @@ static buffer new_buffer(const test_case *c, size_t count, size_t size)
     return b;
 }
 
-static void add_output(test_case *c, size_t count, size_t size)
+/* The index of a new output of count elements of size bytes. */
+static int add_output(test_case *c, size_t count, size_t size)
 {
-    c->outputs[c->output_count++] = new_buffer(c, count, size);
+    c->outputs[c->output_count] = new_buffer(c, count, size);
+    return c->output_count++;
 }
 
-/* Allocates c->rows input rows c->row_step elements apart into storage, the padding between
-   them NaN (which a kernel reading it would spread), and returns the first row. */
-static const void *new_input(const test_case *c, buffer *storage, uint64_t *state, int special_rows)
+/* A new input placed as p, its gaps NaN (which a kernel reading them would spread). */
+static buffer new_input(const test_case *c, const placement *p, uint64_t *state, int special_rows)
 {
-    const ptrdiff_t step = c->row_step < 0 ? -c->row_step : c->row_step;
-    const size_t size = element_size(c->dtype);
-    *storage = new_buffer(c, (size_t)(c->rows * step), size);
-    for (size_t i = 0; i < storage->count; i++) {
-        store_element(c->dtype, storage->data, (ptrdiff_t)i, NAN);
+    buffer b = new_buffer(c, p->count, element_size(c->dtype));
+    for (size_t i = 0; i < b.count; i++) {
+        store_element(c->dtype, b.data, (ptrdiff_t)i, NAN);
     }
-    char *first = (char *)storage->data + (c->row_step < 0 ? (size_t)((c->rows - 1) * step) * size : 0);
-    fill_rows(state, c->dtype, first, c->row_step, c->rows, c->row_len, special_rows);
-    return first;
+    fill_rows(state, c->dtype, b.data, p, c->extent, special_rows);
+    return b;
 }
 
 static buffer new_params(const test_case *c, uint64_t *state, double center, double spread)
 {
-    buffer b = new_buffer(c, (size_t)c->row_len, param_size(c->dtype));
-    for (ptrdiff_t j = 0; j < c->row_len; j++) {
+    buffer b = new_buffer(c, (size_t)c->extent.row_len, param_size(c->dtype));
+    for (ptrdiff_t j = 0; j < c->extent.row_len; j++) {
         store_param(c->dtype, b.data, j, center + spread * uniform(state));
     }
     return b;
 }
 
-static void case_setup(test_case *c, const variant *v, ln_dtype dtype, ptrdiff_t rows, ptrdiff_t row_len)
+/* The kernel's view of an element array in b, placed as p; absent when b has no data. */
+static ln_array element_array(const test_case *c, const buffer *b, const placement *p)
 {
-    *c = (test_case){.variant = v, .dtype = dtype, .rows = rows, .row_len = row_len};
-    snprintf(c->name, sizeof c->name, "%s-%s-%tdx%td", v->name, dtype_names[dtype], rows, row_len);
-    c->row_step = (row_len + v->row_pad) * (v->reversed ? -1 : 1);
+    const ptrdiff_t size = (ptrdiff_t)element_size(c->dtype);
+    if (!b->data) {
+        return (ln_array){0};
+    }
+    return (ln_array){(char *)b->data + p->first * size,
+                      {p->block_step * size, p->row_step * size, p->elem_step * size}};
+}
+
+/* The kernel's view of a statistic of each row in b, one after another, or as `walk` says. */
+static ln_array stats_array(const test_case *c, const buffer *b, stats_walk walk)
+{
+    const ptrdiff_t size = (ptrdiff_t)param_size(c->dtype);
+    if (!b->data) {
+        return (ln_array){0};
+    }
+    return (ln_array){b->data, {walk == OWN_STATS ? c->extent.rows * size : 0, walk == ROW_0_STATS ? 0 : size, 0}};
+}
+
+/* outputs[at], or an absent buffer for at -1. */
+static const buffer *output_at(const test_case *c, int at)
+{
+    static const buffer absent = {0};
+    return at >= 0 ? &c->outputs[at] : &absent;
+}
+
+static ln_forward_args forward_args(const test_case *c)
+{
+    const variant *v = c->variant;
+    ln_forward_args args = {
+        .kind = v->kind,
+        .dtype = c->dtype,
+        .extent = c->extent,
+        .input = element_array(c, &c->x, &c->in),
+        .weight = c->weight.data,
+        .bias = c->bias.data,
+        .eps = EPS,
+        .mean = stats_array(c, output_at(c, c->mean_at), OWN_STATS),
+        .rstd = stats_array(c, output_at(c, c->rstd_at), OWN_STATS),
+    };
+    if (v->residual) {
+        args.residual = element_array(c, &c->residual, &c->in);
+        args.sum = v->sum_over_input ? args.input : element_array(c, output_at(c, c->sum_at), &c->out);
+    }
+    args.output = !v->output_over_input ? element_array(c, output_at(c, c->output_at), &c->out)
+                  : v->residual        ? args.sum
+                                       : args.input;
+    return args;
+}
+
+/* The backward arguments of a case, its outputs at outputs[0 ..]: dx if wanted, then dweight
+   and dbias if wanted (no dbias for RMSNorm). */
+static ln_backward_args backward_args(const test_case *c)
+{
+    const variant *v = c->variant;
+    const int params = v->grad_input ? 1 : 0;
+    return (ln_backward_args){
+        .kind = v->kind,
+        .dtype = c->dtype,
+        .extent = c->extent,
+        .grad_output = element_array(c, &c->dy, &c->in),
+        .input = element_array(c, &c->x, &c->in),
+        .mean = stats_array(c, &c->mean, v->stats_in),
+        .rstd = stats_array(c, &c->rstd, v->stats_in),
+        .weight = c->weight.data,
+        .grad_input = element_array(c, output_at(c, v->grad_input ? 0 : -1), &c->out),
+        .grad_weight = v->grad_params ? c->outputs[params].data : NULL,
+        .grad_bias = v->grad_params && v->kind == LN_NORM_LAYER ? c->outputs[params + 1].data : NULL,
+    };
+}
+
+static void case_setup(test_case *c, const variant *v, ln_dtype dtype, ln_extent extent)
+{
+    *c = (test_case){.variant = v, .dtype = dtype, .extent = extent, .output_at = -1, .mean_at = -1,
+                     .rstd_at = -1, .sum_at = -1};
+    if (extent.blocks == 1) {
+        snprintf(c->name, sizeof c->name, "%s-%s-%tdx%td", v->name, dtype_names[dtype], extent.rows,
+                 extent.row_len);
+    }
+    else {
+        snprintf(c->name, sizeof c->name, "%s-%s-%tdx%tdx%td", v->name, dtype_names[dtype], extent.blocks,
+                 extent.rows, extent.row_len);
+    }
+    c->in = place(v->in, extent, v->row_pad, v->reversed);
+    c->out = place(v->out, extent, 0, 0);
     uint64_t state = fnv1a(FNV1A_START, c->name, strlen(c->name));  /* each case its own inputs */
 
-    c->x_first = new_input(c, &c->x, &state, v->special_rows);
+    c->x = new_input(c, &c->in, &state, v->special_rows);
     if (v->weight) {
         c->weight = new_params(c, &state, 1.0, 0.5);
     }
     if (v->bias) {
         c->bias = new_params(c, &state, 0.0, 0.25);
     }
-    const size_t size = element_size(dtype), rows_out = (size_t)(rows * row_len);
+    const size_t size = element_size(dtype), psize = param_size(dtype);
+    const size_t rows = (size_t)(extent.blocks * extent.rows);
     if (!v->backward) {
-        add_output(c, rows_out, size);
+        if (!v->output_over_input) {
+            c->output_at = add_output(c, c->out.count, size);
+        }
+        if (v->stats && v->kind == LN_NORM_LAYER) {
+            c->mean_at = add_output(c, rows, psize);
+        }
         if (v->stats) {
-            add_output(c, (size_t)rows, param_size(dtype));
-            add_output(c, (size_t)rows, param_size(dtype));
+            c->rstd_at = add_output(c, rows, psize);
+        }
+        if (v->residual) {
+            c->residual = new_input(c, &c->in, &state, 0);
+            if (!v->sum_over_input) {
+                c->sum_at = add_output(c, c->out.count, size);
+            }
+        }
+        if (v->output_over_input || v->sum_over_input) {
+            c->x_made = new_buffer(c, c->x.count, size);
+            memcpy(c->x_made.data, c->x.data, c->x.count * size);
         }
         return;
     }
-    c->dy_first = new_input(c, &c->dy, &state, 0);
-    c->mean = new_buffer(c, (size_t)rows, param_size(dtype));
-    c->rstd = new_buffer(c, (size_t)rows, param_size(dtype));
-    buffer y = new_buffer(c, rows_out, size);
+    c->dy = new_input(c, &c->in, &state, 0);
+    c->mean = v->kind == LN_NORM_LAYER ? new_buffer(c, rows, psize) : (buffer){0};
+    c->rstd = new_buffer(c, rows, psize);
+    buffer y = new_buffer(c, c->out.count, size);
     ln_simd_set(LN_SIMD_SCALAR);
     ln_threads_set(1);
-    if (ln_forward(&(ln_forward_args){.dtype = dtype, .rows = rows, .row_len = row_len,
-                                      .input = c->x_first, .input_row_step = c->row_step,
-                                      .output = y.data, .weight = c->weight.data, .eps = EPS,
-                                      .mean = c->mean.data, .rstd = c->rstd.data}) != 0) {
-        fail(c->name, "ln_forward returned an error making the mean and rstd for backward");
+    const ln_forward_args made = {.kind = v->kind, .dtype = dtype, .extent = extent,
+                                  .input = element_array(c, &c->x, &c->in), .output = element_array(c, &y, &c->out),
+                                  .weight = c->weight.data, .eps = EPS,
+                                  .mean = stats_array(c, &c->mean, OWN_STATS),
+                                  .rstd = stats_array(c, &c->rstd, OWN_STATS)};
+    if (ln_forward(&made) != 0) {
+        fail(c->name, "ln_forward returned an error making the statistics for backward");
     }
     free(y.data);
     if (v->grad_input) {
-        add_output(c, rows_out, size);
+        add_output(c, c->out.count, size);
     }
     if (v->grad_params) {
-        add_output(c, (size_t)row_len, param_size(dtype));
-        add_output(c, (size_t)row_len, param_size(dtype));
+        add_output(c, (size_t)extent.row_len, psize);
+        if (v->kind == LN_NORM_LAYER) {
+            add_output(c, (size_t)extent.row_len, psize);
+        }
     }
 }
 
 static void case_free(test_case *c)
 {
-    buffer *const owned[] = {&c->x, &c->dy, &c->weight, &c->bias, &c->mean, &c->rstd,
-                             &c->outputs[0], &c->outputs[1], &c->outputs[2]};
+    buffer *const owned[] = {&c->x, &c->dy, &c->residual, &c->x_made, &c->weight, &c->bias, &c->mean, &c->rstd,
+                             &c->outputs[0], &c->outputs[1], &c->outputs[2], &c->outputs[3]};
     for (size_t k = 0; k < sizeof owned / sizeof owned[0]; k++) {
         free(owned[k]->data);
     }
 }
 
+/* Adds a buffer's bytes to hash, its NaNs canonicalized. */
+static uint64_t hash_buffer(uint64_t hash, const buffer *b)
+{
+    canonicalize_nans(b->data, b->count, b->size);
+    return fnv1a(hash, b->data, b->count * b->size);
+}
+
 /* Runs the case once at the level and thread count in use; returns the kernel's status
-   and sets *hash to the hash of the outputs, NaNs canonicalized. */
+   and sets *hash to the hash of the outputs (and of x, when written over), NaNs
+   canonicalized. */
 static int run_case(const test_case *c, uint64_t *hash)
 {
     const variant *v = c->variant;
     for (int k = 0; k < c->output_count; k++) {
         memset(c->outputs[k].data, 0x55, c->outputs[k].count * c->outputs[k].size);  /* not NaN */
     }
+    if (c->x_made.data) {
+        memcpy(c->x.data, c->x_made.data, c->x.count * c->x.size);
+    }
     int status;
     if (v->backward) {
-        void *const dx = v->grad_input ? c->outputs[0].data : NULL;
-        const int params = v->grad_input ? 1 : 0;  /* where dweight and dbias sit in outputs */
-        status = ln_backward(&(ln_backward_args){
-            .dtype = c->dtype, .rows = c->rows, .row_len = c->row_len,
-            .grad_output = c->dy_first, .grad_output_row_step = c->row_step,
-            .input = c->x_first, .input_row_step = c->row_step,
-            .mean = c->mean.data, .rstd = c->rstd.data, .weight = c->weight.data,
-            .grad_input = dx,
-            .grad_weight = v->grad_params ? c->outputs[params].data : NULL,
-            .grad_bias = v->grad_params ? c->outputs[params + 1].data : NULL});
+        const ln_backward_args args = backward_args(c);
+        status = ln_backward(&args);
     }
     else {
-        status = ln_forward(&(ln_forward_args){
-            .dtype = c->dtype, .rows = c->rows, .row_len = c->row_len,
-            .input = c->x_first, .input_row_step = c->row_step, .output = c->outputs[0].data,
-            .weight = c->weight.data, .bias = c->bias.data, .eps = EPS,
-            .mean = v->stats ? c->outputs[1].data : NULL, .rstd = v->stats ? c->outputs[2].data : NULL});
+        const ln_forward_args args = forward_args(c);
+        status = ln_forward(&args);
     }
     *hash = FNV1A_START;
     for (int k = 0; k < c->output_count; k++) {
-        canonicalize_nans(c->outputs[k].data, c->outputs[k].count, c->outputs[k].size);
-        *hash = fnv1a(*hash, c->outputs[k].data, c->outputs[k].count * c->outputs[k].size);
+        *hash = hash_buffer(*hash, &c->outputs[k]);
+    }
+    if (c->x_made.data) {
+        *hash = hash_buffer(*hash, &c->x);
     }
     return status;
 }
@@ -458,15 +705,27 @@ int main(void)
     for (size_t d = 0; d < sizeof dtypes / sizeof dtypes[0]; d++) {
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
             for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
-                case_setup(&c, &variants[v], dtypes[d], shapes[s].rows, shapes[s].row_len);
-                run_everywhere(&c);
-                case_free(&c);
+                if (!by_tiles(&variants[v])) {
+                    case_setup(&c, &variants[v], dtypes[d], (ln_extent){1, shapes[s].rows, shapes[s].row_len});
+                    run_everywhere(&c);
+                    case_free(&c);
+                }
+            }
+        }
+        for (size_t s = 0; s < sizeof tile_shapes / sizeof tile_shapes[0]; s++) {
+            for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
+                if (by_tiles(&variants[v])) {
+                    const ln_extent extent = {tile_shapes[s].blocks, tile_shapes[s].rows, tile_shapes[s].row_len};
+                    case_setup(&c, &variants[v], dtypes[d], extent);
+                    run_everywhere(&c);
+                    case_free(&c);
+                }
             }
         }
     }
     for (size_t k = 0; k < sizeof large_cases / sizeof large_cases[0]; k++) {
-        case_setup(&c, variant_named(large_cases[k].variant), large_cases[k].dtype, large_cases[k].rows,
-                   large_cases[k].row_len);
+        case_setup(&c, variant_named(large_cases[k].variant), large_cases[k].dtype,
+                   (ln_extent){1, large_cases[k].rows, large_cases[k].row_len});
         run_everywhere(&c);
         case_free(&c);
     }
