@@ -23,6 +23,7 @@
 
 #include <ctype.h>
 #include <float.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -837,13 +838,14 @@ new_result(const char *fname, const char *name, PyArrayObject *input, const norm
     return result;
 }
 
-/* New reference: the caller's array obj when given (checked), else a new result array. */
+/* New reference: the caller's array obj, the keyword `keyword`, when given (checked), else a new
+   result array, `name` in messages. */
 static PyArrayObject *
-result_array(const char *fname, PyObject *obj, const char *name, PyArrayObject *input, const norm_axes *ax,
-             int type_num)
+result_array(const char *fname, PyObject *obj, const char *keyword, const char *name, PyArrayObject *input,
+             const norm_axes *ax, int type_num)
 {
     if (obj && obj != Py_None) {
-        return check_result_array(obj, name, input, type_num);
+        return check_result_array(obj, keyword, input, type_num);
     }
     return new_result(fname, name, input, ax, type_num);
 }
@@ -926,6 +928,7 @@ typedef struct {
                                for a result the kernel cannot walk; else NULL */
     int writes;
     int per_row;            /* a statistic: one value per row, size 1 on the normalized axes */
+    const char *name;       /* what it is, for messages: "the input", "grad_output", ... */
 } call_array;
 
 /* The arrays of one kernel call (all of the input's shape, statistics aside), their common
@@ -949,14 +952,15 @@ call_init(kernel_call *call, PyArrayObject *input, const norm_axes *ax)
     call->axes = *ax;
 }
 
-/* Adds arr (borrowed, may be NULL) to the call; returns its index there. */
+/* Adds arr (borrowed, may be NULL), called `name`, to the call; returns its index there. */
 static int
-call_add(kernel_call *call, PyArrayObject *arr, int writes, int per_row)
+call_add(kernel_call *call, PyArrayObject *arr, const char *name, int writes, int per_row)
 {
     assert(call->n < MAX_CALL_ARRAYS);
     call_array *slot = &call->arrays[call->n];
     Py_XINCREF(arr);
     slot->arr = arr;
+    slot->name = name;
     slot->writes = writes;
     slot->per_row = per_row;
     return call->n++;
@@ -979,8 +983,8 @@ static int
 call_plan(kernel_call *call, int unit_elements)
 {
     npy_intp strides[MAX_CALL_ARRAYS][LN_MAX_DIMS];
-    const ptrdiff_t *stride_lists[MAX_CALL_ARRAYS];
-    ptrdiff_t itemsizes[MAX_CALL_ARRAYS];
+    const ptrdiff_t *stride_lists[MAX_CALL_ARRAYS] = {NULL};
+    ptrdiff_t itemsizes[MAX_CALL_ARRAYS] = {0};
     ln_walk walks[MAX_CALL_ARRAYS];
     int present[MAX_CALL_ARRAYS], normalized[LN_MAX_DIMS] = {0}, k = 0;
     for (int i = 0; i < call->axes.naxes; i++) {
@@ -1007,7 +1011,9 @@ call_plan(kernel_call *call, int unit_elements)
         return 0;
     }
     for (int i = 0; i < k; i++) {
-        if (unit_elements && !call->arrays[present[i]].per_row && walks[i].elem_step != itemsizes[i]) {
+        /* (an empty array has zero strides, and no element to walk) */
+        const call_array *slot = &call->arrays[present[i]];
+        if (unit_elements && !slot->per_row && PyArray_SIZE(slot->arr) > 0 && walks[i].elem_step != itemsizes[i]) {
             return 0;
         }
         call->walks[present[i]] = walks[i];
@@ -1063,8 +1069,9 @@ call_use_copies(const char *fname, kernel_call *call)
             Py_DECREF(view);
         }
         if (!copy) {
-            return allocation_failed(fname, "a copy of an argument in rows the kernel can walk", call->ndim,
-                                     call->dims, PyArray_TYPE(slot->arr));
+            char what[80];
+            snprintf(what, sizeof what, "a copy of %s in rows the kernel can walk", slot->name);
+            return allocation_failed(fname, what, PyArray_NDIM(view), PyArray_DIMS(view), PyArray_TYPE(view));
         }
         Py_SETREF(slot->arr, copy);
     }
@@ -1285,12 +1292,12 @@ forward(module_state *state, const norm_kind *kind, const char *what, const forw
     }
     /* The results first, then any copies of the arguments: a call that cannot have its
        results fails before it has spent memory on copies. */
-    output = result_array(what, objs->out, "out", input, &ax, elem_type_num[dtype]);
+    output = result_array(what, objs->out, "out", "the output", input, &ax, elem_type_num[dtype]);
     if (!output) {
         goto done;
     }
     if (returns == RETURN_SUM) {
-        sum = result_array(what, objs->residual_out, "residual_out", input, &ax, elem_type_num[dtype]);
+        sum = result_array(what, objs->residual_out, "residual_out", "the sum", input, &ax, elem_type_num[dtype]);
         if (!sum) {
             goto done;
         }
@@ -1377,12 +1384,12 @@ forward(module_state *state, const norm_kind *kind, const char *what, const forw
 
     call_init(&call, input, &ax);
     enum { INPUT, RESIDUAL, SUM, OUTPUT, MEAN, RSTD };
-    call_add(&call, input, 0, 0);
-    call_add(&call, residual, 0, 0);
-    call_add(&call, sum, 1, 0);
-    call_add(&call, output, 1, 0);
-    call_add(&call, stats[0], 1, 1);
-    call_add(&call, stats[1], 1, 1);
+    call_add(&call, input, "the input", 0, 0);
+    call_add(&call, residual, "the residual", 0, 0);
+    call_add(&call, sum, "the sum", 1, 0);
+    call_add(&call, output, "the output", 1, 0);
+    call_add(&call, stats[0], "the mean", 1, 1);
+    call_add(&call, stats[1], "the rstd", 1, 1);
     /* Nothing to write, nothing to compute: the kernel would still walk every empty row. */
     const int produces = PyArray_SIZE(output) > 0 || (returns != RETURN_OUTPUT && batch > 0);
     int status = 0;
@@ -1663,11 +1670,11 @@ backward(module_state *state, const norm_kind *kind, const char *what, const bac
         }
         call_init(&call, input, &ax);
         enum { GRAD_OUTPUT, INPUT, MEAN, RSTD, GRAD_INPUT };
-        call_add(&call, grad_out, 0, 0);
-        call_add(&call, input, 0, 0);
-        call_add(&call, stats[0], 0, 1);
-        call_add(&call, stats[1], 0, 1);
-        call_add(&call, grad_input, 1, 0);
+        call_add(&call, grad_out, "grad_output", 0, 0);
+        call_add(&call, input, "the input", 0, 0);
+        call_add(&call, stats[0], "the mean", 0, 1);
+        call_add(&call, stats[1], "the rstd", 0, 1);
+        call_add(&call, grad_input, "grad_input", 1, 0);
         if (call_prepare(what, &call) < 0) {
             goto done;
         }
