@@ -1,9 +1,13 @@
 /*
  * ln_forward.c -- the forward driver: splits a call into row ranges (contiguous route) or
  * tiles (strided route), or a few huge rows into chunks, across the threads, and runs the
- * level's kernels on them.  On the contiguous route a residual is summed into `sum` a few
- * rows at a time, and those rows are then normalized from `sum` by the ordinary row
- * kernels, so the output is bit for bit the norm of `sum`.
+ * level's kernels on them.
+ *
+ * With a residual, the rows normalized are `sum`'s, so the route is chosen by sum's and the
+ * output's walks alone: a call with a residual gives what a call on its sum gives, bit for
+ * bit.  On the contiguous route the residual is summed into `sum` a few rows at a time (from
+ * input and residual walked any way), and those rows are then normalized from `sum` by the
+ * ordinary row kernels.
  */
 #include <stdlib.h>
 
@@ -52,8 +56,8 @@ static void ln_forward_rows(void *ctx, ptrdiff_t begin, ptrdiff_t end)
     for (ptrdiff_t first = begin; first < end; first += job->sum_rows) {
         const ptrdiff_t last = end - first < job->sum_rows ? end : first + job->sum_rows;
         for (ptrdiff_t r = first; r < last; r++) {
-            job->dtype_kernels->add_row(ln_row_address(&a->input, &a->extent, r),
-                                        ln_row_address(&a->residual, &a->extent, r),
+            job->dtype_kernels->add_row(ln_row_address(&a->input, &a->extent, r), a->input.walk.elem_step,
+                                        ln_row_address(&a->residual, &a->extent, r), a->residual.walk.elem_step,
                                         ln_row_address(&a->sum, &a->extent, r), a->extent.row_len);
         }
         job->kernels->forward_rows(&job->of_sum, first, last);
@@ -78,8 +82,9 @@ static void ln_forward_huge_row_moments(void *ctx, ptrdiff_t begin, ptrdiff_t en
         const ptrdiff_t start = c * LN_CHUNK;
         const ptrdiff_t len = a->extent.row_len - start < LN_CHUNK ? a->extent.row_len - start : LN_CHUNK;
         if (job->row_sum) {
-            job->dtype_kernels->add_row(job->row_x + start * elsize, job->row_residual + start * elsize,
-                                        job->row_sum + start * elsize, len);
+            job->dtype_kernels->add_row(job->row_x + start * a->input.walk.elem_step, a->input.walk.elem_step,
+                                        job->row_residual + start * a->residual.walk.elem_step,
+                                        a->residual.walk.elem_step, job->row_sum + start * elsize, len);
         }
         job->chunk_moments[c] = job->kernels->chunk_moments(job->row_in + start * elsize, len);
     }
@@ -116,9 +121,8 @@ int ln_forward(const ln_forward_args *a)
     const int threads = ln_threads_get();
     const int parallel = threads > 1 && (double)rows * (double)n >= LN_PARALLEL_MIN_ELEMENTS;
     const ptrdiff_t min_rows = LN_PARALLEL_MIN_ELEMENTS / 4 / n;
-    const int contiguous = ln_elements_adjacent(&a->input, a->dtype) &&
-                           ln_elements_adjacent(&a->residual, a->dtype) &&
-                           ln_elements_adjacent(&a->sum, a->dtype) && ln_elements_adjacent(&a->output, a->dtype);
+    const ln_array *normalized = a->residual.data ? &a->sum : &a->input;
+    const int contiguous = ln_elements_adjacent(normalized, a->dtype) && ln_elements_adjacent(&a->output, a->dtype);
     if (!contiguous) {
         const ptrdiff_t tiles = ln_tiles_of(&a->extent), min_tiles = min_rows / LN_TILE_ROWS;
         if (parallel) {

@@ -14,11 +14,11 @@
  *     ln_forward.c, ln_backward.c        drivers: split a call into rows or tiles, spans, threads
  *
  * Two routes through a call, chosen by the layout alone.  Rows whose elements are adjacent in
- * every array (the contiguous route) go through the row kernels one row at a time, as vectors
- * along the row.  Otherwise (the strided route: channels-first data, transposed rows) rows go
- * in tiles of 16 rows of one block, one row per vector lane, each lane walking its row's
- * elements with their step.  Each route's bits are its own: the same at every level and
- * thread count, not the same as the other route's.
+ * the arrays the norm reads and writes (the contiguous route) go through the row kernels one
+ * row at a time, as vectors along the row.  Otherwise (the strided route: channels-first
+ * data, transposed rows) rows go in tiles of 16 rows of one block, one row per vector lane,
+ * each lane walking its row's elements with their step.  Each route's bits are its own: the
+ * same at every level and thread count, not the same as the other route's.
  *
  * Determinism: a row's statistics are computed chunk by chunk (LN_CHUNK elements,
  * boundaries fixed from the row start) and the chunks are merged left to right,
@@ -109,8 +109,10 @@ typedef struct {
 /* One SIMD level's kernels for one element type. */
 typedef struct {
     ln_row_kernels by_kind[LN_NORM_KINDS];
-    /* sum[0 .. n) = x + residual, rounded as NumPy's add rounds it */
-    void (*add_row)(const void *x, const void *residual, void *sum, ptrdiff_t n);
+    /* sum[0 .. n) = x + residual, rounded as NumPy's add rounds it; x's and residual's
+       elements x_step and residual_step bytes apart */
+    void (*add_row)(const void *x, ptrdiff_t x_step, const void *residual, ptrdiff_t residual_step, void *sum,
+                    ptrdiff_t n);
 } ln_dtype_kernels;
 
 /* One SIMD level's kernels, the only export of its translation unit. */
@@ -206,7 +208,7 @@ static inline char *ln_row_address(const ln_array *array, const ln_extent *exten
     return array->data + block * array->walk.block_step + (r - block * extent->rows) * array->walk.row_step;
 }
 
-/* Whether an array absent or walked row by row with adjacent elements: the contiguous route. */
+/* Whether an array is absent or has its rows' elements adjacent. */
 static inline int ln_elements_adjacent(const ln_array *array, ln_dtype dtype)
 {
     return !array->data || array->walk.elem_step == (ptrdiff_t)ln_dtype_size(dtype);

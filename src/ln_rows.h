@@ -34,7 +34,8 @@
  *         y_j = fma(x_j, a_j, 0), x - 0 - 0 being x exactly.
  *
  *     With a residual (ln_forward.c): sum = x + residual as NumPy rounds it is written
- *     first, a few rows at a time, and those rows are then normalized from sum as above.
+ *     first, a few rows at a time, and those rows are then normalized from sum as above
+ *     (the strided route sums as it goes: forward_tile).
  *
  * Backward, per row (dy = dL/dy, g = dy * w, xhat = (x - mean) * rstd, N elements):
  *
@@ -401,10 +402,20 @@ static LN_ALWAYS_INLINE void add_one(ln_dtype dtype, const void *x, const void *
     }
 }
 
-static LN_ALWAYS_INLINE void add_row(ln_dtype dtype, const void *x, const void *residual, void *sum, ptrdiff_t n)
+/* sum[0 .. n) = x + residual, x's and residual's elements x_step and residual_step bytes
+   apart: in groups where they are adjacent, else one at a time (the same values). */
+static LN_ALWAYS_INLINE void add_row(ln_dtype dtype, const char *x, ptrdiff_t x_step, const char *residual,
+                                    ptrdiff_t residual_step, void *sum, ptrdiff_t n)
 {
+    const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(dtype);
     assert(x && residual && sum && n >= 0);
     ptrdiff_t i = 0;
+    if (x_step != elsize || residual_step != elsize) {
+        for (; i < n; i++) {
+            add_one(dtype, x + i * x_step, residual + i * residual_step, (char *)sum + i * elsize, 0);
+        }
+        return;
+    }
     for (; i + 16 <= n; i += 16) {
         add_group(dtype, x, residual, sum, i);
     }
@@ -1315,9 +1326,10 @@ static LN_ALWAYS_INLINE void backward_tiles(ln_norm_kind kind, ln_dtype dtype, c
 
 /* ... and for one element type: the residual sum, and its kinds' functions. */
 #define LN_DTYPE_FUNCTIONS(DTYPE, suffix)                                                          \
-    static void add_row_##suffix(const void *x, const void *residual, void *sum, ptrdiff_t n)      \
+    static void add_row_##suffix(const void *x, ptrdiff_t x_step, const void *residual,            \
+                                 ptrdiff_t residual_step, void *sum, ptrdiff_t n)                  \
     {                                                                                              \
-        add_row(DTYPE, x, residual, sum, n);                                                       \
+        add_row(DTYPE, x, x_step, residual, residual_step, sum, n);                                \
     }                                                                                              \
     LN_FOR_EACH_KIND(LN_KIND_FUNCTIONS, DTYPE, suffix)
 

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Builds tests/c/kernel_driver.c with the kernel sources (every src/ln_*.c) into OUTPUT.
+# Builds tests/c/kernel_driver.c with the kernel sources (every src/ln_*.c) into OUTPUT, or,
+# when OUTPUT ends in .so, the kernel sources alone into a shared library (for ctypes:
+# tests/c/check_reference.py).
 #
 #   bash tests/c/build-driver.sh COMPILER OUTPUT [EXTRA FLAG...]     e.g. -static for qemu
 #
@@ -13,6 +15,13 @@ compiler=$1
 output=$2
 shift 2
 common=(-std=c11 -O2 -ffp-contract=off -fno-math-errno -pthread -Wall -Isrc "$@")
+sources=(tests/c/kernel_driver.c src/ln_*.c)
+link=()
+if [[ $output == *.so ]]; then
+  common+=(-fPIC)
+  sources=(src/ln_*.c)
+  link=(-shared)
+fi
 
 case "$("$compiler" -dumpmachine)" in
   x86_64*) x86=1 ;;
@@ -21,7 +30,7 @@ esac
 
 objects=$(mktemp -d)
 trap 'rm -rf "$objects"' EXIT
-for source in tests/c/kernel_driver.c src/ln_*.c; do
+for source in "${sources[@]}"; do
   flags=()
   case "$(basename "$source")" in
     ln_level_avx2.c) [[ $x86 == 1 ]] || continue; flags=(-mavx2 -mfma -mf16c) ;;
@@ -30,4 +39,4 @@ for source in tests/c/kernel_driver.c src/ln_*.c; do
   "$compiler" "${common[@]}" "${flags[@]}" -c "$source" -o "$objects/$(basename "$source" .c).o"
 done
 mkdir -p "$(dirname "$output")"
-"$compiler" "${common[@]}" "$objects"/*.o -o "$output" -lm -pthread
+"$compiler" "${common[@]}" "${link[@]}" "$objects"/*.o -o "$output" -lm -pthread

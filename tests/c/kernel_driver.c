@@ -119,6 +119,8 @@ static const variant variants[] = {
      .sum_over_input = 1, .output_over_input = 1},
     {.name = "rms-spread-add-fwd", .kind = RMS, .weight = 1, .stats = 1, .in = SPREAD, .out = SPREAD,
      .residual = 1},
+    {.name = "cf-add-fwd-to-rows", .weight = 1, .bias = 1, .in = CHANNELS_FIRST, .out = ROWS, .residual = 1},
+    {.name = "rows-add-fwd-to-cf", .weight = 1, .stats = 1, .in = ROWS, .out = CHANNELS_FIRST, .residual = 1},
     {.name = "cf-bwd", .backward = 1, .weight = 1, .grad_input = 1, .grad_params = 1, .in = CHANNELS_FIRST,
      .out = CHANNELS_FIRST},
     {.name = "cf-bwd-params", .backward = 1, .grad_params = 1, .in = CHANNELS_FIRST, .out = CHANNELS_FIRST},
