@@ -38,6 +38,7 @@ __all__ = [
     "output_scale",
     "rms_norm",
     "rms_norm_backward",
+    "rms_norm_backward_given_stats",
     "rms_norm_default_eps",
 ]
 
@@ -190,20 +191,36 @@ def layer_norm_backward(grad_output: Any, x: Any, normalized_shape: Any, weight:
     return _backward(grad_output, n, weight, centred=True)
 
 
-def layer_norm_backward_given_stats(grad_output: Any, x: Any, normalized_shape: Any, mean: Any, rstd: Any,
-                                    weight: Any = None) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(grad_input, grad_weight, grad_bias) in float64 from the statistics given, as
-    torch.ops.aten.native_layer_norm_backward takes them (e.g. rounded to float32), instead of
-    recomputed from x: the exact answer for exactly these arguments.  mean and rstd hold one
-    value per row, over the last ``len(normalized_shape)`` axes."""
+def _given_stats(grad_output: Any, x: Any, normalized_shape: Any, mean: Any, rstd: Any, weight: Any,
+                 centred: bool, axis: Axis) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The gradients for the statistics given, reshaped to one value per row."""
     x = np.asarray(x, dtype=np.float64)
-    axes = normalized_axes(x.ndim, normalized_shape)
+    axes = normalized_axes(x.ndim, normalized_shape, axis)
     stats_shape = tuple(1 if a in axes else n for a, n in enumerate(x.shape))
     mean = np.asarray(mean, dtype=np.float64).reshape(stats_shape)
     rstd = np.asarray(rstd, dtype=np.float64).reshape(stats_shape)
     with np.errstate(invalid="ignore", over="ignore"):
         xhat = (x - mean) * rstd
-    return _backward(grad_output, Normalized(xhat, mean, rstd, axes), weight, centred=True)
+    return _backward(grad_output, Normalized(xhat, mean, rstd, axes), weight, centred=centred)
+
+
+def layer_norm_backward_given_stats(grad_output: Any, x: Any, normalized_shape: Any, mean: Any, rstd: Any,
+                                    weight: Any = None, *,
+                                    axis: Axis = None) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(grad_input, grad_weight, grad_bias) in float64 from the statistics given, as
+    torch.ops.aten.native_layer_norm_backward takes them (e.g. rounded to float32), instead of
+    recomputed from x: the exact answer for exactly these arguments.  mean and rstd hold one
+    value per row, shaped as native_layer_norm returns them for this ``axis``."""
+    return _given_stats(grad_output, x, normalized_shape, mean, rstd, weight, True, axis)
+
+
+def rms_norm_backward_given_stats(grad_output: Any, x: Any, normalized_shape: Any, rstd: Any,
+                                  weight: Any = None, *, axis: Axis = None) -> Tuple[np.ndarray, np.ndarray]:
+    """(grad_input, grad_weight) in float64 from the rstd given (as native_rms_norm returns it),
+    not recomputed from x: the exact answer for exactly these arguments."""
+    mean = np.zeros(np.shape(rstd))
+    grad_input, grad_weight, _ = _given_stats(grad_output, x, normalized_shape, mean, rstd, weight, False, axis)
+    return grad_input, grad_weight
 
 
 def rms_norm_backward(grad_output: Any, x: Any, normalized_shape: Any, weight: Any = None,

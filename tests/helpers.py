@@ -1,5 +1,6 @@
-"""Helpers the test files share: dtypes and test ids, data, memory layouts, the float64 reference
-with the tolerances results are held to, torch as the oracle, and child processes for calls that
+"""Helpers the test files share: dtypes and test ids, data, the norm family's kinds (LayerNorm and
+RMSNorm called alike), memory layouts, the float64 reference with the tolerances results are held
+to, torch as the oracle (over any axes by the permute route), and child processes for calls that
 might crash.
 
 layernorm._reference (float64 NumPy) is the ground truth for values; torch is the oracle for
@@ -11,7 +12,7 @@ import json
 import os
 import subprocess
 import sys
-from typing import NamedTuple
+from typing import NamedTuple, Optional, Tuple
 
 import numpy as np
 import pytest
@@ -109,6 +110,89 @@ def call_backward(args, normalized_shape=None, output_mask=(True, True, True)):
     ns = (args.input.shape[-1],) if normalized_shape is None else normalized_shape
     return layernorm.layer_norm_backward(args.grad_output, args.input, ns, args.mean, args.rstd,
                                          args.weight, args.bias, output_mask)
+
+
+# ---------------------------------------------------------------------------
+# The norm family: LayerNorm and RMSNorm called alike
+# ---------------------------------------------------------------------------
+
+_KIND_DEFAULT = object()  # a kind's own default eps: 1e-5 for LayerNorm, None (torch's rule) for RMSNorm
+
+
+class NormKind(NamedTuple):
+    """LayerNorm or RMSNorm as the tests call them.  The functions are looked up in layernorm at
+    each call, so a missing one fails the tests that call it, not the collection of a file.
+    Statistics are (mean, rstd) for LayerNorm and (rstd,) for RMSNorm; gradients always three,
+    grad_bias None for RMSNorm."""
+
+    name: str  # "layer_norm" or "rms_norm", the functional's name
+    centred: bool  # the mean taken out (LayerNorm), or fixed at 0 (RMSNorm)
+    affines: Tuple[str, ...]  # the AFFINES it has
+    default_eps: Optional[float]
+
+    def __str__(self):
+        return self.name
+
+    def _eps(self, eps):
+        return self.default_eps if eps is _KIND_DEFAULT else eps
+
+    def _params(self, weight, bias):
+        if self.centred:
+            return (weight, bias)
+        assert bias is None, "RMSNorm has no bias"
+        return (weight,)
+
+    def forward(self, x, ns, weight=None, bias=None, eps=_KIND_DEFAULT, **keywords):
+        """layer_norm / rms_norm; keywords (axis=, out=) passed on."""
+        fn = getattr(layernorm, self.name)
+        return fn(x, ns, *self._params(weight, bias), self._eps(eps), **keywords)
+
+    def native(self, x, ns, weight=None, bias=None, eps=_KIND_DEFAULT, **keywords):
+        """native_layer_norm's (output, mean, rstd) / native_rms_norm's (output, rstd)."""
+        fn = getattr(layernorm, "native_" + self.name)
+        return fn(x, ns, *self._params(weight, bias), self._eps(eps), **keywords)
+
+    def backward(self, dy, x, ns, stats, weight=None, bias=None, output_mask=None, **keywords):
+        """(grad_input, grad_weight, grad_bias) from the statistics native() returned."""
+        fn = getattr(layernorm, self.name + "_backward")
+        mask = (True,) * (2 + self.centred) if output_mask is None else tuple(output_mask)[: 2 + self.centred]
+        grads = fn(dy, x, ns, *stats, *self._params(weight, bias), mask, **keywords)
+        return tuple(grads) + (() if self.centred else (None,))
+
+    def add(self, x, residual, ns, weight=None, bias=None, eps=_KIND_DEFAULT, **keywords):
+        """add_layer_norm / add_rms_norm: (output, sum); keywords (axis=, out=, residual_out=) passed on."""
+        fn = getattr(layernorm, "add_" + self.name)
+        return fn(x, residual, ns, *self._params(weight, bias), self._eps(eps), **keywords)
+
+    def reference(self, x, ns, weight=None, bias=None, eps=_KIND_DEFAULT, *, axis=None):
+        """layernorm._reference's float64 (output, *statistics)."""
+        eps = self._eps(eps)
+        if self.centred:
+            return _reference.layer_norm(x, ns, weight, bias, eps, axis=axis)
+        return _reference.rms_norm(x, ns, weight, eps, axis=axis)
+
+    def reference_backward(self, dy, x, ns, stats, weight=None, *, axis=None):
+        """layernorm._reference's float64 (grad_input, grad_weight, grad_bias) for the statistics
+        given (as native() returns them), grad_bias None for RMSNorm."""
+        if self.centred:
+            return _reference.layer_norm_backward_given_stats(dy, x, ns, *stats, weight, axis=axis)
+        return _reference.rms_norm_backward_given_stats(dy, x, ns, *stats, weight, axis=axis) + (None,)
+
+    def eps_value(self, x, eps=_KIND_DEFAULT):
+        """The number eps stands for with input x (torch's rule for RMSNorm's None)."""
+        eps = self._eps(eps)
+        return _reference.rms_norm_default_eps(np.asarray(x).dtype) if eps is None else eps
+
+
+LAYER_NORM = NormKind("layer_norm", True, AFFINES, 1e-5)
+RMS_NORM = NormKind("rms_norm", False, ("weight", "none"), None)
+KINDS = (LAYER_NORM, RMS_NORM)
+
+
+def kind_affines(kinds=KINDS, affines=None):
+    """pytest params (kind, affine) over each kind's affine options (or those of `affines` it has)."""
+    return [pytest.param(kind, affine, id=f"{kind}-{affine}") for kind in kinds for affine in kind.affines
+            if affines is None or affine in affines]
 
 
 # ---------------------------------------------------------------------------
@@ -239,6 +323,18 @@ def reference_backward(grad_output, x, normalized_shape, weight, bias, eps=1e-5)
     return dx, None if weight is None else dw, None if bias is None else db
 
 
+def reference_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, *, centred=True, axis=None):
+    """(y, scale) from layernorm._reference: LayerNorm, or RMSNorm when not ``centred`` (no bias;
+    eps=None is torch's rule), over ``axis``; scale as reference_layer_norm's."""
+    if centred:
+        y = _reference.layer_norm(x, normalized_shape, weight, bias, eps, axis=axis)[0]
+    else:
+        assert bias is None, "RMSNorm has no bias"
+        eps = _reference.rms_norm_default_eps(np.asarray(x).dtype) if eps is None else eps
+        y = _reference.rms_norm(x, normalized_shape, weight, eps, axis=axis)[0]
+    return y, _reference.output_scale(x, normalized_shape, weight, bias, eps, centred=centred, axis=axis)
+
+
 # Relative (to ``scale``) error a correct kernel may make, per output dtype, against the
 # float64 reference.  float64: 1e-12 (~4500 ulps) leaves room for summing 4097 float64 values
 # in any order (naive summation error <= N * eps).  float32: 4 ulps: the spec computes the
@@ -290,10 +386,12 @@ def assert_within(actual, expected, tol, what=""):
         )
 
 
-def assert_matches_reference(out, x, normalized_shape, weight=None, bias=None, eps=1e-5):
-    """Check a layer_norm output against the float64 reference at the per-dtype tolerance."""
+def assert_matches_reference(out, x, normalized_shape, weight=None, bias=None, eps=1e-5, *, centred=True,
+                             axis=None):
+    """Check a layer_norm output (an rms_norm one when not ``centred``: eps=None is torch's rule
+    then) over ``axis`` against the float64 reference at the per-dtype tolerance."""
     dtype = np.dtype(out.dtype).newbyteorder("=")
-    y, _, _, scale = reference_layer_norm(x, normalized_shape, weight, bias, eps)
+    y, scale = reference_norm(x, normalized_shape, weight, bias, eps, centred=centred, axis=axis)
     tol = REF_REL_TOL[dtype] * scale
     if dtype == np.float16:
         tol = tol + f16_ulp(y)
@@ -316,26 +414,27 @@ def assert_close(actual, expected, rtol, what="", scale=1.0):
     assert actual is not None, what
     actual = np.asarray(actual)
     assert actual.shape == np.shape(expected), what
-    scale = max(float(np.max(np.abs(np.asarray(expected, np.float64)), initial=0.0)), scale)
+    magnitudes = np.abs(np.asarray(expected, np.float64))
+    scale = max(float(np.max(magnitudes, where=~np.isnan(magnitudes), initial=0.0)), scale)  # NaN must match NaN
     np.testing.assert_allclose(np.asarray(actual, np.float64), np.asarray(expected, np.float64),
                                rtol=rtol, atol=rtol * scale, err_msg=what)
 
 
-def grad_input_scale(dy, x, normalized_shape, w, eps=1e-5):
+def grad_input_scale(dy, x, normalized_shape, w, eps=1e-5, *, centred=True, axis=None):
     """Size of the terms grad_input is a cancellation of: max over elements of rstd * |dy * w|."""
-    stats = _reference.normalize(x, normalized_shape, centred=True, eps=eps)
+    stats = _reference.normalize(x, normalized_shape, centred=centred, eps=eps, axis=axis)
     g = np.abs(np.asarray(dy, np.float64)) * np.abs(stats.expand(w))
     return max(float(np.max(stats.rstd * g, initial=0.0)), 1.0)
 
 
-def grad_weight_scale(dy, x, normalized_shape, eps=1e-5):
+def grad_weight_scale(dy, x, normalized_shape, eps=1e-5, *, centred=True, axis=None):
     """Size of the products grad_weight sums: per column sum_rows |dy| * (|x| + |mean|) * rstd
     (an implementation may form x*rstd - mean*rstd, which cancels exactly when N == 1)."""
     if not np.size(x):
         return 1.0
-    stats = _reference.normalize(x, normalized_shape, centred=True, eps=eps)
+    stats = _reference.normalize(x, normalized_shape, centred=centred, eps=eps, axis=axis)
     size = (np.abs(np.asarray(x, np.float64)) + np.abs(stats.mean)) * stats.rstd
-    batch_axes = tuple(range(np.ndim(x) - len(stats.axes)))
+    batch_axes = tuple(a for a in range(np.ndim(x)) if a not in stats.axes)
     return max(float(np.max((np.abs(np.asarray(dy, np.float64)) * size).sum(axis=batch_axes))), 1.0)
 
 
@@ -383,20 +482,20 @@ TORCH_REL_TOL = {
 }
 
 
-def torch_scale(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+def torch_scale(x, normalized_shape, weight=None, bias=None, eps=1e-5, *, centred=True, axis=None):
     """Size of the terms torch's kernel rounds, per element.
 
     For float32/float64 torch computes (x - mean) * rstd * w + b: our ``scale``.  For float16
-    input torch's CPU kernel computes x * (rstd * w) + (b - mean * rstd * w) in float32, so
-    its error also scales with |x| * rstd * |w| and |mean| * rstd * |w| (that is why torch's
+    input torch's CPU LayerNorm kernel computes x * (rstd * w) + (b - mean * rstd * w) in float32,
+    so its error also scales with |x| * rstd * |w| and |mean| * rstd * |w| (that is why torch's
     float16 output on a constant row of 1234 is off by ~1e-2, see test_torch_float16_...).
     """
-    y, mean, rstd, scale = reference_layer_norm(x, normalized_shape, weight, bias, eps)
-    if np.asarray(x).dtype != np.float16:
+    _, scale = reference_norm(x, normalized_shape, weight, bias, eps, centred=centred, axis=axis)
+    if np.asarray(x).dtype != np.float16 or not centred:
         return scale
-    w = np.ones(()) if weight is None else np.abs(np.asarray(weight, np.float64))
+    n = _reference.normalize(x, normalized_shape, centred=True, eps=eps, axis=axis)
     with np.errstate(invalid="ignore", over="ignore"):
-        return scale + (np.abs(np.asarray(x, np.float64)) + np.abs(mean)) * np.abs(rstd) * w
+        return scale + (np.abs(np.asarray(x, np.float64)) + np.abs(n.mean)) * np.abs(n.rstd) * np.abs(n.expand(weight))
 
 
 def assert_matches_torch(out, expected, scale):
@@ -449,12 +548,48 @@ def torch_native_backward(dy, x, normalized_shape, mean, rstd, w, b):
     return tuple(None if g is None else g.numpy() for g in grads)
 
 
-def torch_autograd(dy, x, normalized_shape, w, b, eps=1e-5):
-    """torch autograd through F.layer_norm: (grad_input, grad_weight, grad_bias) arrays."""
+def axes_last(a, axes):
+    """``a`` (an array or a tensor) with ``axes`` moved to the end in the order given: the
+    permute route torch code takes for a norm over other axes."""
+    other = [d for d in range(a.ndim) if d not in axes]
+    order = other + list(axes)
+    return a.permute(order) if torch is not None and isinstance(a, torch.Tensor) else np.transpose(a, order)
+
+
+def axes_back(a, axes):
+    """Undo axes_last: an array of the permuted shape back in the original order of axes."""
+    other = [d for d in range(a.ndim) if d not in axes]
+    return np.transpose(a, np.argsort(other + list(axes)))
+
+
+def torch_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, *, centred=True, axis=None):
+    """torch.native_layer_norm (centred) or aten._fused_rms_norm on numpy data over ``axis``
+    by the permute route: (output, mean, rstd) or (output, rstd) as arrays of x's order of axes."""
+    x = np.asarray(x)
+    pdt = param_dtype(x.dtype)
+    axes = _reference.normalized_axes(x.ndim, normalized_shape, axis)
+    xt = axes_last(to_torch(x), axes)
+    if centred:
+        results = torch.native_layer_norm(xt, list(normalized_shape), to_torch(weight, pdt), to_torch(bias, pdt), eps)
+    else:
+        assert bias is None, "RMSNorm has no bias"
+        results = torch.ops.aten._fused_rms_norm(xt, list(normalized_shape), to_torch(weight, pdt), eps)
+    return tuple(axes_back(r.numpy(), axes) for r in results)
+
+
+def torch_autograd(dy, x, normalized_shape, w, b, eps=1e-5, *, centred=True, axis=None):
+    """torch autograd through F.layer_norm (F.rms_norm when not ``centred``) over ``axis`` by
+    the permute route: (grad_input, grad_weight, grad_bias) arrays, None for a missing one."""
+    axes = _reference.normalized_axes(np.ndim(x), normalized_shape, axis)
     xt = torch.from_numpy(x.copy()).requires_grad_(True)
     wt = None if w is None else torch.from_numpy(w.copy()).requires_grad_(True)
     bt = None if b is None else torch.from_numpy(b.copy()).requires_grad_(True)
-    F.layer_norm(xt, list(normalized_shape), wt, bt, eps).backward(torch.from_numpy(dy.copy()))
+    if centred:
+        y = F.layer_norm(axes_last(xt, axes), list(normalized_shape), wt, bt, eps)
+    else:
+        assert b is None, "RMSNorm has no bias"
+        y = F.rms_norm(axes_last(xt, axes), list(normalized_shape), wt, eps)
+    y.backward(axes_last(torch.from_numpy(dy.copy()), axes))
     return tuple(None if p is None else p.grad.numpy() for p in (xt, wt, bt))
 
 

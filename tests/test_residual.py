@@ -1,0 +1,253 @@
+"""add_layer_norm and add_rms_norm, the fused residual add of pre-LN transformers: ``sum`` is
+input + residual rounded in the input's dtype, bit for bit what NumPy's ``input + residual``
+gives (float16 too, which NumPy rounds through float32), and the output is layer_norm(sum) /
+rms_norm(sum) bit for bit, over the same axes; residual_out= and out= in place; the backward
+of the fused op (the norm's backward on sum, plus the upstream gradient of sum, for both input
+and residual) against torch autograd of the unfused graph.
+"""
+
+import numpy as np
+import pytest
+
+import layernorm
+from helpers import (
+    FLOAT_DTYPES,
+    KINDS,
+    assert_close,
+    axes_last,
+    dtype_id,
+    grad_input_scale,
+    grad_weight_scale,
+    kind_affines,
+    make_input,
+    make_params,
+    param_dtype,
+    requires_torch,
+    torch,
+    F,
+)
+from layernorm import _reference
+
+# (id, input shape, normalized_shape, axis)
+CASES = [
+    ("4x8", (4, 8), (8,), None),
+    ("7x17", (7, 17), (17,), None),
+    ("3x4097", (3, 4097), (4097,), None),
+    ("2x3x4-ns3x4", (2, 3, 4), (3, 4), None),
+    ("1d-9", (9,), (9,), None),
+    ("empty-0x5", (0, 5), (5,), None),
+    ("512x64", (512, 64), (64,), None),
+    ("nchw-axis1", (2, 8, 3, 5), (8,), 1),
+    ("nhwc-axis-1", (2, 3, 5, 8), (8,), -1),
+    ("3d-axes20", (3, 4, 5), (5, 3), (2, 0)),
+]
+CASE_IDS = [c[0] for c in CASES]
+
+
+def bits(array):
+    """The bytes of an array in C order: equal bits, -0.0 and NaN payloads included."""
+    return np.ascontiguousarray(array).tobytes()
+
+
+def case_data(dtype, shape, ns, affine, seed=0):
+    """(input, residual, weight, bias)."""
+    x = make_input(shape, dtype, seed=seed)
+    residual = make_input(shape, dtype, seed=seed + 1, scale=3.0, offset=0.25)
+    w, b = make_params(ns, param_dtype(dtype), affine)
+    return x, residual, w, b
+
+
+# ---------------------------------------------------------------------------
+# sum and output, bit for bit
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case_id, shape, ns, axis", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("kind, affine", kind_affines(affines=("weight+bias", "weight", "none")))
+def test_sum_and_output_bit_for_bit(kind, affine, dtype, case_id, shape, ns, axis):
+    x, residual, w, b = case_data(dtype, shape, ns, affine)
+    before = x.copy(), residual.copy()
+    out, total = kind.add(x, residual, ns, w, b, axis=axis)
+    expected_sum = x + residual
+    assert isinstance(total, np.ndarray) and total.dtype == dtype and total.shape == shape
+    assert bits(total) == bits(expected_sum)
+    assert out.dtype == dtype and out.shape == shape
+    assert bits(out) == bits(kind.forward(expected_sum, ns, w, b, axis=axis))
+    # new arrays, the arguments untouched
+    for result in (out, total):
+        assert not np.shares_memory(result, x) and not np.shares_memory(result, residual)
+    np.testing.assert_array_equal(x, before[0])
+    np.testing.assert_array_equal(residual, before[1])
+
+
+@pytest.mark.parametrize("eps", [0.0, 1e-3, 0.5], ids=lambda e: f"eps{e:g}")
+@pytest.mark.parametrize("kind", KINDS, ids=str)
+def test_eps_is_the_norms(kind, eps):
+    x, residual, w, b = case_data(np.float32, (6, 33), (33,), kind.affines[0], seed=2)
+    out, total = kind.add(x, residual, (33,), w, b, eps)
+    assert bits(out) == bits(kind.forward(total, (33,), w, b, eps))
+
+
+# float16 sums that NumPy rounds (through float32) in the ways that matter: ties to even, past the
+# largest finite value (inf, then a NaN row), -0.0 + -0.0, subnormals, inf - inf
+FLOAT16_ROWS = [
+    ([2048.0, 1.0, -2048.0, 3.0], [1.0, 2048.0, -1.0, 2045.0]),
+    ([65504.0, 1.0, 2.0, 3.0], [16.0, 0.0, 0.0, 0.0]),
+    ([-0.0, 0.0, 1.0, -1.0], [-0.0, -0.0, 2.0**-24, -(2.0**-24)]),
+    ([6e-8, 3e-5, 0.5, 0.25], [6e-8, -3e-5, 0.125, 1e-4]),
+    ([np.inf, 1.0, 2.0, 3.0], [-np.inf, 1.0, 1.0, 1.0]),
+]
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=str)
+def test_float16_sum_rounds_as_numpy(kind):
+    x = np.array([row for row, _ in FLOAT16_ROWS], np.float16)
+    residual = np.array([row for _, row in FLOAT16_ROWS], np.float16)
+    with np.errstate(over="ignore", invalid="ignore"):
+        expected_sum = x + residual
+    out, total = kind.add(x, residual, (4,))
+    assert bits(total) == bits(expected_sum)
+    assert np.isinf(total[1, 0]) and np.isnan(total[4, 0])
+    expected = kind.forward(expected_sum, (4,))
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(expected))
+    assert np.isnan(out[[1, 4]]).all() and not np.isnan(out[[0, 2, 3]]).any()
+    np.testing.assert_array_equal(out[[0, 2, 3]], expected[[0, 2, 3]])
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=str)
+def test_output_matches_reference_of_the_sum(kind):
+    x, residual, w, b = case_data(np.float32, (5, 4, 6), (5, 6), kind.affines[0], seed=3)
+    out, total = kind.add(x, residual, (5, 6), w, b, axis=(0, 2))
+    expected = kind.reference(x + residual, (5, 6), w, b, axis=(0, 2))[0]
+    assert_close(out, expected, 1e-6)
+
+
+# ---------------------------------------------------------------------------
+# Where the results go: residual_out=, out=
+# ---------------------------------------------------------------------------
+
+# (residual_out, out): which argument each result is written into, or None for a new array
+DESTINATIONS = [
+    ("residual", None),  # the residual stream updated in place: h += attention(h)
+    ("input", None),
+    (None, "input"),
+    ("residual", "input"),
+    ("input", "residual"),
+    ("new", "new"),
+]
+
+
+@pytest.mark.parametrize("residual_out, out", DESTINATIONS, ids=[f"sum-to-{s}-out-to-{o}" for s, o in DESTINATIONS])
+@pytest.mark.parametrize("case_id, shape, ns, axis", [CASES[1], CASES[7]], ids=[CASES[1][0], CASES[7][0]])
+@pytest.mark.parametrize("kind", KINDS, ids=str)
+def test_results_written_where_asked(kind, case_id, shape, ns, axis, residual_out, out):
+    x, residual, w, b = case_data(np.float32, shape, ns, kind.affines[0], seed=4)
+    expected_out, expected_sum = kind.add(x.copy(), residual.copy(), ns, w, b, axis=axis)
+    arrays = {"input": x, "residual": residual, "new": None, None: None}
+    keywords = {}
+    if residual_out is not None:
+        keywords["residual_out"] = arrays[residual_out] if residual_out != "new" else np.empty_like(x)
+    if out is not None:
+        keywords["out"] = arrays[out] if out != "new" else np.empty_like(x)
+    got_out, got_sum = kind.add(x, residual, ns, w, b, axis=axis, **keywords)
+    if residual_out is not None:
+        assert got_sum is keywords["residual_out"]
+    if out is not None:
+        assert got_out is keywords["out"]
+    assert bits(got_sum) == bits(expected_sum)
+    assert bits(got_out) == bits(expected_out)
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=str)
+def test_residual_out_strided(kind):
+    # a sum written into a view (every other row of a larger buffer)
+    x, residual, w, b = case_data(np.float64, (6, 17), (17,), kind.affines[0], seed=5)
+    buffer = np.zeros((12, 17))
+    out, total = kind.add(x, residual, (17,), w, b, residual_out=buffer[::2])
+    assert np.shares_memory(total, buffer)
+    assert bits(buffer[::2]) == bits(x + residual)
+    np.testing.assert_array_equal(buffer[1::2], 0.0)
+    assert bits(out) == bits(kind.forward(x + residual, (17,), w, b))
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=str)
+def test_fortran_input_fortran_output(kind):
+    x, residual, w, b = case_data(np.float32, (2, 8, 3, 5), (8,), kind.affines[0], seed=6)
+    x, residual = np.asfortranarray(x), np.asfortranarray(residual)
+    out, total = kind.add(x, residual, (8,), w, b, axis=1)
+    assert out.flags.f_contiguous
+    assert bits(total) == bits(x + residual)
+
+
+@requires_torch
+@pytest.mark.parametrize("which", ["input", "residual", "both"])
+@pytest.mark.parametrize("kind", KINDS, ids=str)
+def test_torch_tensors_read_as_arrays(kind, which):
+    x, residual, w, b = case_data(np.float32, (4, 8), (8,), kind.affines[0], seed=7)
+    expected = kind.add(x, residual, (8,), w, b)
+    xt = torch.from_numpy(x.copy()) if which in ("input", "both") else x
+    rt = torch.from_numpy(residual.copy()) if which in ("residual", "both") else residual
+    for got, want in zip(kind.add(xt, rt, (8,), w, b), expected):
+        assert isinstance(got, np.ndarray) and bits(got) == bits(want)
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=str)
+def test_keywords_accepted(kind):
+    x, residual, w, b = case_data(np.float64, (3, 7), (7,), kind.affines[0], seed=8)
+    fn = getattr(layernorm, "add_" + kind.name)
+    params = {"weight": w, "bias": b} if kind.centred else {"weight": w}
+    by_keyword = fn(input=x, residual=residual, normalized_shape=7, eps=1e-3, axis=None, out=None,
+                    residual_out=None, **params)
+    for got, want in zip(by_keyword, kind.add(x, residual, (7,), w, b, 1e-3)):
+        assert bits(got) == bits(want)
+
+
+# ---------------------------------------------------------------------------
+# Backward through the fused op, against torch autograd of x + r -> norm
+# ---------------------------------------------------------------------------
+
+RTOL = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-9}
+
+
+def torch_unfused_grads(kind, x, residual, dy, dsum, ns, w, b, eps, axis):
+    """torch autograd of loss = sum(norm(x + r) * dy) + sum((x + r) * dsum): the gradients of x,
+    r, weight and bias (None where there is none)."""
+    axes = _reference.normalized_axes(x.ndim, ns, axis)
+    leaves = [None if a is None else torch.from_numpy(a.copy()).requires_grad_(True) for a in (x, residual, w, b)]
+    xt, rt, wt, bt = leaves
+    total = xt + rt
+    if kind.centred:
+        y = F.layer_norm(axes_last(total, axes), list(ns), wt, bt, eps)
+    else:
+        y = F.rms_norm(axes_last(total, axes), list(ns), wt, eps)
+    loss = (y * axes_last(torch.from_numpy(dy), axes)).sum() + (total * torch.from_numpy(dsum)).sum()
+    loss.backward()
+    return tuple(None if t is None else t.grad.numpy() for t in leaves)
+
+
+@requires_torch
+@pytest.mark.parametrize("case_id, shape, ns, axis", [c for c in CASES if c[0] != "3x4097"],
+                         ids=[c[0] for c in CASES if c[0] != "3x4097"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=dtype_id)
+@pytest.mark.parametrize("kind, affine", kind_affines(affines=("weight+bias", "none")))
+def test_backward_through_the_fused_op_matches_torch_autograd(kind, affine, dtype, case_id, shape, ns, axis):
+    x, residual, w, b = case_data(dtype, shape, ns, affine, seed=9)
+    dy = make_input(shape, dtype, seed=10)
+    dsum = make_input(shape, dtype, seed=11)  # the gradient the residual stream brings back
+    _, total = kind.add(x, residual, ns, w, b, axis=axis)
+    stats = kind.native(total, ns, w, b, axis=axis)[1:]
+    grad_norm, grad_w, grad_b = kind.backward(dy, total, ns, stats, w, b, axis=axis)
+    grad_x = grad_r = grad_norm + dsum
+    expected = torch_unfused_grads(kind, x, residual, dy, dsum, ns, w, b, kind.eps_value(x), axis)
+    rtol = RTOL[np.dtype(dtype)]
+    eps = kind.eps_value(x)
+    gi_scale = max(grad_input_scale(dy, total, ns, w, eps, centred=kind.centred, axis=axis),
+                   float(np.abs(dsum).max(initial=0.0)))
+    gw_scale = grad_weight_scale(dy, total, ns, eps, centred=kind.centred, axis=axis)
+    for name, mine, theirs, scale in zip(("input", "residual", "weight", "bias"), (grad_x, grad_r, grad_w, grad_b),
+                                         expected, (gi_scale, gi_scale, gw_scale, 1.0)):
+        if theirs is None:
+            assert mine is None, name
+        else:
+            assert_close(mine, theirs, rtol, f"grad of {name}", scale)
