@@ -35,9 +35,10 @@ _FloatArray = npt.NDArray[np.floating[Any]]
 
 _ndarray = np.ndarray
 
-# torch's kernels, as its dtype refusals name them (its RMSNorm has no kernel of its own there).
+# torch's kernels, as its dtype refusals name them.
 _FORWARD_KERNEL = "LayerNormKernelImpl"
 _BACKWARD_KERNEL = "LayerNormBackwardKernelImpl"
+_RMS_KERNEL = "rms_norm"
 
 # torch's names of the dtypes it refuses, by NumPy (kind, itemsize), as "not implemented for
 # 'Long'" prints them (any byte order).
@@ -70,15 +71,12 @@ def _as_numpy(value: Any) -> Any:
     return value
 
 
-def _torch_worded(error: UnsupportedDTypeError, kernel: Optional[str]) -> TypeError:
+def _torch_worded(error: UnsupportedDTypeError, kernel: str) -> TypeError:
     """Return the core's dtype refusal as a TypeError that starts with torch's own text,
-    ``"LayerNormKernelImpl" not implemented for 'Long'``, when torch has a name for the dtype
-    and the kernel (``kernel`` None: the core's text alone)."""
+    ``"LayerNormKernelImpl" not implemented for 'Long'``, when torch has a name for the dtype."""
     dtype: np.dtype[Any] = error.dtype
     name = _TORCH_TYPE_NAMES.get((dtype.kind, dtype.itemsize))
-    if name is None or kernel is None:
-        return TypeError(str(error))
-    return TypeError(f'"{kernel}" not implemented for \'{name}\': {error}')
+    return TypeError(str(error) if name is None else f'"{kernel}" not implemented for \'{name}\': {error}')
 
 
 _AXIS_DOC = """axis : int or tuple of int, optional
@@ -255,7 +253,7 @@ def rms_norm(
     try:
         return _core.rms_norm(input, normalized_shape, weight, eps, axis=axis, out=out)
     except UnsupportedDTypeError as error:
-        raise _torch_worded(error, None) from None
+        raise _torch_worded(error, _RMS_KERNEL) from None
 
 
 def native_rms_norm(
@@ -285,7 +283,7 @@ def native_rms_norm(
     try:
         return _core.native_rms_norm(input, normalized_shape, weight, eps, axis=axis)
     except UnsupportedDTypeError as error:
-        raise _torch_worded(error, None) from None
+        raise _torch_worded(error, _RMS_KERNEL) from None
 
 
 def rms_norm_backward(
@@ -328,7 +326,7 @@ def rms_norm_backward(
     try:
         return _core.rms_norm_backward(grad_output, input, normalized_shape, rstd, weight, output_mask, axis=axis)
     except UnsupportedDTypeError as error:
-        raise _torch_worded(error, None) from None
+        raise _torch_worded(error, _RMS_KERNEL) from None
 
 
 _ADD_DOC = """
@@ -410,7 +408,7 @@ def add_rms_norm(
             input, residual, normalized_shape, weight, eps, axis=axis, out=out, residual_out=residual_out
         )
     except UnsupportedDTypeError as error:
-        raise _torch_worded(error, None) from None
+        raise _torch_worded(error, _RMS_KERNEL) from None
 
 
 add_layer_norm.__doc__ = (

@@ -17,7 +17,7 @@ import numpy as np
 
 from . import _layernorm as _core
 from ._layernorm import ParameterChangedError, UnsupportedDTypeError
-from .functional import _FORWARD_KERNEL, _as_numpy, _torch_worded
+from .functional import _FORWARD_KERNEL, _RMS_KERNEL, _as_numpy, _torch_worded
 
 __all__ = ["LayerNorm", "NormModule", "RMSNorm"]
 
@@ -89,17 +89,18 @@ def _as_axis(axis: Any, shape: tuple[int, ...]) -> Optional[int | tuple[int, ...
     normalized shape's length; the input's dims are checked at each call."""
     if axis is None:
         return None
-    if isinstance(axis, (bool, np.bool_)):
-        raise TypeError("axis must be an int or a tuple of ints, not bool")
-    try:
-        axes: int | tuple[int, ...] = operator.index(axis)
-        count = 1
-    except TypeError:
-        try:
-            axes = tuple(operator.index(a) for a in axis)
-        except TypeError:
-            raise TypeError(f"axis must be an int or a tuple of ints, got {axis!r}") from None
-        count = len(axes)
+    if isinstance(axis, tuple):
+        items = axis
+    elif not isinstance(axis, (bool, np.bool_)) and hasattr(axis, "__index__"):
+        items = (axis,)
+    else:
+        raise TypeError(f"axis must be an int or a tuple of ints, got {axis!r}")
+    if any(isinstance(item, (bool, np.bool_)) or not hasattr(item, "__index__") for item in items):
+        raise TypeError(f"axis must be an int or a tuple of ints, got {axis!r}")
+    axes: int | tuple[int, ...] = tuple(map(operator.index, items))
+    count = len(axes)
+    if not isinstance(axis, tuple):
+        axes = axes[0]
     if count != len(shape):
         raise ValueError(f"normalized_shape={list(shape)} and axis={axes!r} differ in length")
     return axes
@@ -637,7 +638,7 @@ class RMSNorm(NormModule):
             try:
                 return _core.rms_norm(input, self.normalized_shape, weight, self.eps, axis=self.axis)
             except UnsupportedDTypeError as error:
-                raise _torch_worded(error, None) from None
+                raise _torch_worded(error, _RMS_KERNEL) from None
         try:
             output, kernel_saved = _core.rms_training_forward(
                 input, self.normalized_shape, weight, self.eps, axis=self.axis
@@ -645,7 +646,7 @@ class RMSNorm(NormModule):
         except BaseException as error:
             self._saved = None
             if isinstance(error, UnsupportedDTypeError):
-                raise _torch_worded(error, None) from None
+                raise _torch_worded(error, _RMS_KERNEL) from None
             raise
         self._saved = (kernel_saved, params)
         return output

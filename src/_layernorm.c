@@ -598,12 +598,18 @@ resolve_axes(module_state *state, PyObject *axis_obj, PyArrayObject *input, shap
     }
     else {
         const int one = PyIndex_Check(axis_obj) && !is_bool(axis_obj) && !PySequence_Check(axis_obj);
-        if (!one && !PyTuple_Check(axis_obj) && !PyList_Check(axis_obj)) {
+        if (!one && !PyTuple_Check(axis_obj)) {
             PyErr_Format(PyExc_TypeError, "axis must be an int or a tuple of ints, got %.200s",
                          Py_TYPE(axis_obj)->tp_name);
             goto done;
         }
-        seq = one ? PyTuple_Pack(1, axis_obj) : PySequence_Tuple(axis_obj);
+        if (one) {
+            seq = PyTuple_Pack(1, axis_obj);
+        }
+        else {
+            Py_INCREF(axis_obj);
+            seq = axis_obj;
+        }
         if (!seq) {
             goto done;
         }
@@ -1175,8 +1181,7 @@ parse_eps(const norm_kind *kind, PyObject *obj, int dtype, double *eps)
                                (PyArray_Check(obj) && PyArray_ISCOMPLEX((PyArrayObject *)obj));
     const int not_0_d = PyArray_Check(obj) && PyArray_NDIM((PyArrayObject *)obj) != 0;
     if (complex_number || not_0_d || (!PyFloat_Check(obj) && !PyLong_Check(obj) && !PyNumber_Check(obj))) {
-        PyErr_Format(PyExc_TypeError, "eps must be a real number%s, got %.200s",
-                     kind->eps_default_machine ? " or None" : "", Py_TYPE(obj)->tp_name);
+        PyErr_Format(PyExc_TypeError, "eps must be a real number, got %.200s", Py_TYPE(obj)->tp_name);
         return -1;
     }
     *eps = PyFloat_AsDouble(obj);
