@@ -8,9 +8,10 @@
 #   FUZZ_EXAMPLES=5000 bash .ci/sanitize.sh       more fuzzing
 #
 # Python's own CFLAGS hold -fwrapv, which makes signed overflow defined and so invisible to
-# UBSan: -fno-wrapv comes after it here, through CFLAGS (setuptools puts CFLAGS after Python's
-# flags and before the extension's own).  Variable tracking for -g is off: it took half of the
-# build's six minutes.  Needs gcc with libasan and libubsan.
+# UBSan.  A CFLAGS in the environment replaces Python's (setuptools' distutils reads it instead
+# of them), so the one here drops -fwrapv and says -fno-wrapv whatever else setup.py adds, and
+# turns off variable tracking for -g, which took half of the build's six minutes.  Needs gcc
+# with libasan and libubsan.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
