@@ -46,10 +46,23 @@ export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 # of the NaN-sign defect, which depends on code generation and does not show in this build.
 skip="not memory_flat and not gil_released and not keeps_the_input and not keeps_nothing and not nan-bits"
 
+# pytest's summary, or on a failure the end of its output (a sanitizer's report, or the failing
+# example with the seed that reproduces it); the whole of it stays in $work/<log>.
+run_pytest() {
+  local log=$1
+  shift
+  if venv/bin/python -m pytest -q -p no:cacheprovider -rfE -k "$skip" "$@" >"$log" 2>&1; then
+    tail -n 1 "$log"
+  else
+    tail -n 150 "$log"
+    echo "sanitize: FAILED (the whole output: $work/$log)"
+    exit 1
+  fi
+}
+
 cd "$work"
 echo "sanitize: suite"
-venv/bin/python -m pytest -q -p no:cacheprovider -rfE -k "$skip" | tail -n 5
+run_pytest suite.log
 echo "sanitize: fuzz, long profile, ${FUZZ_EXAMPLES:-1000} examples a test"
-LAYERNORM_FUZZ=long LAYERNORM_FUZZ_EXAMPLES=${FUZZ_EXAMPLES:-1000} \
-  venv/bin/python -m pytest -q -p no:cacheprovider -rfE -k "$skip" tests/test_fuzz.py | tail -n 5
+LAYERNORM_FUZZ=long LAYERNORM_FUZZ_EXAMPLES=${FUZZ_EXAMPLES:-1000} run_pytest fuzz.log tests/test_fuzz.py
 echo "sanitize: ok in ${SECONDS}s (no sanitizer reports)"

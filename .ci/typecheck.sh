@@ -12,6 +12,8 @@ work=build/typecheck
 rm -rf "$work"
 mkdir -p "$work"
 python3 -m venv "$work/venv"
+# mypy is a CI tool, not a test dependency of the package: it is installed here, in the
+# environment this script makes, and the `test` extra does not list it.
 {
   "$work/venv/bin/python" -m pip install -q --upgrade pip
   "$work/venv/bin/python" -m pip install -q mypy numpy typing_extensions
