@@ -1,12 +1,13 @@
 /*
- * ln_threads.c -- the thread pool that runs a call's parts, and the scratch buffer that
- * backward keeps between calls.
+ * ln_threads.c -- the thread pool that runs a call's parts, how many threads it uses by
+ * default, and the scratch buffer that backward keeps between calls.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -209,24 +210,81 @@ void ln_parallel_for(ptrdiff_t n, ptrdiff_t min_per_part, ln_range_fn fn, void *
     pthread_mutex_unlock(&ln_pool.busy);
 }
 
-int ln_threads_default(void)
+/* ------------------------------------------------------------------------ */
+/* Thread count                                                              */
+/* ------------------------------------------------------------------------ */
+
+/* The CPUs the affinity mask allows or, where there are no masks (macOS), the CPUs online. */
+static long ln_cpus_allowed(void)
 {
 #ifdef CPU_COUNT
     cpu_set_t set;
-    if (sched_getaffinity(0, sizeof set, &set) == 0) {
-        int count = CPU_COUNT(&set);
-        if (count > 0) {
-            return count;
-        }
-    }
-#else
-    /* no affinity masks (macOS): the CPUs online */
-    const long online = sysconf(_SC_NPROCESSORS_ONLN);
-    if (online > 0) {
-        return online < LN_MAX_THREADS ? (int)online : LN_MAX_THREADS;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) {
+        return CPU_COUNT(&set);
     }
 #endif
-    return 1;
+    return sysconf(_SC_NPROCESSORS_ONLN);
+}
+
+/* The first line of dir/name, at most size - 1 bytes, into line.  Returns 0, or -1 when
+   the file cannot be read. */
+static int ln_read_first_line(const char *dir, const char *name, char *line, size_t size)
+{
+    char path[4096];
+    const int length = snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *file = length > 0 && (size_t)length < sizeof path ? fopen(path, "r") : NULL;
+    if (!file) {
+        return -1;
+    }
+    const int got_line = fgets(line, (int)size, file) != NULL;
+    fclose(file);
+    return got_line ? 0 : -1;
+}
+
+/* The CPUs that `quota` microseconds of CPU time every `period` microseconds keep busy,
+   rounded up; 0 when that is no limit (v1 writes -1, and v2's "max" parses as 0). */
+static long ln_cpus_of_quota(long long quota, long long period)
+{
+    if (quota <= 0 || period <= 0) {
+        return 0;
+    }
+    const long long cpus = quota / period + (quota % period != 0);
+    return cpus < LN_MAX_THREADS ? (long)cpus : LN_MAX_THREADS;
+}
+
+/* The CPUs the cgroup CPU quota under cgroup_dir allows, or 0 when it sets none: cgroup
+   v2's cpu.max ("<quota> <period>" or "max <period>"), else v1's cpu/cpu.cfs_quota_us
+   and cpu/cpu.cfs_period_us.  Containers see their own cgroup at /sys/fs/cgroup. */
+static long ln_cgroup_cpu_limit(const char *cgroup_dir)
+{
+    char quota_line[64], period_line[64];
+    long long quota = 0, period = 0;
+    if (ln_read_first_line(cgroup_dir, "cpu.max", quota_line, sizeof quota_line) == 0) {
+        char *after_quota;
+        quota = strtoll(quota_line, &after_quota, 10);
+        period = strtoll(after_quota, NULL, 10);
+    }
+    else if (ln_read_first_line(cgroup_dir, "cpu/cpu.cfs_quota_us", quota_line, sizeof quota_line) == 0 &&
+             ln_read_first_line(cgroup_dir, "cpu/cpu.cfs_period_us", period_line, sizeof period_line) == 0) {
+        quota = strtoll(quota_line, NULL, 10);
+        period = strtoll(period_line, NULL, 10);
+    }
+    return ln_cpus_of_quota(quota, period);
+}
+
+int ln_threads_default_in(const char *cgroup_dir)
+{
+    long cpus = ln_cpus_allowed();
+    const long limit = ln_cgroup_cpu_limit(cgroup_dir);
+    if (limit > 0 && limit < cpus) {
+        cpus = limit;
+    }
+    return cpus < 1 ? 1 : cpus > LN_MAX_THREADS ? LN_MAX_THREADS : (int)cpus;
+}
+
+int ln_threads_default(void)
+{
+    return ln_threads_default_in("/sys/fs/cgroup");
 }
 
 int ln_threads_get(void)

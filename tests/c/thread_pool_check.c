@@ -1,7 +1,7 @@
 /*
- * thread_pool_check.c -- checks the thread pool of src/ln_threads.c, without Python: built
- * with that file alone and run by tests/test_thread_pool.py, which also builds it under
- * ThreadSanitizer where it can.
+ * thread_pool_check.c -- checks the thread pool and the default thread count of
+ * src/ln_threads.c, without Python: built with that file alone and run by
+ * tests/test_thread_pool.py, which also builds it under ThreadSanitizer where it can.
  *
  *     cc -std=c11 -O2 -pthread -Isrc tests/c/thread_pool_check.c src/ln_threads.c -o check
  *     ./check           prints "thread_pool_check: ok", or what failed and exits 1
@@ -10,17 +10,21 @@
  *   - every job covers [0, n) exactly once, in at most the set thread count of parts, as the
  *     count goes up and down, with several callers at once, and in a child after fork();
  *   - a job wakes only the workers it uses: after the pool grew to 7 workers, jobs of 2 parts
- *     leave the 6 others asleep (Linux: their voluntary context switches in /proc stay put).
+ *     leave the 6 others asleep (Linux: their voluntary context switches in /proc stay put);
+ *   - the default thread count is min(CPUs in the affinity mask, the cgroup CPU quota rounded
+ *     up), from made-up cgroup v1 and v2 files.
  */
 #define _GNU_SOURCE
 #include "ln_internal.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -294,6 +298,114 @@ done:
 
 #endif
 
+/* ------------------------------------------------------------------------ */
+/* Default thread count: affinity mask and cgroup CPU quota                  */
+/* ------------------------------------------------------------------------ */
+
+static void write_file(const char *dir, const char *name, const char *text)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *file = fopen(path, "w");
+    if (!file) {
+        fail("cannot write %s", path);
+        return;
+    }
+    fputs(text, file);
+    fclose(file);
+}
+
+static void remove_file(const char *dir, const char *name)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    remove(path);
+}
+
+static long affinity_cpus(void)
+{
+#ifdef CPU_COUNT
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) {
+        return CPU_COUNT(&set);
+    }
+#endif
+    return sysconf(_SC_NPROCESSORS_ONLN);
+}
+
+static void expect_default(const char *dir, const char *what, long quota_cpus)
+{
+    long cpus = affinity_cpus();
+    if (quota_cpus > 0 && quota_cpus < cpus) {
+        cpus = quota_cpus;
+    }
+    cpus = cpus > LN_MAX_THREADS ? LN_MAX_THREADS : cpus;
+    const int got = ln_threads_default_in(dir);
+    if (got != cpus) {
+        fail("default threads with %s: %d, not %ld", what, got, cpus);
+    }
+}
+
+static void check_default_threads(void)
+{
+    char root[] = "/tmp/ln-cgroup-XXXXXX";
+    if (!mkdtemp(root)) {
+        fail("mkdtemp failed");
+        return;
+    }
+    char v1[sizeof root + 8];
+    snprintf(v1, sizeof v1, "%s/cpu", root);
+    mkdir(v1, 0700);
+
+    expect_default(root, "no cgroup files", 0);
+    expect_default("/nonexistent", "no cgroup directory", 0);
+
+    /* cgroup v2 */
+    write_file(root, "cpu.max", "max 100000\n");
+    expect_default(root, "v2 max 100000", 0);
+    write_file(root, "cpu.max", "100000 100000\n");
+    expect_default(root, "v2 quota of 1 CPU", 1);
+    write_file(root, "cpu.max", "50000 100000\n");
+    expect_default(root, "v2 quota of half a CPU", 1);
+    write_file(root, "cpu.max", "150000 100000\n");
+    expect_default(root, "v2 quota of 1.5 CPUs", 2);
+    write_file(root, "cpu.max", "200000 100000\n");
+    expect_default(root, "v2 quota of 2 CPUs", 2);
+    write_file(root, "cpu.max", "100000000 1000\n");
+    expect_default(root, "v2 quota of 100000 CPUs", 0);
+    write_file(root, "cpu.max", "99999999999999999999999 1\n");
+    expect_default(root, "v2 quota past 64 bits", 0);
+    write_file(root, "cpu.max", "garbage\n");
+    expect_default(root, "v2 garbage", 0);
+    write_file(root, "cpu.max", "");
+    expect_default(root, "v2 empty file", 0);
+
+    /* cgroup v1, read only where there is no cpu.max */
+    write_file(v1, "cpu.cfs_quota_us", "100000\n");
+    write_file(v1, "cpu.cfs_period_us", "100000\n");
+    write_file(root, "cpu.max", "max 100000\n");
+    expect_default(root, "v2 max besides a v1 quota", 0);
+    remove_file(root, "cpu.max");
+    expect_default(root, "v1 quota of 1 CPU", 1);
+    write_file(v1, "cpu.cfs_quota_us", "-1\n");
+    expect_default(root, "v1 quota -1", 0);
+    write_file(v1, "cpu.cfs_quota_us", "250000\n");
+    expect_default(root, "v1 quota of 2.5 CPUs", 3);
+    write_file(v1, "cpu.cfs_period_us", "0\n");
+    expect_default(root, "v1 period 0", 0);
+    remove_file(v1, "cpu.cfs_period_us");
+    expect_default(root, "v1 quota without a period", 0);
+
+    remove_file(v1, "cpu.cfs_quota_us");
+    rmdir(v1);
+    rmdir(root);
+
+    const int threads = ln_threads_default();
+    if (threads < 1 || threads > LN_MAX_THREADS || threads > affinity_cpus()) {
+        fail("ln_threads_default() is %d with %ld CPUs in the affinity mask", threads, affinity_cpus());
+    }
+}
+
 int main(void)
 {
     check_coverage();
@@ -304,6 +416,7 @@ int main(void)
     if (!UNDER_THREAD_SANITIZER) {
         check_fork();
     }
+    check_default_threads();
     if (failures) {
         fprintf(stderr, "thread_pool_check: %d failures\n", failures);
         return 1;
