@@ -11,13 +11,14 @@ import math
 import operator
 from collections import OrderedDict
 from collections.abc import Mapping
-from typing import Any, ClassVar, Iterable, NamedTuple, Optional, SupportsIndex, Tuple, cast
+from typing import Any, ClassVar, Iterable, NamedTuple, Optional, SupportsIndex, Tuple, TypeVar, cast
 
 import numpy as np
+import numpy.typing as npt
 
 from . import _layernorm as _core
 from ._layernorm import ParameterChangedError, UnsupportedDTypeError
-from .functional import _FORWARD_KERNEL, _RMS_KERNEL, _as_numpy, _torch_worded
+from .functional import _FORWARD_KERNEL, _RMS_KERNEL, _as_numpy, _FloatArray, _torch_worded
 
 __all__ = ["LayerNorm", "NormModule", "RMSNorm"]
 
@@ -29,6 +30,10 @@ _FLOAT_DTYPES: dict[str, np.dtype[Any]] = {
     "float32": np.dtype(np.float32),
     "float64": np.dtype(np.float64),
 }
+
+
+# A norm module's own class, for train() and eval(), which return the module they are called on.
+_Module = TypeVar("_Module", bound="NormModule")
 
 
 class _TrainingModeError(ValueError, TypeError):
@@ -176,8 +181,8 @@ class NormModule:
 
     normalized_shape: tuple[int, ...]
     axis: Optional[int | tuple[int, ...]]
-    weight: Optional[np.ndarray]
-    weight_grad: Optional[np.ndarray]
+    weight: Optional[_FloatArray]
+    weight_grad: Optional[_FloatArray]
     training: bool
     # what the last training-mode call saved for backward: (what its kernel saved, with the
     # parameters' values, and the parameters it used, in _PARAMETERS order); () once backward
@@ -209,7 +214,7 @@ class NormModule:
         self.training = True
         self._saved = None
 
-    def _new_parameter(self, name: str, initial: float, dtype: np.dtype[Any]) -> np.ndarray:
+    def _new_parameter(self, name: str, initial: float, dtype: np.dtype[Any]) -> _FloatArray:
         """A parameter of normalized_shape filled with `initial`; a MemoryError says which and how big."""
         try:
             return np.full(self.normalized_shape, initial, dtype)
@@ -230,7 +235,7 @@ class NormModule:
 
             cls.__call__ = __call__  # type: ignore[method-assign]
 
-    def __call__(self, input: Any) -> np.ndarray:
+    def __call__(self, input: npt.ArrayLike) -> _FloatArray:
         """The forward: each kind defines it."""
         raise NotImplementedError
 
@@ -238,7 +243,7 @@ class NormModule:
 
     # ----------------------------------------------------------------- backward
 
-    def backward(self, grad_output: Any) -> np.ndarray:
+    def backward(self, grad_output: npt.ArrayLike) -> _FloatArray:
         """Back-propagate `grad_output` through the last training-mode call.
 
         Accumulates into the parameters' gradients (``weight_grad``, ...; like torch's
@@ -293,9 +298,9 @@ class NormModule:
                 else:
                     total += grads[index]
         self._saved = ()
-        return cast(np.ndarray, grads[0])  # never masked off
+        return cast(_FloatArray, grads[0])  # never masked off
 
-    def _gradients(self, grad_output: Any, saved: Tuple[Any, ...]) -> Tuple[Optional[np.ndarray], ...]:
+    def _gradients(self, grad_output: Any, saved: Tuple[Any, ...]) -> Tuple[Optional[_FloatArray], ...]:
         """(grad_input, *one gradient per parameter, None where it is None) from what the last
         training-mode call's kernel saved."""
         raise NotImplementedError
@@ -330,20 +335,20 @@ class NormModule:
             if param is not None:
                 param[...] = initial
 
-    def named_parameters(self) -> list[tuple[str, np.ndarray]]:
+    def named_parameters(self) -> list[tuple[str, _FloatArray]]:
         """Return ``[(name, array), ...]`` for the parameters that exist, as torch orders them."""
         pairs = ((name, getattr(self, name)) for name, _, _ in self._PARAMETERS)
         return [(name, value) for name, value in pairs if value is not None]
 
-    def parameters(self) -> list[np.ndarray]:
+    def parameters(self) -> list[_FloatArray]:
         """Return the parameters that exist, e.g. ``[weight, bias]``, ``[weight]`` or ``[]``."""
         return [value for _, value in self.named_parameters()]
 
-    def state_dict(self) -> OrderedDict[str, np.ndarray]:
+    def state_dict(self) -> OrderedDict[str, _FloatArray]:
         """Return an OrderedDict of copies of the parameters, with torch's keys."""
         return OrderedDict((name, value.copy()) for name, value in self.named_parameters())
 
-    def load_state_dict(self, state_dict: Any, strict: bool = True) -> IncompatibleKeys:
+    def load_state_dict(self, state_dict: Mapping[str, npt.ArrayLike], strict: bool = True) -> IncompatibleKeys:
         """Copy parameters from `state_dict` (NumPy arrays, torch tensors or lists).
 
         Every key and shape is checked before anything changes; values are cast to the
@@ -414,7 +419,7 @@ class NormModule:
 
     # ------------------------------------------------------------------- modes
 
-    def train(self, mode: bool = True) -> Any:
+    def train(self: _Module, mode: bool = True) -> _Module:
         """Set training mode (the output is the same; only backward support differs); return self."""
         if not isinstance(mode, bool):
             raise _TrainingModeError("training mode is expected to be boolean")
@@ -423,7 +428,7 @@ class NormModule:
             self._saved = None  # an eval-mode call must not back-propagate through stale values
         return self
 
-    def eval(self) -> Any:
+    def eval(self: _Module) -> _Module:
         """Same as ``train(False)``; return self."""
         return self.train(False)
 
@@ -491,8 +496,8 @@ class LayerNorm(NormModule):
     _KIND = "LayerNorm"
     _PARAMETERS = (("weight", "weight_grad", 1.0), ("bias", "bias_grad", 0.0))
 
-    bias: Optional[np.ndarray]
-    bias_grad: Optional[np.ndarray]
+    bias: Optional[_FloatArray]
+    bias_grad: Optional[_FloatArray]
 
     def __init__(
         self,
@@ -510,7 +515,7 @@ class LayerNorm(NormModule):
             ("weight", "bias") if bias else ("weight",), axis,
         )
 
-    def __call__(self, input: Any) -> np.ndarray:
+    def __call__(self, input: npt.ArrayLike) -> _FloatArray:
         """Normalize `input` (any array-like); return a new array of its dtype.
 
         Parameters
@@ -554,7 +559,7 @@ class LayerNorm(NormModule):
 
     forward = __call__
 
-    def _gradients(self, grad_output: Any, saved: Tuple[Any, ...]) -> Tuple[Optional[np.ndarray], ...]:
+    def _gradients(self, grad_output: Any, saved: Tuple[Any, ...]) -> Tuple[Optional[_FloatArray], ...]:
         weight, bias = self.weight, self.bias
         input, stats = saved
         return _core.saved_backward(
@@ -629,7 +634,7 @@ class RMSNorm(NormModule):
     ) -> None:
         super().__init__(normalized_shape, eps, elementwise_affine, device, dtype, ("weight",), axis)
 
-    def __call__(self, input: Any) -> np.ndarray:
+    def __call__(self, input: npt.ArrayLike) -> _FloatArray:
         """Normalize `input` (any array-like); return a new array of its dtype."""
         params = (weight,) = (self.weight,)
         if not (type(input) is _ndarray and (weight is None or type(weight) is _ndarray)):
@@ -653,7 +658,7 @@ class RMSNorm(NormModule):
 
     forward = __call__
 
-    def _gradients(self, grad_output: Any, saved: Tuple[Any, ...]) -> Tuple[Optional[np.ndarray], ...]:
+    def _gradients(self, grad_output: Any, saved: Tuple[Any, ...]) -> Tuple[Optional[_FloatArray], ...]:
         weight = self.weight
         input, stats = saved
         return _core.rms_saved_backward(

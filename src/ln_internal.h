@@ -146,6 +146,10 @@ void ln_parallel_for(ptrdiff_t n, ptrdiff_t min_per_part, ln_range_fn fn, void *
 /* Part `part` of [0, n) cut into `parts` contiguous parts. */
 void ln_range_of_part(ptrdiff_t n, int parts, int part, ptrdiff_t *begin, ptrdiff_t *end);
 
+/* ln_threads_default() with the cgroup CPU quota read under cgroup_dir instead of
+   /sys/fs/cgroup (tests give it made-up cgroup files). */
+int ln_threads_default_in(const char *cgroup_dir);
+
 /* count zeroed doubles, or NULL when out of memory; *kept says whether they are the kept
    buffer.  Give them back with ln_scratch_give. */
 double *ln_scratch_take(size_t count, int *kept);

@@ -1,12 +1,13 @@
 /*
- * ln_threads.c -- the thread pool that runs a call's parts, and the scratch buffer that
- * backward keeps between calls.
+ * ln_threads.c -- the thread pool that runs a call's parts, how many threads it uses by
+ * default, and the scratch buffer that backward keeps between calls.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -33,31 +34,38 @@ static inline void ln_spin_pause(void)
 
 /*
  * One pool per process.  A parallel job splits [0, n) into `parts` contiguous
- * ranges; the caller runs range 0 and worker k runs range k.  Workers spin briefly
- * for the next job (back-to-back calls are common) before sleeping on a condition
- * variable.  A second concurrent caller, finding the pool busy, runs its job alone,
- * so calls from several Python threads never wait on each other.  After fork() the
- * child starts with no workers and makes new ones on first use.
+ * ranges; the caller runs range 0 and hands range k to worker k through worker k's
+ * own slot, so a job wakes only the parts - 1 workers it uses however many the pool
+ * has.  Workers spin briefly for their next range (back-to-back calls are common)
+ * before sleeping on their slot's condition variable.  A second concurrent caller,
+ * finding the pool busy, runs its job alone, so calls from several Python threads
+ * never wait on each other.  After fork() the child starts with no workers and makes
+ * new ones on first use.
  */
 
+/* Worker k's slot, a cache line of its own so that handing one worker its range does
+   not disturb another worker's spin. */
+typedef struct {
+    _Alignas(64) _Atomic unsigned jobs; /* ranges handed to this worker; only the caller bumps it */
+    pthread_mutex_t lock;               /* guards sleeping on and waking `wake` */
+    pthread_cond_t wake;                /* the worker sleeps here while `jobs` stays put */
+} ln_worker_slot;
+
 static struct {
-    pthread_mutex_t busy;        /* held by the caller running a parallel job */
-    pthread_mutex_t lock;        /* guards the fields below for sleeping/waking */
-    pthread_cond_t wake;         /* workers wait here for a new job */
-    pthread_cond_t done;         /* the caller waits here for the last worker */
-    int workers;                 /* worker threads started */
-    _Atomic int threads;         /* threads a job may use, caller included */
-    _Atomic unsigned generation; /* bumped for every job */
-    _Atomic int pending;         /* workers that have not yet finished the current job */
-    unsigned grow_generation;    /* the generation when the newest workers were started */
+    pthread_mutex_t busy;      /* held by the caller running a parallel job */
+    pthread_mutex_t done_lock; /* guards sleeping on and waking `done` */
+    pthread_cond_t done;       /* the caller waits here for the last worker */
+    int workers;               /* worker threads started: slots 1 .. workers */
+    _Atomic int threads;       /* threads a job may use, caller included */
+    _Atomic int pending;       /* workers that have not yet finished the current job */
     ln_range_fn fn;
     void *ctx;
     ptrdiff_t n;
     int parts;
+    ln_worker_slot slot[LN_MAX_THREADS]; /* slot[k] for worker k; slot[0], the caller's, unused */
 } ln_pool = {
     .busy = PTHREAD_MUTEX_INITIALIZER,
-    .lock = PTHREAD_MUTEX_INITIALIZER,
-    .wake = PTHREAD_COND_INITIALIZER,
+    .done_lock = PTHREAD_MUTEX_INITIALIZER,
     .done = PTHREAD_COND_INITIALIZER,
     .threads = 0,
 };
@@ -72,38 +80,37 @@ void ln_range_of_part(ptrdiff_t n, int parts, int part, ptrdiff_t *begin, ptrdif
 static void ln_finish_part(void)
 {
     if (atomic_fetch_sub(&ln_pool.pending, 1) == 1) {
-        pthread_mutex_lock(&ln_pool.lock);
+        pthread_mutex_lock(&ln_pool.done_lock);
         pthread_cond_signal(&ln_pool.done);
-        pthread_mutex_unlock(&ln_pool.lock);
+        pthread_mutex_unlock(&ln_pool.done_lock);
     }
 }
 
-/* Every worker takes part in every job (doing nothing if its index is past the
-   job's parts) and reports back, so no worker can mistake one job's fields for the
-   next one's. */
+/* Worker k runs range k of each job handed to it.  The caller hands out the next job
+   only when every worker of this one has finished, so a worker's slot moves by one
+   between its runs and the job's fields are stable while it reads them. */
 static void *ln_worker_main(void *arg)
 {
     const int index = (int)(intptr_t)arg;
-    unsigned seen = ln_pool.grow_generation;
+    ln_worker_slot *const slot = &ln_pool.slot[index];
+    unsigned seen = 0; /* ln_pool_grow started the slot at 0 */
     for (;;) {
-        unsigned now = atomic_load(&ln_pool.generation);
+        unsigned now = atomic_load(&slot->jobs);
         for (int spin = 0; now == seen && spin < LN_SPIN_ITERATIONS; spin++) {
             ln_spin_pause();
-            now = atomic_load(&ln_pool.generation);
+            now = atomic_load(&slot->jobs);
         }
         if (now == seen) {
-            pthread_mutex_lock(&ln_pool.lock);
-            while ((now = atomic_load(&ln_pool.generation)) == seen) {
-                pthread_cond_wait(&ln_pool.wake, &ln_pool.lock);
+            pthread_mutex_lock(&slot->lock);
+            while ((now = atomic_load(&slot->jobs)) == seen) {
+                pthread_cond_wait(&slot->wake, &slot->lock);
             }
-            pthread_mutex_unlock(&ln_pool.lock);
+            pthread_mutex_unlock(&slot->lock);
         }
         seen = now;
-        if (index < ln_pool.parts) {
-            ptrdiff_t begin, end;
-            ln_range_of_part(ln_pool.n, ln_pool.parts, index, &begin, &end);
-            ln_pool.fn(ln_pool.ctx, begin, end);
-        }
+        ptrdiff_t begin, end;
+        ln_range_of_part(ln_pool.n, ln_pool.parts, index, &begin, &end);
+        ln_pool.fn(ln_pool.ctx, begin, end);
         ln_finish_part();
     }
     return NULL;
@@ -112,10 +119,9 @@ static void *ln_worker_main(void *arg)
 static void ln_pool_after_fork_child(void)
 {
     pthread_mutex_init(&ln_pool.busy, NULL);
-    pthread_mutex_init(&ln_pool.lock, NULL);
-    pthread_cond_init(&ln_pool.wake, NULL);
+    pthread_mutex_init(&ln_pool.done_lock, NULL);
     pthread_cond_init(&ln_pool.done, NULL);
-    ln_pool.workers = 0;
+    ln_pool.workers = 0; /* ln_pool_grow sets up each slot again as it starts its worker */
 }
 
 static void ln_scratch_after_fork_child(void);
@@ -132,20 +138,26 @@ static void ln_register_fork_handlers(void)
 /* Starts workers until `wanted` exist (the busy lock is held); returns how many exist. */
 static int ln_pool_grow(int wanted)
 {
+    assert(wanted < LN_MAX_THREADS);
     pthread_once(&ln_fork_handlers_once, ln_register_fork_handlers);
-    ln_pool.grow_generation = atomic_load(&ln_pool.generation);
     while (ln_pool.workers < wanted) {
+        const int index = ln_pool.workers + 1;
+        ln_worker_slot *const slot = &ln_pool.slot[index];
+        atomic_store(&slot->jobs, 0);
+        pthread_mutex_init(&slot->lock, NULL);
+        pthread_cond_init(&slot->wake, NULL);
         pthread_t thread;
         pthread_attr_t attr;
         pthread_attr_init(&attr);
         pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        int failed = pthread_create(&thread, &attr, ln_worker_main,
-                                    (void *)(intptr_t)(ln_pool.workers + 1));
+        const int failed = pthread_create(&thread, &attr, ln_worker_main, (void *)(intptr_t)index);
         pthread_attr_destroy(&attr);
         if (failed) {
+            pthread_cond_destroy(&slot->wake);
+            pthread_mutex_destroy(&slot->lock);
             break;
         }
-        ln_pool.workers++;
+        ln_pool.workers = index;
     }
     return ln_pool.workers;
 }
@@ -162,7 +174,7 @@ void ln_parallel_for(ptrdiff_t n, ptrdiff_t min_per_part, ln_range_fn fn, void *
         fn(ctx, 0, n);
         return;
     }
-    int workers = ln_pool_grow(parts - 1);
+    const int workers = ln_pool_grow(parts - 1);
     if (workers < parts - 1) {
         parts = workers + 1;
     }
@@ -170,11 +182,16 @@ void ln_parallel_for(ptrdiff_t n, ptrdiff_t min_per_part, ln_range_fn fn, void *
     ln_pool.ctx = ctx;
     ln_pool.n = n;
     ln_pool.parts = parts;
-    atomic_store(&ln_pool.pending, workers);
-    pthread_mutex_lock(&ln_pool.lock);
-    atomic_fetch_add(&ln_pool.generation, 1);
-    pthread_cond_broadcast(&ln_pool.wake);
-    pthread_mutex_unlock(&ln_pool.lock);
+    atomic_store(&ln_pool.pending, parts - 1);
+    for (int k = 1; k < parts; k++) {
+        ln_worker_slot *const slot = &ln_pool.slot[k];
+        atomic_fetch_add(&slot->jobs, 1);
+        /* under the slot's lock: a worker between its last look at `jobs` and its wait
+           would miss a signal sent without it */
+        pthread_mutex_lock(&slot->lock);
+        pthread_cond_signal(&slot->wake);
+        pthread_mutex_unlock(&slot->lock);
+    }
 
     ptrdiff_t begin, end;
     ln_range_of_part(n, parts, 0, &begin, &end);
@@ -184,33 +201,90 @@ void ln_parallel_for(ptrdiff_t n, ptrdiff_t min_per_part, ln_range_fn fn, void *
         ln_spin_pause();
     }
     if (atomic_load(&ln_pool.pending) > 0) {
-        pthread_mutex_lock(&ln_pool.lock);
+        pthread_mutex_lock(&ln_pool.done_lock);
         while (atomic_load(&ln_pool.pending) > 0) {
-            pthread_cond_wait(&ln_pool.done, &ln_pool.lock);
+            pthread_cond_wait(&ln_pool.done, &ln_pool.done_lock);
         }
-        pthread_mutex_unlock(&ln_pool.lock);
+        pthread_mutex_unlock(&ln_pool.done_lock);
     }
     pthread_mutex_unlock(&ln_pool.busy);
 }
 
-int ln_threads_default(void)
+/* ------------------------------------------------------------------------ */
+/* Thread count                                                              */
+/* ------------------------------------------------------------------------ */
+
+/* The CPUs the affinity mask allows or, where there are no masks (macOS), the CPUs online. */
+static long ln_cpus_allowed(void)
 {
 #ifdef CPU_COUNT
     cpu_set_t set;
-    if (sched_getaffinity(0, sizeof set, &set) == 0) {
-        int count = CPU_COUNT(&set);
-        if (count > 0) {
-            return count;
-        }
-    }
-#else
-    /* no affinity masks (macOS): the CPUs online */
-    const long online = sysconf(_SC_NPROCESSORS_ONLN);
-    if (online > 0) {
-        return online < LN_MAX_THREADS ? (int)online : LN_MAX_THREADS;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) {
+        return CPU_COUNT(&set);
     }
 #endif
-    return 1;
+    return sysconf(_SC_NPROCESSORS_ONLN);
+}
+
+/* The first line of dir/name, at most size - 1 bytes, into line.  Returns 0, or -1 when
+   the file cannot be read. */
+static int ln_read_first_line(const char *dir, const char *name, char *line, size_t size)
+{
+    char path[4096];
+    const int length = snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *file = length > 0 && (size_t)length < sizeof path ? fopen(path, "r") : NULL;
+    if (!file) {
+        return -1;
+    }
+    const int got_line = fgets(line, (int)size, file) != NULL;
+    fclose(file);
+    return got_line ? 0 : -1;
+}
+
+/* The CPUs that `quota` microseconds of CPU time every `period` microseconds keep busy,
+   rounded up; 0 when that is no limit (v1 writes -1, and v2's "max" parses as 0). */
+static long ln_cpus_of_quota(long long quota, long long period)
+{
+    if (quota <= 0 || period <= 0) {
+        return 0;
+    }
+    const long long cpus = quota / period + (quota % period != 0);
+    return cpus < LN_MAX_THREADS ? (long)cpus : LN_MAX_THREADS;
+}
+
+/* The CPUs the cgroup CPU quota under cgroup_dir allows, or 0 when it sets none: cgroup
+   v2's cpu.max ("<quota> <period>" or "max <period>"), else v1's cpu/cpu.cfs_quota_us
+   and cpu/cpu.cfs_period_us.  Containers see their own cgroup at /sys/fs/cgroup. */
+static long ln_cgroup_cpu_limit(const char *cgroup_dir)
+{
+    char quota_line[64], period_line[64];
+    long long quota = 0, period = 0;
+    if (ln_read_first_line(cgroup_dir, "cpu.max", quota_line, sizeof quota_line) == 0) {
+        char *after_quota;
+        quota = strtoll(quota_line, &after_quota, 10);
+        period = strtoll(after_quota, NULL, 10);
+    }
+    else if (ln_read_first_line(cgroup_dir, "cpu/cpu.cfs_quota_us", quota_line, sizeof quota_line) == 0 &&
+             ln_read_first_line(cgroup_dir, "cpu/cpu.cfs_period_us", period_line, sizeof period_line) == 0) {
+        quota = strtoll(quota_line, NULL, 10);
+        period = strtoll(period_line, NULL, 10);
+    }
+    return ln_cpus_of_quota(quota, period);
+}
+
+int ln_threads_default_in(const char *cgroup_dir)
+{
+    long cpus = ln_cpus_allowed();
+    const long limit = ln_cgroup_cpu_limit(cgroup_dir);
+    if (limit > 0 && limit < cpus) {
+        cpus = limit;
+    }
+    return cpus < 1 ? 1 : cpus > LN_MAX_THREADS ? LN_MAX_THREADS : (int)cpus;
+}
+
+int ln_threads_default(void)
+{
+    return ln_threads_default_in("/sys/fs/cgroup");
 }
 
 int ln_threads_get(void)

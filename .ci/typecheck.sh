@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Static types, in a new virtual environment: `mypy --strict` over the package and over
+# tests/typing/public_api.py, a typed example that calls every public function and class as a
+# user would (its assert_type lines pin what each returns); mypy's stubtest against the compiled
+# core's stub; then the example is run, so it stays true at run time too.
+#
+#   bash .ci/typecheck.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+work=build/typecheck
+rm -rf "$work"
+mkdir -p "$work"
+python3 -m venv "$work/venv"
+# mypy is a CI tool, not a test dependency of the package: it is installed here, in the
+# environment this script makes, and the `test` extra does not list it.
+{
+  "$work/venv/bin/python" -m pip install -q --upgrade pip
+  "$work/venv/bin/python" -m pip install -q mypy numpy typing_extensions
+  "$work/venv/bin/python" -m pip install -q -e .
+} >"$work/setup.log" 2>&1 || { tail -n 40 "$work/setup.log"; exit 1; }
+echo "typecheck: $("$work/venv/bin/python" -m mypy --version), NumPy $("$work/venv/bin/python" -c 'import numpy; print(numpy.__version__)')"
+
+# torch is optional and not installed here (pip would fetch its CUDA build): the package's
+# imports of it are looked up only when it is there.
+cat >"$work/mypy.ini" <<'CONFIG'
+[mypy]
+strict = True
+[mypy-torch,torch.*]
+ignore_missing_imports = True
+CONFIG
+"$work/venv/bin/python" -m mypy --config-file "$work/mypy.ini" --cache-dir "$work/mypy-cache" \
+  layernorm tests/typing/public_api.py
+"$work/venv/bin/python" -m mypy.stubtest --mypy-config-file "$work/mypy.ini" layernorm._layernorm
+"$work/venv/bin/python" tests/typing/public_api.py
+echo "typecheck: ok in ${SECONDS}s"
