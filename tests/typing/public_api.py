@@ -14,11 +14,17 @@ from typing_extensions import assert_type
 import layernorm
 from layernorm import (
     LayerNorm,
+    RMSNorm,
+    add_layer_norm,
+    add_rms_norm,
     available_simd_levels,
     get_num_threads,
     layer_norm,
     layer_norm_backward,
     native_layer_norm,
+    native_rms_norm,
+    rms_norm,
+    rms_norm_backward,
     set_num_threads,
     set_simd_level,
     simd_level,
@@ -41,6 +47,29 @@ def functions(x: npt.NDArray[np.float32], weight: FloatArray, bias: FloatArray) 
     grad_input, grad_weight, grad_bias = grads
     assert grad_input is not None and grad_weight is not None and grad_bias is None
     assert_layer_norm_close(y, x, 16, weight, bias, 1e-6)
+
+
+def family(x: npt.NDArray[np.float32], weight: FloatArray, bias: FloatArray) -> None:
+    assert_type(rms_norm(x, 16, weight), FloatArray)
+    assert_type(rms_norm(x, 16, weight, eps=None, axis=-1, out=np.empty_like(x)), FloatArray)
+    out, rstd = native_rms_norm(x, (16,), weight, 1e-6)
+    assert_type(rstd, FloatArray)
+    grads = rms_norm_backward(np.ones_like(x), x, 16, rstd, weight, (True, False))
+    assert_type(grads, Tuple[Optional[FloatArray], Optional[FloatArray]])
+    assert grads[0] is not None and grads[1] is None
+    channels_first = np.ones((2, 16, 3, 3), np.float32)
+    assert_type(layer_norm(channels_first, 16, weight, bias, axis=1), FloatArray)
+    assert_type(native_layer_norm(channels_first, (16, 3), axis=(1, 3))[1], FloatArray)
+    output, total = add_layer_norm(x, x, 16, weight, bias, axis=(-1,))
+    assert_type(output, FloatArray)
+    assert_type(total, FloatArray)
+    output, total = add_rms_norm(x, np.ones_like(x), 16, weight, residual_out=np.empty_like(x))
+    assert_type(total, FloatArray)
+    rms = RMSNorm(16, eps=None, elementwise_affine=True, dtype=np.float32, axis=-1)
+    assert_type(rms, RMSNorm)
+    assert_type(rms(x), FloatArray)
+    assert_type(rms.backward(np.ones_like(x)), FloatArray)
+    assert_type(LayerNorm(16, axis=1)(channels_first), FloatArray)
 
 
 def module(x: npt.NDArray[np.float32]) -> None:
@@ -107,6 +136,7 @@ def main() -> None:
     weight = np.linspace(0.5, 1.5, 16).astype(np.float32)
     bias = np.zeros(16, np.float32)
     functions(x, weight, bias)
+    family(x, weight, bias)
     module(x)
     runtime()
     testing()
