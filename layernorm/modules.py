@@ -102,13 +102,11 @@ def _as_axis(axis: Any, shape: tuple[int, ...]) -> Optional[int | tuple[int, ...
         raise TypeError(f"axis must be an int or a tuple of ints, got {axis!r}")
     if any(isinstance(item, (bool, np.bool_)) or not hasattr(item, "__index__") for item in items):
         raise TypeError(f"axis must be an int or a tuple of ints, got {axis!r}")
-    axes: int | tuple[int, ...] = tuple(map(operator.index, items))
-    count = len(axes)
-    if not isinstance(axis, tuple):
-        axes = axes[0]
-    if count != len(shape):
-        raise ValueError(f"normalized_shape={list(shape)} and axis={axes!r} differ in length")
-    return axes
+    axes = tuple(map(operator.index, items))
+    if len(axes) != len(shape):
+        shown = axes if isinstance(axis, tuple) else axes[0]
+        raise ValueError(f"normalized_shape={list(shape)} and axis={shown!r} differ in length")
+    return axes if isinstance(axis, tuple) else axes[0]
 
 
 def _as_param_dtype(dtype: Any, kind: str) -> np.dtype[Any]:

@@ -1054,6 +1054,10 @@ call_use_copies(const char *fname, kernel_call *call)
         if (!slot->arr) {
             continue;
         }
+        if (slot->result) {  /* a stand-in already: permute the result itself instead */
+            Py_SETREF(slot->arr, slot->result);
+            slot->result = NULL;
+        }
         PyArrayObject *view = (PyArrayObject *)PyArray_Transpose(slot->arr, &permutation);
         if (!view) {
             return -1;
@@ -1095,14 +1099,56 @@ call_use_copies(const char *fname, kernel_call *call)
     return 0;
 }
 
-/* Plans the call: in place when the kernel can walk the arrays as they are, else through
-   call_use_copies.  Without axis= only rows of adjacent elements are walked in place, so that
+/* Replaces each array that is unaligned or byte-swapped by a native, aligned one in the same
+   memory order: when read, a copy; when written, a new array whose values go to it once the
+   kernel is done (call_finish).  The layout stays, so the kernel takes the route, and gives the
+   bits, it takes for an aligned array of that layout.  Returns 0, or -1 with an exception set. */
+static int
+call_use_native(const char *fname, kernel_call *call)
+{
+    for (int a = 0; a < call->n; a++) {
+        call_array *slot = &call->arrays[a];
+        if (!slot->arr || (PyArray_ISALIGNED(slot->arr) && PyArray_ISNOTSWAPPED(slot->arr))) {
+            continue;
+        }
+        PyArray_Descr *native = PyArray_DescrFromType(PyArray_TYPE(slot->arr));
+        PyArrayObject *copy;
+        if (slot->writes) {
+            copy = (PyArrayObject *)PyArray_NewLikeArray(slot->arr, NPY_KEEPORDER, native, 0);
+            if (copy) {
+                slot->result = slot->arr;
+                slot->arr = NULL;
+            }
+        }
+        else {
+            copy = (PyArrayObject *)PyArray_FromArray(slot->arr, native, NPY_ARRAY_ALIGNED | NPY_ARRAY_ENSURECOPY |
+                                                                             NPY_ARRAY_FORCECAST);
+        }
+        if (!copy) {
+            char what[80];
+            snprintf(what, sizeof what, "an aligned copy of %s", slot->name);
+            return allocation_failed(fname, what, call->ndim, call->dims, PyArray_TYPE(slot->arr));
+        }
+        Py_XSETREF(slot->arr, copy);
+    }
+    return 0;
+}
+
+/* Plans the call: in place when the kernel can walk the arrays as they are, else with native
+   aligned stand-ins in the same layout (call_use_native), else through call_use_copies.  Without axis= only rows of adjacent elements are walked in place, so that
    the results (and their bits) are torch's layout-independent ones.  Returns 0, or -1 with an
    exception set. */
 static int
 call_prepare(const char *fname, kernel_call *call)
 {
-    return call_plan(call, !call->axes.given) ? 0 : call_use_copies(fname, call);
+    const int unit_elements = !call->axes.given;
+    if (call_plan(call, unit_elements)) {
+        return 0;
+    }
+    if (call_use_native(fname, call) < 0) {
+        return -1;
+    }
+    return call_plan(call, unit_elements) ? 0 : call_use_copies(fname, call);
 }
 
 /* Copies the values of stand-in arrays to their results.  Returns 0, or -1 with an exception
