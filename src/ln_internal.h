@@ -204,12 +204,19 @@ static inline ptrdiff_t ln_rows_of(const ln_extent *extent)
     return extent->blocks * extent->rows;
 }
 
+/* Row `row` of block `block` in an array. */
+static inline char *ln_block_row_address(const ln_array *array, ptrdiff_t block, ptrdiff_t row)
+{
+    assert(array->data && block >= 0 && row >= 0);
+    return array->data + block * array->walk.block_step + row * array->walk.row_step;
+}
+
 /* Row r of a call, block r / rows, row r % rows of it, in an array walked over extent. */
 static inline char *ln_row_address(const ln_array *array, const ln_extent *extent, ptrdiff_t r)
 {
-    assert(array->data && 0 <= r && r < ln_rows_of(extent));
+    assert(0 <= r && r < ln_rows_of(extent));
     const ptrdiff_t block = extent->blocks > 1 ? r / extent->rows : 0;
-    return array->data + block * array->walk.block_step + (r - block * extent->rows) * array->walk.row_step;
+    return ln_block_row_address(array, block, r - block * extent->rows);
 }
 
 /* Whether an array is absent or has its rows' elements adjacent. */
@@ -249,13 +256,13 @@ static inline ptrdiff_t ln_tiles_of(const ln_extent *extent)
     return extent->blocks * ((extent->rows + LN_TILE_ROWS - 1) / LN_TILE_ROWS);
 }
 
-/* Tile t's first row (a linear row index) and its number of rows. */
-static inline void ln_tile_of(const ln_extent *extent, ptrdiff_t t, ptrdiff_t *first, int *count)
+/* Tile t's block, its first row in the block and its number of rows. */
+static inline void ln_tile_of(const ln_extent *extent, ptrdiff_t t, ptrdiff_t *block, ptrdiff_t *row, int *count)
 {
     const ptrdiff_t per_block = (extent->rows + LN_TILE_ROWS - 1) / LN_TILE_ROWS;
-    const ptrdiff_t row = (t % per_block) * LN_TILE_ROWS;
-    *first = (t / per_block) * extent->rows + row;
-    *count = (int)(extent->rows - row < LN_TILE_ROWS ? extent->rows - row : LN_TILE_ROWS);
+    *block = t / per_block;
+    *row = (t - *block * per_block) * LN_TILE_ROWS;
+    *count = (int)(extent->rows - *row < LN_TILE_ROWS ? extent->rows - *row : LN_TILE_ROWS);
 }
 
 /* Whether forward writes its float32/float64 output with non-temporal stores. */

@@ -1036,29 +1036,38 @@ typedef struct {
     ptrdiff_t row_step;   /* bytes from one lane's row to the next's */
     ptrdiff_t elem_step;  /* bytes from one element of a row to the next */
     int adjacent;         /* all 16 lanes, rows adjacent: element j is one group in memory */
+    int prefetch;         /* adjacent, and LN_TILE_PREFETCH more tiles of the block follow */
 } tile_view;
 
-static LN_ALWAYS_INLINE tile_view tile_view_of(ln_dtype dtype, const ln_array *array, const ln_extent *extent,
-                                               ptrdiff_t first, int count)
+/* The view of rows row .. row + count of block `block` in an array of `rows` rows a block. */
+static LN_ALWAYS_INLINE tile_view tile_view_of(ln_dtype dtype, const ln_array *array, ptrdiff_t rows,
+                                               ptrdiff_t block, ptrdiff_t row, int count)
 {
-    tile_view t = {NULL, 0, 0, 0};
+    tile_view t = {NULL, 0, 0, 0, 0};
     if (array->data) {
-        t.first = ln_row_address(array, extent, first);
+        t.first = ln_block_row_address(array, block, row);
         t.row_step = array->walk.row_step;
         t.elem_step = array->walk.elem_step;
         t.adjacent = count == LN_TILE_ROWS && t.row_step == (ptrdiff_t)ln_dtype_size(dtype);
+        t.prefetch = t.adjacent && row + LN_TILE_PREFETCH * LN_TILE_ROWS < rows;
     }
     return t;
 }
 
 /* Element j of the tile's `count` rows as 16 consecutive elements: in memory where they are
-   adjacent, else gathered into lanes, whose lanes from count on the caller has zeroed. */
+   adjacent, else gathered into lanes, whose lanes from count on the caller has zeroed.
+   Each element of a tile is a cache line of its own (channels-first rows: H*W elements
+   apart), more lines at once than the hardware prefetchers follow, so the line of a tile
+   LN_TILE_PREFETCH further on is asked for now. */
 static LN_ALWAYS_INLINE const void *tile_load(ln_dtype dtype, const tile_view *t, int count, ptrdiff_t j,
                                               void *lanes)
 {
     const char *from = t->first + j * t->elem_step;
     const size_t size = ln_dtype_size(dtype);
     if (t->adjacent) {
+        if (t->prefetch) {
+            __builtin_prefetch(from + LN_TILE_PREFETCH * LN_TILE_ROWS * size);
+        }
         return from;
     }
     for (int k = 0; k < count; k++) {
@@ -1068,10 +1077,15 @@ static LN_ALWAYS_INLINE const void *tile_load(ln_dtype dtype, const tile_view *t
 }
 
 /* Where element j of the tile's rows is to be written as 16 consecutive elements: in memory
-   where they are adjacent, else lanes, for tile_scatter. */
-static LN_ALWAYS_INLINE void *tile_target(const tile_view *t, ptrdiff_t j, void *lanes)
+   where they are adjacent (the next tile's line asked for, to be written: see tile_load),
+   else lanes, for tile_scatter. */
+static LN_ALWAYS_INLINE void *tile_target(ln_dtype dtype, const tile_view *t, ptrdiff_t j, void *lanes)
 {
-    return t->adjacent ? t->first + j * t->elem_step : lanes;
+    char *to = t->first + j * t->elem_step;
+    if (t->prefetch) {
+        __builtin_prefetch(to + LN_TILE_PREFETCH * LN_TILE_ROWS * ln_dtype_size(dtype), 1);
+    }
+    return t->adjacent ? to : lanes;
 }
 
 /* Element j of the tile's `count` rows out of lanes, unless tile_target put it in place. */
@@ -1088,79 +1102,124 @@ static LN_ALWAYS_INLINE void tile_scatter(ln_dtype dtype, const tile_view *t, in
     }
 }
 
+/* A forward tile's arrays, and lane buffers of 16 elements of any type for those gathered
+   (zero past count). */
+typedef struct {
+    int count;
+    tile_view x, residual, sum, y;
+    double x_lanes[16], residual_lanes[16], sum_lanes[16], y_lanes[16];
+} forward_tile_arrays;
+
+/* Element j of a forward tile's rows as float64 lanes: the input's, or with a residual their
+   sum, written to `sum` on the way. */
+static LN_ALWAYS_INLINE gd forward_tile_values(ln_dtype dtype, forward_tile_arrays *t, ptrdiff_t j)
+{
+    if (!t->residual.first) {
+        return load_as_f64(dtype, tile_load(dtype, &t->x, t->count, j, t->x_lanes), 0);
+    }
+    void *target = tile_target(dtype, &t->sum, j, t->sum_lanes);
+    add_group(dtype, tile_load(dtype, &t->x, t->count, j, t->x_lanes),
+              tile_load(dtype, &t->residual, t->count, j, t->residual_lanes), target, 0);
+    tile_scatter(dtype, &t->sum, t->count, j, target);
+    return load_as_f64(dtype, target, 0);
+}
+
+/* The moments of elements [start, start + len) of a forward tile's rows, per lane, as
+   chunk_moments computes them. */
+static LN_ALWAYS_INLINE void forward_tile_chunk(ln_norm_kind kind, ln_dtype dtype, forward_tile_arrays *t,
+                                                ptrdiff_t start, ptrdiff_t len, double means[16], double m2s[16])
+{
+    const int has_mean = kind == LN_NORM_LAYER;
+    const gd zero_v = gd_splat(0.0);
+    const gd first = forward_tile_values(dtype, t, start);
+    const gd shift = has_mean ? first : zero_v;
+    gd d = has_mean ? gd_sub(first, shift) : first;
+    gd s1 = gd_add(zero_v, d), s2 = gd_fma(d, d, zero_v);
+    for (ptrdiff_t j = start + 1; j < start + len; j++) {
+        const gd value = forward_tile_values(dtype, t, j);
+        d = has_mean ? gd_sub(value, shift) : value;
+        s1 = has_mean ? gd_add(s1, d) : s1;
+        s2 = gd_fma(d, d, s2);
+    }
+    const gd mean_offset = gd_div(s1, gd_splat((double)len));
+    gd_store(means, has_mean ? gd_add(shift, mean_offset) : zero_v);
+    gd_store(m2s, has_mean ? gd_sub(s2, gd_mul(s1, mean_offset)) : s2);
+}
+
+/* A forward tile's statistics per lane into means and rstds: chunk by chunk, the chunks
+   merged by ln_merge, rstd as ln_rstd_of (IEEE division and square root are correctly
+   rounded, so lane and scalar results agree bit for bit). */
+static LN_ALWAYS_INLINE void forward_tile_statistics(ln_norm_kind kind, ln_dtype dtype, forward_tile_arrays *t,
+                                                     ptrdiff_t n, double eps, double means[16], double rstds[16])
+{
+    double m2s[16], vars[16];
+    forward_tile_chunk(kind, dtype, t, 0, n < LN_CHUNK ? n : LN_CHUNK, means, m2s);
+    for (ptrdiff_t start = LN_CHUNK; start < n; start += LN_CHUNK) {
+        const ptrdiff_t len = n - start < LN_CHUNK ? n - start : LN_CHUNK;
+        double chunk_means[16], chunk_m2s[16];
+        forward_tile_chunk(kind, dtype, t, start, len, chunk_means, chunk_m2s);
+        for (int k = 0; k < 16; k++) {
+            const ln_moments so_far = {(double)start, means[k], m2s[k]}, chunk = {(double)len, chunk_means[k], chunk_m2s[k]};
+            const ln_moments m = ln_merge(so_far, chunk);
+            means[k] = m.mean;
+            m2s[k] = m.m2;
+        }
+    }
+    gd_store(vars, gd_div(gd_load(m2s), gd_splat((double)n)));
+    for (int k = 0; k < 16; k++) {
+        vars[k] = m2s[k] > 0.0 ? vars[k] : 0.0;
+    }
+    gd_store(rstds, gd_div(gd_splat(1.0), gd_sqrt(gd_add(gd_load(vars), gd_splat(eps)))));
+    for (int k = 0; k < 16; k++) {
+        const ln_moments m = {(double)n, means[k], m2s[k]};
+        rstds[k] = ln_moments_finite(kind, m) ? rstds[k] : NAN;
+    }
+}
+
+/* A statistic of each of the tile's `count` rows out, where wanted (view absent: not). */
+static LN_ALWAYS_INLINE void tile_store_stats(ln_dtype dtype, const tile_view *t, int count, const double values[16])
+{
+    for (int k = 0; t->first && k < count; k++) {
+        ln_store1_param(dtype, t->first + k * t->row_step, 0, values[k]);
+    }
+}
+
 /* Tile `tile` forward: statistics per lane (summing the residual into `sum` on the way),
    the statistics out, then the output. */
 static LN_ALWAYS_INLINE void forward_tile(ln_norm_kind kind, ln_dtype dtype, const ln_forward_args *a,
                                           ptrdiff_t tile)
 {
     const ptrdiff_t n = a->extent.row_len;
-    const int has_mean = kind == LN_NORM_LAYER, has_residual = a->residual.data != NULL;
-    ptrdiff_t first;
+    const int has_mean = kind == LN_NORM_LAYER;
+    ptrdiff_t block, row;
     int count;
-    ln_tile_of(&a->extent, tile, &first, &count);
-    const tile_view x = tile_view_of(dtype, &a->input, &a->extent, first, count);
-    const tile_view residual = tile_view_of(dtype, &a->residual, &a->extent, first, count);
-    const tile_view sum = tile_view_of(dtype, &a->sum, &a->extent, first, count);
-    const tile_view y = tile_view_of(dtype, &a->output, &a->extent, first, count);
-    const tile_view *source = has_residual ? &sum : &x;  /* the rows normalized */
-    /* lanes of 16 elements of any type; those past count stay zero */
-    double x_lanes[16] = {0}, residual_lanes[16] = {0}, sum_lanes[16] = {0}, y_lanes[16] = {0};
-
-    ln_moments m[16];
-    for (ptrdiff_t start = 0; start < n; start += LN_CHUNK) {
-        const ptrdiff_t len = n - start < LN_CHUNK ? n - start : LN_CHUNK;
-        gd shift = gd_splat(0.0), s1 = shift, s2 = shift;
-        for (ptrdiff_t j = start; j < start + len; j++) {
-            const void *values;
-            if (has_residual) {
-                void *target = tile_target(&sum, j, sum_lanes);
-                add_group(dtype, tile_load(dtype, &x, count, j, x_lanes),
-                          tile_load(dtype, &residual, count, j, residual_lanes), target, 0);
-                tile_scatter(dtype, &sum, count, j, target);
-                values = target;
-            }
-            else {
-                values = tile_load(dtype, &x, count, j, x_lanes);
-            }
-            const gd value = load_as_f64(dtype, values, 0);
-            if (has_mean && j == start) {
-                shift = value;
-            }
-            const gd d = has_mean ? gd_sub(value, shift) : value;
-            s1 = has_mean ? gd_add(s1, d) : s1;
-            s2 = gd_fma(d, d, s2);
-        }
-        double shifts[16], sums1[16], sums2[16];
-        gd_store(shifts, shift);
-        gd_store(sums1, s1);
-        gd_store(sums2, s2);
-        for (int k = 0; k < 16; k++) {
-            const double mean_offset = sums1[k] / (double)len;
-            const ln_moments chunk = {(double)len, has_mean ? shifts[k] + mean_offset : 0.0,
-                                      has_mean ? sums2[k] - sums1[k] * mean_offset : sums2[k]};
-            m[k] = start == 0 ? chunk : ln_merge(m[k], chunk);
-        }
-    }
-
+    ln_tile_of(&a->extent, tile, &block, &row, &count);
+    forward_tile_arrays t = {
+        .count = count,
+        .x = tile_view_of(dtype, &a->input, a->extent.rows, block, row, count),
+        .residual = tile_view_of(dtype, &a->residual, a->extent.rows, block, row, count),
+        .sum = tile_view_of(dtype, &a->sum, a->extent.rows, block, row, count),
+        .y = tile_view_of(dtype, &a->output, a->extent.rows, block, row, count),
+    };
     double means[16], rstds[16];
-    for (int k = 0; k < 16; k++) {
-        means[k] = m[k].mean;
-        rstds[k] = ln_rstd_of(kind, m[k], a->eps);
-        if (k < count) {
-            ln_store_stats(a, first + k, means[k], rstds[k]);
-        }
-    }
+    forward_tile_statistics(kind, dtype, &t, n, a->eps, means, rstds);
+    const tile_view mean_out = tile_view_of(dtype, &a->mean, a->extent.rows, block, row, count);
+    const tile_view rstd_out = tile_view_of(dtype, &a->rstd, a->extent.rows, block, row, count);
+    tile_store_stats(dtype, &mean_out, count, means);
+    tile_store_stats(dtype, &rstd_out, count, rstds);
+
+    const tile_view *source = a->residual.data ? &t.sum : &t.x;  /* the rows normalized */
     const void *weight = a->weight, *bias = has_mean ? a->bias : NULL;
     if (dtype == LN_F64) {
         const gd mean_v = gd_load(means), rstd_v = gd_load(rstds);
         for (ptrdiff_t j = 0; j < n; j++) {
-            const gd value_x = gd_load(tile_load(dtype, source, count, j, x_lanes));
+            const gd value_x = gd_load(tile_load(dtype, source, count, j, t.x_lanes));
             const gd centred = has_mean ? gd_sub(value_x, mean_v) : value_x;
             const gd scale = weight ? gd_mul(gd_splat(((const double *)weight)[j]), rstd_v) : rstd_v;
             const gd offset = gd_splat(bias ? ((const double *)bias)[j] : 0.0);
-            void *target = tile_target(&y, j, y_lanes);
+            void *target = tile_target(dtype, &t.y, j, t.y_lanes);
             gd_store(target, gd_fma(centred, scale, offset));
-            tile_scatter(dtype, &y, count, j, target);
+            tile_scatter(dtype, &t.y, count, j, target);
         }
         return;
     }
@@ -1172,13 +1231,13 @@ static LN_ALWAYS_INLINE void forward_tile(ln_norm_kind kind, ln_dtype dtype, con
     }
     const gf mean_hi_v = gf_load(mean_hi), mean_lo_v = gf_load(mean_lo), scale_v = gf_load(scales);
     for (ptrdiff_t j = 0; j < n; j++) {
-        const gf value_x = load_as_f32(dtype, tile_load(dtype, source, count, j, x_lanes), 0);
+        const gf value_x = load_as_f32(dtype, tile_load(dtype, source, count, j, t.x_lanes), 0);
         const gf centred = has_mean ? gf_sub(gf_sub(value_x, mean_hi_v), mean_lo_v) : value_x;
         const gf scale = weight ? gf_mul(gf_splat(((const float *)weight)[j]), scale_v) : scale_v;
         const gf offset = gf_splat(bias ? ((const float *)bias)[j] : 0.0f);
-        void *target = tile_target(&y, j, y_lanes);
+        void *target = tile_target(dtype, &t.y, j, t.y_lanes);
         store_from_f32(dtype, target, 0, gf_fma(centred, scale, offset));
-        tile_scatter(dtype, &y, count, j, target);
+        tile_scatter(dtype, &t.y, count, j, target);
     }
 }
 
@@ -1201,17 +1260,19 @@ static LN_ALWAYS_INLINE void backward_tile(ln_norm_kind kind, ln_dtype dtype, co
 {
     const ptrdiff_t n = a->extent.row_len;
     const int has_mean = kind == LN_NORM_LAYER;
-    ptrdiff_t first;
+    ptrdiff_t block, row;
     int count;
-    ln_tile_of(&a->extent, tile, &first, &count);
-    const tile_view dy = tile_view_of(dtype, &a->grad_output, &a->extent, first, count);
-    const tile_view x = tile_view_of(dtype, &a->input, &a->extent, first, count);
-    const tile_view dx = tile_view_of(dtype, &a->grad_input, &a->extent, first, count);
+    ln_tile_of(&a->extent, tile, &block, &row, &count);
+    const tile_view dy = tile_view_of(dtype, &a->grad_output, a->extent.rows, block, row, count);
+    const tile_view x = tile_view_of(dtype, &a->input, a->extent.rows, block, row, count);
+    const tile_view dx = tile_view_of(dtype, &a->grad_input, a->extent.rows, block, row, count);
+    const tile_view mean_in = tile_view_of(dtype, &a->mean, a->extent.rows, block, row, count);
+    const tile_view rstd_in = tile_view_of(dtype, &a->rstd, a->extent.rows, block, row, count);
     double dy_lanes[16] = {0}, x_lanes[16] = {0}, dx_lanes[16] = {0};
     double means[16] = {0}, rstds[16] = {0};
     for (int k = 0; k < count; k++) {
-        means[k] = has_mean ? ln_load_stat(dtype, &a->mean, &a->extent, first + k) : 0.0;
-        rstds[k] = ln_load_stat(dtype, &a->rstd, &a->extent, first + k);
+        means[k] = has_mean ? ln_load1_param_as_f64(dtype, mean_in.first + k * mean_in.row_step, 0) : 0.0;
+        rstds[k] = ln_load1_param_as_f64(dtype, rstd_in.first + k * rstd_in.row_step, 0);
     }
     const gd mean_v = gd_load(means), rstd_v = gd_load(rstds), zero_v = gd_splat(0.0);
     gd g_mean = zero_v, gx_mean = zero_v;
@@ -1238,7 +1299,7 @@ static LN_ALWAYS_INLINE void backward_tile(ln_norm_kind kind, ln_dtype dtype, co
             const gd inner = gd_sub(has_mean ? gd_sub(g, g_mean) : g, gd_mul(xhat, gx_mean));
             double values[16];
             gd_store(values, gd_mul(inner, rstd_v));
-            void *target = tile_target(&dx, j, dx_lanes);
+            void *target = tile_target(dtype, &dx, j, dx_lanes);
             for (int k = 0; k < 16; k++) {
                 ln_store1_from_f64(dtype, target, k, values[k]);
             }
