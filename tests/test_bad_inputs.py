@@ -16,6 +16,7 @@ run.  ``peak`` bounds how far such a child's resident memory may grow during the
 import re
 from typing import NamedTuple, Optional, Pattern, Union
 
+import numpy as np
 import pytest
 
 import layernorm
@@ -30,7 +31,7 @@ import layernorm
 from layernorm import LayerNorm, layer_norm, layer_norm_backward, native_layer_norm
 from layernorm.testing import assert_layer_norm_close, assert_rms_norm_close, diagnose
 x = np.arange(8, dtype=np.float32).reshape(2, 4)
-y, mean, rstd = native_layer_norm(x, (4,))
+y, mean, rstd = native_layer_norm(x, (4,))  # rstd: also native_rms_norm's shape and dtype
 module = LayerNorm(4)
 
 def broadcast(value, shape):  # a float32 array of `shape` in no memory: one value everywhere
@@ -47,6 +48,7 @@ tx = torch.arange(8, dtype=torch.float32).reshape(2, 4)
 """
 
 MiB = 2**20
+AxisError = np.exceptions.AxisError if hasattr(np, "exceptions") else np.AxisError
 NOT_BOOL = "normalized_shape must be an int or a sequence of ints, not bool"
 
 
@@ -568,6 +570,178 @@ CASES = {
     "diagnose-negative-size": Case(
         "diagnose(module, -4)", ValueError,
         "Trying to create tensor with negative dimension -4: [-4] (normalized_shape sizes must be >= 0)"),
+
+    # ------------------------------------------------------------------ the norm family: sizes at the limits
+    "rms_norm-output-too-big": Case(
+        "layernorm.rms_norm(broadcast(1, (2**36, 16)), 16)",
+        MemoryError,
+        "rms_norm: could not allocate the output, a float32 array of shape [68719476736, 16]: 4398046511104 bytes",
+        isolated=True),
+    "native_rms_norm-statistics-of-empty-rows-too-big": Case(
+        "layernorm.native_rms_norm(np.empty((2**40, 0), np.float32), 0)",
+        MemoryError,
+        "native_rms_norm: could not allocate rstd, a float32 array of shape [1099511627776, 1]: 4398046511104 bytes",
+        isolated=True),
+    "layer_norm-axis1-output-too-big": Case(
+        "layernorm.layer_norm(broadcast(1, (2**30, 16, 4)), 16, axis=1)",
+        MemoryError,
+        "layer_norm: could not allocate the output, a float32 array of shape [1073741824, 16, 4]: 274877906944 bytes",
+        isolated=True),
+    "add_layer_norm-results-too-big": Case(
+        "layernorm.add_layer_norm(broadcast(1, (2**36, 16)), broadcast(2, (2**36, 16)), 16)",
+        MemoryError,
+        re.compile(r"add_layer_norm: could not allocate (the output|the sum), a float32 array of shape "
+                   r"\[68719476736, 16\]: 4398046511104 bytes"),
+        isolated=True),
+    "RMSNorm-parameters-too-big": Case(
+        "layernorm.RMSNorm(2**40)",
+        MemoryError,
+        "RMSNorm: could not allocate weight, a float32 array of shape [1099511627776]: 4398046511104 bytes",
+        isolated=True),
+    "RMSNorm-training-saved-input-too-big": Case(
+        "layernorm.RMSNorm(16)(np.broadcast_to(np.ones(16, np.float32), (2**22, 16)))",
+        MemoryError,
+        "RMSNorm: could not allocate the copy of the input saved for backward, a float32 array of "
+        "shape [4194304, 16]: 268435456 bytes",
+        isolated=True, memory=384 * MiB),
+    "layer_norm-axis-normalized-size-overflows": Case(
+        "layernorm.layer_norm(x, (2**40, 2**40), axis=(0, 1))",
+        ValueError,
+        "Given normalized_shape=[1099511627776, 1099511627776] and axis=(0, 1), expected input with sizes "
+        "[1099511627776, 1099511627776] along those axes, but got input of size[2, 4]",
+        isolated=True),
+    "rms_norm_backward-broadcast-rstd-of-2**32-rows": Case(
+        "layernorm.rms_norm_backward(broadcast(1, (2**32, 16)), broadcast(1, (2**32, 16)), 16, "
+        "broadcast(1, (2**32, 1)))",
+        MemoryError,
+        "rms_norm_backward: could not allocate grad_input, a float32 array of shape [4294967296, 16]: "
+        "274877906944 bytes",
+        isolated=True, peak=64 * MiB),
+    # ------------------------------------------------------------------ axis=
+    "layer_norm-axis-out-of-bounds": Case(
+        "layernorm.layer_norm(x, 4, axis=2)", AxisError, "axis 2 is out of bounds for array of dimension 2"),
+    "native_rms_norm-axis-negative-out-of-bounds": Case(
+        "layernorm.native_rms_norm(x, 4, axis=-3)", AxisError, "axis -3 is out of bounds for array of dimension 2"),
+    "layer_norm_backward-axis-out-of-bounds-in-a-tuple": Case(
+        "layernorm.layer_norm_backward(x, x, (2, 4), mean, rstd, axis=(0, 5))", AxisError,
+        "axis 5 is out of bounds for array of dimension 2"),
+    "add_layer_norm-axis-out-of-bounds": Case(
+        "layernorm.add_layer_norm(x, x, 4, axis=7)", AxisError, "axis 7 is out of bounds for array of dimension 2"),
+    "LayerNorm-axis-out-of-bounds": Case(
+        "layernorm.LayerNorm(4, axis=3)(x)", AxisError, "axis 3 is out of bounds for array of dimension 2"),
+    "RMSNorm-axis-out-of-bounds": Case(
+        "layernorm.RMSNorm(4, axis=-3)(x)", AxisError, "axis -3 is out of bounds for array of dimension 2"),
+    "rms_norm-repeated-axis": Case(
+        "layernorm.rms_norm(x, (4, 4), axis=(1, 1))", ValueError, re.compile(r".*repeated axis.*", re.S)),
+    "layer_norm-repeated-axis-negative": Case(
+        "layernorm.layer_norm(x, (4, 4), axis=(1, -1))", ValueError, re.compile(r".*repeated axis.*", re.S)),
+    "native_layer_norm-axis-count": Case(
+        "layernorm.native_layer_norm(x, (4,), axis=(0, 1))", ValueError,
+        "normalized_shape=[4] and axis=(0, 1) differ in length"),
+    "add_rms_norm-axis-count": Case(
+        "layernorm.add_rms_norm(x, x, (2, 4), axis=(1,))", ValueError,
+        "normalized_shape=[2, 4] and axis=(1,) differ in length"),
+    "rms_norm-axis-sizes": Case(
+        "layernorm.rms_norm(x, (4,), axis=(0,))", ValueError,
+        "Given normalized_shape=[4] and axis=(0,), expected input with sizes [4] along those axes, but got input "
+        "of size[2, 4]"),
+    "rms_norm_backward-axis-sizes": Case(
+        "layernorm.rms_norm_backward(x, x, (4, 2), rstd, axis=(0, 1))", ValueError,
+        "Given normalized_shape=[4, 2] and axis=(0, 1), expected input with sizes [4, 2] along those axes, but got "
+        "input of size[2, 4]"),
+    "layer_norm-axis-float": Case(
+        "layernorm.layer_norm(x, 4, axis=1.0)", TypeError, re.compile(r".*axis.*", re.S)),
+    "rms_norm-axis-list": Case(
+        "layernorm.rms_norm(x, 4, axis=[1])", TypeError, re.compile(r".*axis.*", re.S)),
+    "RMSNorm-axis-str": Case(
+        "layernorm.RMSNorm(4, axis='1')(x)", TypeError, re.compile(r".*axis.*", re.S)),
+    # ------------------------------------------------------------------ rms_norm, native_rms_norm, rms_norm_backward
+    "rms_norm-empty-normalized-shape": Case(
+        "layernorm.rms_norm(x, ())", ValueError,
+        "Expected normalized_shape to be at least 1-dimensional, i.e., containing at least one element, "
+        "but got normalized_shape = []",
+        torch="F.rms_norm(tx, ())"),
+    "rms_norm-trailing-shape": Case(
+        "layernorm.rms_norm(x, (3,))", ValueError,
+        "Given normalized_shape=[3], expected input with shape [*, 3], but got input of size[2, 4]"),
+    "native_rms_norm-weight-shape": Case(
+        "layernorm.native_rms_norm(x, (4,), np.ones(3, np.float32))", ValueError,
+        "Expected weight to be of same shape as normalized_shape, but got weight of shape [3] and "
+        "normalized_shape = [4]",
+        torch="F.rms_norm(tx, (4,), torch.ones(3))"),
+    "rms_norm-input-int64": Case(
+        "layernorm.rms_norm(x.astype(np.int64), 4)", TypeError,
+        "\"rms_norm\" not implemented for 'Long': rms_norm takes float16, float32 or float64 arrays, got dtype "
+        "int64; convert it first, e.g. x.astype(np.float32)",
+        torch="F.rms_norm(tx.long(), (4,))"),
+    "rms_norm-bias": Case(
+        "layernorm.rms_norm(x, 4, bias=np.zeros(4, np.float32))", TypeError,
+        "rms_norm() got an unexpected keyword argument 'bias'",
+        torch="F.rms_norm(tx, (4,), bias=torch.zeros(4))"),
+    "rms_norm-out-by-position": Case(
+        "layernorm.rms_norm(x, 4, None, None, None)", TypeError,
+        "rms_norm() takes from 2 to 4 positional arguments but 5 were given"),
+    "native_rms_norm-out": Case(
+        "layernorm.native_rms_norm(x, 4, out=None)", TypeError,
+        "native_rms_norm() got an unexpected keyword argument 'out'"),
+    "rms_norm-eps-str": Case(
+        "layernorm.rms_norm(x, 4, eps='1e-5')", TypeError, "eps must be a real number, got str"),
+    "rms_norm_backward-output-mask-of-three": Case(
+        "layernorm.rms_norm_backward(x, x, 4, rstd, output_mask=(True, True, True))", ValueError,
+        re.compile(r"output_mask must be a sequence of two bools.*", re.S)),
+    "rms_norm_backward-no-rstd": Case(
+        "layernorm.rms_norm_backward(x, x, 4)", TypeError,
+        "rms_norm_backward() missing 1 required positional argument: 'rstd'"),
+    "rms_norm_backward-grad-output-shape": Case(
+        "layernorm.rms_norm_backward(x[:1], x, 4, rstd)", ValueError,
+        "grad_output of shape [1, 4] does not match input of size[2, 4]"),
+    # ------------------------------------------------------------------ add_layer_norm, add_rms_norm
+    "add_layer_norm-residual-shape": Case(
+        "layernorm.add_layer_norm(x, x[:, :3], 4)", ValueError,
+        "residual has shape [2, 3], but input has shape [2, 4]"),
+    "add_rms_norm-residual-broadcast": Case(
+        "layernorm.add_rms_norm(x, x[0], 4)", ValueError, "residual has shape [4], but input has shape [2, 4]"),
+    "add_layer_norm-residual-dtype": Case(
+        "layernorm.add_layer_norm(x, x.astype(np.float64), 4)", TypeError,
+        "residual has dtype float64, but input has dtype float32"),
+    "add_rms_norm-residual-list": Case(
+        "layernorm.add_rms_norm(x, x.tolist(), 4)", TypeError,
+        "residual has dtype float64, but input has dtype float32"),
+    "add_layer_norm-no-residual": Case(
+        "layernorm.add_layer_norm(x, normalized_shape=4)", TypeError,
+        "add_layer_norm() missing 1 required positional argument: 'residual'"),
+    "add_rms_norm-axis-by-position": Case(
+        "layernorm.add_rms_norm(x, x, 4, None, None, 1)", TypeError,
+        "add_rms_norm() takes from 3 to 5 positional arguments but 6 were given"),
+    # ------------------------------------------------------------------ RMSNorm
+    "RMSNorm-negative-size": Case(
+        "layernorm.RMSNorm(-1)", ValueError,
+        "Trying to create tensor with negative dimension -1: [-1] (normalized_shape sizes must be >= 0)",
+        torch="torch.nn.RMSNorm(-1)"),
+    "RMSNorm-dtype-int32": Case(
+        "layernorm.RMSNorm(4, dtype=np.int32)", TypeError,
+        "RMSNorm supports float16, float32 and float64 parameters, got int32"),
+    "RMSNorm-bias": Case(
+        "layernorm.RMSNorm(4, bias=False)", TypeError, re.compile(r".*unexpected keyword argument 'bias'"),
+        torch="torch.nn.RMSNorm(4, bias=False)"),
+    "RMSNorm-forward-int-input": Case(
+        "layernorm.RMSNorm(4)(x.astype(np.int64))", TypeError,
+        "\"rms_norm\" not implemented for 'Long': RMSNorm takes float16, float32 or float64 arrays, got dtype "
+        "int64; convert it first, e.g. x.astype(np.float32)",
+        torch="F.rms_norm(tx.long(), (4,))"),
+    "RMSNorm-backward-before-forward": Case(
+        "layernorm.RMSNorm(4).backward(x)", RuntimeError,
+        "backward() needs a training-mode forward first: put the module in training mode with .train() and "
+        "call it on an input before calling backward()."),
+    "RMSNorm-backward-weight-changed-in-place": Case(
+        "(lambda m: (m(x), m.weight.__imul__(2), m.backward(x)))(layernorm.RMSNorm(4))", RuntimeError,
+        "one of the variables needed for gradient computation has been modified by an inplace operation: "
+        "RMSNorm.weight [float32 array [4]] changed after the forward call. Call the module on its input "
+        "again before backward()."),
+    "RMSNorm-load_state_dict-bias": Case(
+        "layernorm.RMSNorm(4).load_state_dict({'weight': np.ones(4), 'bias': np.ones(4)})", RuntimeError,
+        "Error(s) in loading state_dict for RMSNorm:\n\tUnexpected key(s) in state_dict: \"bias\". ",
+        torch="torch.nn.RMSNorm(4).load_state_dict({'weight': torch.ones(4), 'bias': torch.ones(4)})"),
 }
 
 

@@ -1,4 +1,5 @@
-"""Every error of layer_norm, native_layer_norm, layer_norm_backward and the module's calls:
+"""Every error of layer_norm, native_layer_norm, layer_norm_backward, the rest of the family (rms_norm,
+native_rms_norm, rms_norm_backward, add_layer_norm, add_rms_norm, axis=) and the module's calls:
 its exception type (ValueError for shapes and values, TypeError for types) and, where torch has
 a message for the same mistake, torch's exact text inside ours.
 
@@ -682,3 +683,275 @@ def test_saved_backward_rejects_stats_whose_size_overflows():
     x = np.empty((2**61, 0), np.float16)
     with pytest.raises(ValueError, match="training_forward"):
         saved_backward(x, x, b"", (0,))
+
+
+# ---------------------------------------------------------------------------
+# The norm family: rms_norm, native_rms_norm, rms_norm_backward
+# ---------------------------------------------------------------------------
+
+RMS_ENTRY_POINTS = {
+    "rms_norm": lambda x, ns, w=None: layernorm.rms_norm(x, ns, w),
+    "native_rms_norm": lambda x, ns, w=None: layernorm.native_rms_norm(x, ns, w),
+}
+
+
+@pytest.mark.parametrize("entry", list(RMS_ENTRY_POINTS))
+@pytest.mark.parametrize("pair", BAD_SHAPE_PAIRS, ids=_pair_id)
+def test_rms_bad_shape_pairs_raise_value_error(pair, entry):
+    ns, shape = pair
+    with pytest.raises(ValueError, match="normalized_shape"):
+        RMS_ENTRY_POINTS[entry](np.ones(shape, np.float32), ns)
+
+
+@requires_torch
+@pytest.mark.parametrize("pair", BAD_SHAPE_PAIRS, ids=_pair_id)
+def test_torch_rms_norm_refuses_the_bad_shape_pairs(pair):
+    ns, shape = pair
+    ns_list = [ns] if isinstance(ns, int) else list(ns)
+    with pytest.raises((RuntimeError, ValueError)):  # the oracle: torch refuses them all
+        F.rms_norm(torch.ones(shape), ns_list)
+
+
+@pytest.mark.parametrize("entry", list(RMS_ENTRY_POINTS))
+@pytest.mark.parametrize("shape,ns,pshape", [((4, 3), (3,), (2,)), ((2, 2, 3), (2, 3), (6,)), ((4, 3), (3,), ())],
+                         ids=["3-vs-2", "2x3-vs-6", "3-vs-scalar"])
+def test_rms_weight_shape_raises_torch_text(entry, shape, ns, pshape):
+    # torch's text (F.rms_norm words it as F.layer_norm does)
+    with pytest.raises(ValueError) as info:
+        RMS_ENTRY_POINTS[entry](np.ones(shape, np.float32), ns, np.ones(pshape, np.float32))
+    assert (f"Expected weight to be of same shape as normalized_shape, but got weight of shape {list(pshape)} "
+            f"and normalized_shape = {list(ns)}") in str(info.value)
+
+
+@requires_torch
+def test_torch_rms_weight_shape_text():
+    expected = torch_message(lambda: F.rms_norm(torch.ones(4, 3), (3,), torch.ones(2)))
+    assert expected == ("Expected weight to be of same shape as normalized_shape, but got weight of shape [2] "
+                        "and normalized_shape = [3]")
+
+
+@pytest.mark.parametrize("entry", list(RMS_ENTRY_POINTS))
+@pytest.mark.parametrize("np_dtype", list(TORCH_OF), ids=lambda d: np.dtype(d).name)
+def test_rms_int_bool_complex_input_raise_type_error(np_dtype, entry):
+    with pytest.raises(TypeError) as info:
+        RMS_ENTRY_POINTS[entry](np.ones((2, 3), np_dtype), (3,))
+    assert np.dtype(np_dtype).name in str(info.value) and "astype" in str(info.value)
+
+
+@requires_torch
+@pytest.mark.parametrize("np_dtype", [np.complex64, np.complex128], ids=lambda d: np.dtype(d).name)
+def test_torch_rms_norm_takes_complex_input(np_dtype):
+    # DELIBERATE DIFFERENCE FROM TORCH: F.rms_norm normalizes complex input; we refuse it, as
+    # F.layer_norm does (the test above)
+    x = torch.ones((2, 3), dtype=torch_dtype(TORCH_OF[np_dtype]))
+    assert F.rms_norm(x, (3,)).dtype == x.dtype
+
+
+@requires_torch
+@pytest.mark.parametrize("entry", list(RMS_ENTRY_POINTS))
+@pytest.mark.parametrize("np_dtype", [d for d in TORCH_OF if np.dtype(d).kind != "c"], ids=lambda d: np.dtype(d).name)
+def test_rms_int_bool_input_raise_torch_text(np_dtype, entry):
+    expected = torch_message(lambda: F.rms_norm(torch.ones((2, 3), dtype=torch_dtype(TORCH_OF[np_dtype])), (3,)))
+    assert '"rms_norm" not implemented for' in expected
+    with pytest.raises(TypeError) as info:
+        RMS_ENTRY_POINTS[entry](np.ones((2, 3), np_dtype), (3,))
+    assert expected in str(info.value)
+
+
+@pytest.mark.parametrize("eps", ["1e-5", 1j, [1e-5]], ids=["str", "complex", "list"])
+def test_rms_eps_not_real_raises_type_error(eps):
+    with pytest.raises(TypeError, match="eps"):
+        layernorm.rms_norm(np.ones((2, 3), np.float32), (3,), eps=eps)
+
+
+def rms_backward_args():
+    """rms_norm_backward's arguments, by name, for a call that succeeds."""
+    rng = np.random.default_rng(41)
+    x = rng.standard_normal((4, 8)).astype(np.float32)
+    w = np.ones(8, np.float32)
+    return {"grad_output": rng.standard_normal((4, 8)).astype(np.float32), "input": x, "normalized_shape": (8,),
+            "rstd": layernorm.native_rms_norm(x, (8,), w)[1], "weight": w, "output_mask": (True, True)}
+
+
+@pytest.mark.parametrize("mask", [(True, True, True), (True,), ()], ids=["three", "one", "none"])
+def test_rms_backward_output_mask_wrong_length_raises_value_error(mask):
+    args = rms_backward_args()
+    args["output_mask"] = mask
+    with pytest.raises(ValueError, match="output_mask"):
+        layernorm.rms_norm_backward(*args.values())
+
+
+@pytest.mark.parametrize("which,value", [("grad_output", np.ones((5, 8), np.float32)),
+                                         ("rstd", np.ones((3, 1), np.float32)),
+                                         ("weight", np.ones(7, np.float32))],
+                         ids=["grad_output-shape", "rstd-too-short", "weight-shape"])
+def test_rms_backward_shapes_raise_value_error(which, value):
+    args = rms_backward_args()
+    args[which] = value
+    with pytest.raises(ValueError):
+        layernorm.rms_norm_backward(*args.values())
+
+
+@pytest.mark.parametrize("which", ["grad_output", "input", "rstd", "weight"])
+def test_rms_backward_int_arrays_raise_type_error(which):
+    args = rms_backward_args()
+    args[which] = args[which].astype(np.int64)
+    with pytest.raises(TypeError):
+        layernorm.rms_norm_backward(*args.values())
+
+
+def test_rms_norm_has_no_bias():
+    # torch's signature: rms_norm(input, normalized_shape, weight=None, eps=None)
+    with pytest.raises(TypeError, match="bias"):
+        layernorm.rms_norm(np.ones((2, 3), np.float32), (3,), bias=np.zeros(3, np.float32))
+
+
+# ---------------------------------------------------------------------------
+# axis=: NumPy's AxisError out of range, "repeated axis", and normalized_shape against the axes
+# ---------------------------------------------------------------------------
+
+AxisError = np.exceptions.AxisError if hasattr(np, "exceptions") else np.AxisError
+
+
+def _axis_entries():
+    """Every function that takes axis=, called on an NCHW float32 input x."""
+    def rstd(x, ns, axis):
+        return np.ones(tuple(1 if i == 1 else n for i, n in enumerate(x.shape)), np.float32)
+
+    return {
+        "layer_norm": lambda x, ns, axis: layernorm.layer_norm(x, ns, axis=axis),
+        "native_layer_norm": lambda x, ns, axis: layernorm.native_layer_norm(x, ns, axis=axis),
+        "layer_norm_backward": lambda x, ns, axis: layernorm.layer_norm_backward(
+            x, x, ns, rstd(x, ns, axis) * 0, rstd(x, ns, axis), axis=axis),
+        "rms_norm": lambda x, ns, axis: layernorm.rms_norm(x, ns, axis=axis),
+        "native_rms_norm": lambda x, ns, axis: layernorm.native_rms_norm(x, ns, axis=axis),
+        "rms_norm_backward": lambda x, ns, axis: layernorm.rms_norm_backward(x, x, ns, rstd(x, ns, axis), axis=axis),
+        "add_layer_norm": lambda x, ns, axis: layernorm.add_layer_norm(x, x, ns, axis=axis),
+        "add_rms_norm": lambda x, ns, axis: layernorm.add_rms_norm(x, x, ns, axis=axis),
+        "LayerNorm": lambda x, ns, axis: layernorm.LayerNorm(ns, axis=axis)(x),
+        "RMSNorm": lambda x, ns, axis: layernorm.RMSNorm(ns, axis=axis)(x),
+        "LayerNorm-eval": lambda x, ns, axis: layernorm.LayerNorm(ns, axis=axis).eval()(x),
+    }
+
+
+AXIS_ENTRIES = list(_axis_entries())
+
+
+def nchw(shape=(2, 8, 3, 5)):
+    return np.ones(shape, np.float32)
+
+
+@pytest.mark.parametrize("axis", [4, -5, (1, 4), (-5,)], ids=["4", "-5", "(1,4)", "(-5,)"])
+@pytest.mark.parametrize("entry", AXIS_ENTRIES)
+def test_axis_out_of_range_is_numpys_axis_error(entry, axis):
+    bad = [a for a in ((axis,) if isinstance(axis, int) else axis) if not -4 <= a < 4][0]
+    ns = (8,) * (1 if isinstance(axis, int) else len(axis))
+    with pytest.raises(AxisError) as info:
+        _axis_entries()[entry](nchw(), ns, axis)
+    assert isinstance(info.value, ValueError) and isinstance(info.value, IndexError)
+    assert str(info.value) == f"axis {bad} is out of bounds for array of dimension 4"
+
+
+def test_axis_error_text_is_numpys():
+    # the oracle for the text: NumPy's own reductions
+    with pytest.raises(AxisError) as info:
+        np.sum(nchw(), axis=(1, 4))
+    assert str(info.value) == "axis 4 is out of bounds for array of dimension 4"
+
+
+@pytest.mark.parametrize("axis", [(1, 1), (1, -3), (3, 2, 3)], ids=["(1,1)", "(1,-3)", "(3,2,3)"])
+@pytest.mark.parametrize("entry", AXIS_ENTRIES)
+def test_repeated_axis_raises_value_error(entry, axis):
+    with pytest.raises(ValueError, match="repeated axis") as info:
+        _axis_entries()[entry](nchw((2, 8, 8, 8)), (8,) * len(axis), axis)
+    assert not isinstance(info.value, AxisError)
+
+
+@pytest.mark.parametrize("entry", AXIS_ENTRIES)
+def test_axis_count_differs_from_normalized_shape(entry):
+    with pytest.raises(ValueError) as info:
+        _axis_entries()[entry](nchw((2, 64, 3, 3)), (64,), (1, 2))
+    assert type(info.value) is ValueError
+    assert str(info.value) == "normalized_shape=[64] and axis=(1, 2) differ in length"
+
+
+@pytest.mark.parametrize("entry", AXIS_ENTRIES)
+def test_axis_sizes_differ_from_normalized_shape(entry):
+    # an input that takes no memory: the check comes before any reading
+    x = np.broadcast_to(np.float32(1), (8, 32, 56, 56))
+    with pytest.raises(ValueError) as info:
+        _axis_entries()[entry](x, (64,), (1,))
+    assert type(info.value) is ValueError
+    assert str(info.value) == ("Given normalized_shape=[64] and axis=(1,), expected input with sizes [64] along "
+                               "those axes, but got input of size[8, 32, 56, 56]")
+
+
+@pytest.mark.parametrize("axis", [1.0, "1", [1], (1.0,), ("1",), True, (True,)],
+                         ids=["float", "str", "list", "(float,)", "(str,)", "True", "(True,)"])
+@pytest.mark.parametrize("entry", AXIS_ENTRIES)
+def test_axis_not_an_int_or_tuple_of_ints_raises_type_error(entry, axis):
+    # NumPy's convention: np.sum(x, axis=[1]) and axis=True are TypeErrors too
+    with pytest.raises(TypeError):
+        _axis_entries()[entry](nchw(), (8,), axis)
+
+
+# ---------------------------------------------------------------------------
+# add_layer_norm, add_rms_norm: residual of the input's shape and dtype exactly
+# ---------------------------------------------------------------------------
+
+ADD_ENTRIES = ["add_layer_norm", "add_rms_norm"]
+
+
+@pytest.mark.parametrize("entry", ADD_ENTRIES)
+def test_residual_shape_differs(entry):
+    x = np.ones((2, 4), np.float32)
+    with pytest.raises(ValueError) as info:
+        getattr(layernorm, entry)(x, np.ones((2, 3), np.float32), (4,))
+    assert type(info.value) is ValueError
+    assert str(info.value) == "residual has shape [2, 3], but input has shape [2, 4]"
+
+
+@pytest.mark.parametrize("residual_shape", [(4,), (1, 4), (2, 1), (3, 2, 4)], ids=["4", "1x4", "2x1", "3x2x4"])
+@pytest.mark.parametrize("entry", ADD_ENTRIES)
+def test_residual_is_not_broadcast(entry, residual_shape):
+    with pytest.raises(ValueError, match=r"^residual has shape \["):
+        getattr(layernorm, entry)(np.ones((2, 4), np.float32), np.ones(residual_shape, np.float32), (4,))
+
+
+@pytest.mark.parametrize("entry", ADD_ENTRIES)
+def test_residual_dtype_differs(entry):
+    x = np.ones((2, 4), np.float32)
+    with pytest.raises(TypeError) as info:
+        getattr(layernorm, entry)(x, np.ones((2, 4), np.float64), (4,))
+    assert type(info.value) is TypeError
+    assert str(info.value) == "residual has dtype float64, but input has dtype float32"
+
+
+@pytest.mark.parametrize("residual_dtype", [np.float32, np.int32], ids=["float32", "int32"])
+@pytest.mark.parametrize("entry", ADD_ENTRIES)
+def test_residual_is_not_promoted(entry, residual_dtype):
+    # float16 input: neither a float32 residual nor an integer one is converted
+    with pytest.raises(TypeError) as info:
+        getattr(layernorm, entry)(np.ones((2, 4), np.float16), np.ones((2, 4), residual_dtype), (4,))
+    assert str(info.value) == f"residual has dtype {np.dtype(residual_dtype)}, but input has dtype float16"
+
+
+@pytest.mark.parametrize("entry", ADD_ENTRIES)
+def test_residual_list_is_float64_data(entry):
+    with pytest.raises(TypeError) as info:
+        getattr(layernorm, entry)(np.ones((2, 4), np.float32), [[1.0] * 4] * 2, (4,))
+    assert str(info.value) == "residual has dtype float64, but input has dtype float32"
+
+
+@pytest.mark.parametrize("keyword", ["out", "residual_out"])
+@pytest.mark.parametrize("entry", ADD_ENTRIES)
+def test_add_destination_of_wrong_shape_or_dtype(entry, keyword):
+    x = np.ones((2, 4), np.float32)
+    with pytest.raises(ValueError):
+        getattr(layernorm, entry)(x, x.copy(), (4,), **{keyword: np.empty((2, 5), np.float32)})
+    with pytest.raises(TypeError):
+        getattr(layernorm, entry)(x, x.copy(), (4,), **{keyword: np.empty((2, 4), np.float64)})
+    read_only = np.empty((2, 4), np.float32)
+    read_only.flags.writeable = False
+    with pytest.raises(ValueError):
+        getattr(layernorm, entry)(x, x.copy(), (4,), **{keyword: read_only})
