@@ -1,31 +1,95 @@
-"""layernorm.LayerNorm against torch.nn.LayerNorm (the oracle) and layernorm._reference: repr,
-attributes, parameters, state_dict, forward, train/eval, copies, and training (backward with
-gradient accumulation).
+"""layernorm.LayerNorm and layernorm.RMSNorm against torch.nn.LayerNorm and torch.nn.RMSNorm (the
+oracles) and layernorm._reference: repr, attributes, parameters, state_dict, forward, train/eval,
+copies, training (backward with gradient accumulation), and axis= (ConvNeXt's channels-first
+LayerNorm).
 
-Every comparison builds the torch module next to ours with the same arguments, so the expected
-repr, attributes, state_dict and outputs come from torch itself, never from a run of our code.
+What NormModule gives every kind (state_dict, load_state_dict, modes, copies, backward and its
+refusals) is tested once per kind: each test takes a Kind.  Every comparison builds the torch
+module next to ours with the same arguments, so the expected repr, attributes, state_dict and
+outputs come from torch itself, never from a run of our code.
 """
 
 import copy
 import pickle
+from typing import NamedTuple, Tuple
 
 import numpy as np
 import pytest
 
 import layernorm
 from helpers import (
+    LAYER_NORM,
+    RMS_NORM,
+    NormKind,
     assert_close,
-    reference_backward,
-    reference_output,
     requires_torch,
     torch,
     torch_dtype,
     torch_message,
 )
-from layernorm import LayerNorm
+from layernorm import _reference
 
 # Tolerances for our output against torch's or the float64 reference, by the dtype of the output.
 ATOL = {np.dtype(np.float16): 4e-3, np.dtype(np.float32): 2e-5, np.dtype(np.float64): 1e-12}
+
+
+# ---------------------------------------------------------------------------------------------
+# The kinds of module
+# ---------------------------------------------------------------------------------------------
+
+class Kind(NamedTuple):
+    """A norm module: ours (looked up in layernorm when a test runs, so that a missing class fails
+    its tests, not the file) and torch's of the same name."""
+
+    name: str  # the class's name in layernorm and in torch.nn
+    parameters: Tuple[Tuple[str, float], ...]  # (name, initial value) of a default module's parameters
+    functional: NormKind  # its functions and float64 reference (helpers)
+
+    def __str__(self):
+        return self.name
+
+    def ours(self, *args, **kwargs):
+        return getattr(layernorm, self.name)(*args, **kwargs)
+
+    def theirs(self, *args, **kwargs):
+        return getattr(torch.nn, self.name)(*args, **kwargs)
+
+    @property
+    def names(self):
+        return tuple(name for name, _ in self.parameters)
+
+    def reference(self, x, module, weight=None, bias=None):
+        """The float64 output of a module with these settings and parameters."""
+        return self.functional.reference(x, module.normalized_shape, weight, bias, module.eps,
+                                         axis=getattr(module, "axis", None))[0]
+
+    def module_reference(self, x, module):
+        """The float64 output of `module` (ours or torch's) on x."""
+        return self.reference(x, module, *map(to_numpy, param_values(self, module)))
+
+    def reference_backward(self, dy, x, module):
+        """The float64 (grad_input, {name: gradient}) of `module` (ours) at x."""
+        eps = self.functional.eps_value(x, module.eps)
+        centred = self.functional.centred
+        ns, axis = module.normalized_shape, getattr(module, "axis", None)
+        values = param_values(self, module)
+        if centred:
+            gi, gw, gb = _reference.layer_norm_backward(dy, x, ns, *values, eps, axis=axis)
+        else:
+            (gi, gw), gb = _reference.rms_norm_backward(dy, x, ns, *values, eps, axis=axis), None
+        return gi, dict(zip(self.names, (gw, gb)))
+
+
+LAYER = Kind("LayerNorm", (("weight", 1.0), ("bias", 0.0)), LAYER_NORM)
+RMS = Kind("RMSNorm", (("weight", 1.0),), RMS_NORM)
+KINDS = (LAYER, RMS)
+BY_KIND = pytest.mark.parametrize("kind", KINDS, ids=str)
+
+
+def by_kind(cases):
+    """pytest params (kind, *case) from {kind: [(case id, ...), ...]}, with ids kind-case."""
+    return [pytest.param(kind, *case, id=f"{kind}-{case[0]}") for kind, kind_cases in cases.items()
+            for case in kind_cases]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -45,6 +109,11 @@ def numpy_dtype_of(tensor):
     return np.dtype(str(tensor.dtype).replace("torch.", ""))
 
 
+def param_values(kind, module):
+    """The module's parameters (ours or torch's) in the kind's order, None where absent."""
+    return tuple(getattr(module, name, None) for name in kind.names)
+
+
 def randomize(module, seed):
     """Give one of our modules non-default parameters drawn with NumPy; return it."""
     rng = np.random.default_rng(seed)
@@ -58,7 +127,7 @@ def torch_out(module, x):
 
 
 def to_numpy(t):
-    return None if t is None else t.detach().numpy()
+    return None if t is None else t.detach().numpy() if torch is not None and isinstance(t, torch.Tensor) else t
 
 
 def randomize_torch(tm, seed):
@@ -85,27 +154,23 @@ def train_torch(tm, steps, seed):
     return tm
 
 
-def params(m):
-    return (None if m.weight is None else m.weight.copy(), None if m.bias is None else m.bias.copy())
+def params(kind, m):
+    return tuple(None if p is None else p.copy() for p in param_values(kind, m))
 
 
-def assert_params_equal(m, expected):
-    w, b = expected
-    if w is None:
-        assert m.weight is None
-    else:
-        np.testing.assert_array_equal(m.weight, w)
-    if b is None:
-        assert m.bias is None
-    else:
-        np.testing.assert_array_equal(m.bias, b)
+def assert_params_equal(kind, m, expected):
+    for name, now, was in zip(kind.names, param_values(kind, m), expected):
+        if was is None:
+            assert now is None, name
+        else:
+            np.testing.assert_array_equal(now, was, err_msg=name)
 
 
 # ---------------------------------------------------------------------------------------------
 # constructor combinations: (id, normalized_shape, kwargs); "dtype" given as a numpy dtype name
 # ---------------------------------------------------------------------------------------------
 
-CTOR_CASES = [
+SHARED_CTOR_CASES = [
     ("int", 4, {}),
     ("int_one", 1, {}),
     ("numpy_int64", np.int64(4), {}),
@@ -117,64 +182,73 @@ CTOR_CASES = [
     ("eps_1e-12", 4, {"eps": 1e-12}),
     ("eps_0.1", [2, 2, 5], {"eps": 0.1}),
     ("no_affine", [3, 5, 5], {"elementwise_affine": False}),
-    ("no_affine_bias_true", 4, {"elementwise_affine": False, "bias": True}),
-    ("no_affine_no_bias", 4, {"elementwise_affine": False, "bias": False}),
-    ("no_bias", 4, {"bias": False}),
-    ("no_bias_list", [2, 3], {"bias": False}),
     ("dtype_float16", 4, {"dtype": "float16"}),
     ("dtype_float32", 4, {"dtype": "float32"}),
     ("dtype_float64", (2, 3), {"dtype": "float64"}),
-    ("dtype_float16_no_bias", [2, 3], {"dtype": "float16", "bias": False}),
     ("dtype_float64_no_affine", 5, {"dtype": "float64", "elementwise_affine": False}),
     ("device_none", 4, {"device": None}),
     ("device_cpu", 4, {"device": "cpu"}),
-    ("all_keywords", [6], {"eps": 1e-6, "elementwise_affine": True, "bias": True,
-                           "device": "cpu", "dtype": "float32"}),
 ]
-CTOR_IDS = [c[0] for c in CTOR_CASES]
+CTOR_CASES = {
+    LAYER: SHARED_CTOR_CASES + [
+        ("no_affine_bias_true", 4, {"elementwise_affine": False, "bias": True}),
+        ("no_affine_no_bias", 4, {"elementwise_affine": False, "bias": False}),
+        ("no_bias", 4, {"bias": False}),
+        ("no_bias_list", [2, 3], {"bias": False}),
+        ("dtype_float16_no_bias", [2, 3], {"dtype": "float16", "bias": False}),
+        ("all_keywords", [6], {"eps": 1e-6, "elementwise_affine": True, "bias": True,
+                               "device": "cpu", "dtype": "float32"}),
+    ],
+    RMS: SHARED_CTOR_CASES + [
+        ("eps_None", 4, {"eps": None}),
+        ("eps_None_float16", [2, 3], {"eps": None, "dtype": "float16"}),
+        ("eps_None_float64", 4, {"eps": None, "dtype": "float64"}),
+        ("all_keywords", [6], {"eps": 1e-6, "elementwise_affine": True, "device": "cpu", "dtype": "float32"}),
+    ],
+}
+CTOR_PARAMS = by_kind(CTOR_CASES)
 
 
-def build_ours(ns, kwargs):
+def build_ours(kind, ns, kwargs):
     """Our module for a constructor case."""
     ours_kw = dict(kwargs)
     if "dtype" in kwargs:
         ours_kw["dtype"] = np.dtype(kwargs["dtype"])
-    return LayerNorm(ns, **ours_kw)
+    return kind.ours(ns, **ours_kw)
 
 
-def build_pair(ns, kwargs):
+def build_pair(kind, ns, kwargs):
     """(ours, torch's) for a constructor case."""
     torch_kw = dict(kwargs)
     if "dtype" in kwargs:
         torch_kw["dtype"] = torch_dtype(kwargs["dtype"])
     ns_torch = list(ns) if isinstance(ns, list) else ns
-    return build_ours(ns, kwargs), torch.nn.LayerNorm(ns_torch, **torch_kw)
+    return build_ours(kind, ns, kwargs), kind.theirs(ns_torch, **torch_kw)
 
 
 # torch stores a numpy integer as given, so its repr prints "(np.int64(4),)"; we store Python ints
 # and print "(4,)". A cosmetic difference we do not mirror, so that case is left out of the repr tests.
-REPR_CASES = [c for c in CTOR_CASES if c[0] != "numpy_int64"]
-REPR_IDS = [c[0] for c in REPR_CASES]
+REPR_PARAMS = by_kind({kind: [c for c in cases if c[0] != "numpy_int64"] for kind, cases in CTOR_CASES.items()})
 
 
 @requires_torch
-@pytest.mark.parametrize("case_id, ns, kwargs", REPR_CASES, ids=REPR_IDS)
-def test_repr_identical_to_torch(case_id, ns, kwargs):
-    ours, theirs = build_pair(ns, kwargs)
+@pytest.mark.parametrize("kind, case_id, ns, kwargs", REPR_PARAMS)
+def test_repr_identical_to_torch(kind, case_id, ns, kwargs):
+    ours, theirs = build_pair(kind, ns, kwargs)
     assert repr(ours) == repr(theirs)
 
 
 @requires_torch
-@pytest.mark.parametrize("case_id, ns, kwargs", REPR_CASES, ids=REPR_IDS)
-def test_extra_repr_identical_to_torch(case_id, ns, kwargs):
-    ours, theirs = build_pair(ns, kwargs)
+@pytest.mark.parametrize("kind, case_id, ns, kwargs", REPR_PARAMS)
+def test_extra_repr_identical_to_torch(kind, case_id, ns, kwargs):
+    ours, theirs = build_pair(kind, ns, kwargs)
     assert ours.extra_repr() == theirs.extra_repr()
 
 
 @requires_torch
-@pytest.mark.parametrize("case_id, ns, kwargs", CTOR_CASES, ids=CTOR_IDS)
-def test_scalar_attributes_match_torch(case_id, ns, kwargs):
-    ours, theirs = build_pair(ns, kwargs)
+@pytest.mark.parametrize("kind, case_id, ns, kwargs", CTOR_PARAMS)
+def test_scalar_attributes_match_torch(kind, case_id, ns, kwargs):
+    ours, theirs = build_pair(kind, ns, kwargs)
     assert type(ours.normalized_shape) is tuple
     assert ours.normalized_shape == theirs.normalized_shape
     assert ours.eps == theirs.eps and type(ours.eps) is type(theirs.eps)  # stored as given
@@ -183,10 +257,10 @@ def test_scalar_attributes_match_torch(case_id, ns, kwargs):
 
 
 @requires_torch
-@pytest.mark.parametrize("case_id, ns, kwargs", CTOR_CASES, ids=CTOR_IDS)
-def test_parameters_match_torch(case_id, ns, kwargs):
-    ours, theirs = build_pair(ns, kwargs)
-    for name in ("weight", "bias"):
+@pytest.mark.parametrize("kind, case_id, ns, kwargs", CTOR_PARAMS)
+def test_parameters_match_torch(kind, case_id, ns, kwargs):
+    ours, theirs = build_pair(kind, ns, kwargs)
+    for name in kind.names:
         mine, ref = getattr(ours, name), getattr(theirs, name)
         if ref is None:
             assert mine is None, name
@@ -198,9 +272,9 @@ def test_parameters_match_torch(case_id, ns, kwargs):
 
 
 @requires_torch
-@pytest.mark.parametrize("case_id, ns, kwargs", CTOR_CASES, ids=CTOR_IDS)
-def test_state_dict_matches_torch(case_id, ns, kwargs):
-    ours, theirs = build_pair(ns, kwargs)
+@pytest.mark.parametrize("kind, case_id, ns, kwargs", CTOR_PARAMS)
+def test_state_dict_matches_torch(kind, case_id, ns, kwargs):
+    ours, theirs = build_pair(kind, ns, kwargs)
     sd, tsd = ours.state_dict(), theirs.state_dict()
     assert list(sd.keys()) == list(tsd.keys())
     for key, ref in tsd.items():
@@ -210,9 +284,9 @@ def test_state_dict_matches_torch(case_id, ns, kwargs):
 
 
 @requires_torch
-@pytest.mark.parametrize("case_id, ns, kwargs", CTOR_CASES, ids=CTOR_IDS)
-def test_forward_default_params_matches_torch(case_id, ns, kwargs):
-    ours, theirs = build_pair(ns, kwargs)
+@pytest.mark.parametrize("kind, case_id, ns, kwargs", CTOR_PARAMS)
+def test_forward_default_params_matches_torch(kind, case_id, ns, kwargs):
+    ours, theirs = build_pair(kind, ns, kwargs)
     dtype = np.dtype(kwargs.get("dtype", "float32"))
     x = spread_input((3,) + ours.normalized_shape, ours.normalized_shape, dtype, seed=1)
     y = ours(x)
@@ -222,58 +296,89 @@ def test_forward_default_params_matches_torch(case_id, ns, kwargs):
 
 
 @requires_torch
-@pytest.mark.parametrize("case_id, ns, kwargs", CTOR_CASES, ids=CTOR_IDS)
-def test_forward_randn_params_matches_torch_and_float64(case_id, ns, kwargs):
-    ours, theirs = build_pair(ns, kwargs)
+@pytest.mark.parametrize("kind, case_id, ns, kwargs", CTOR_PARAMS)
+def test_forward_randn_params_matches_torch_and_float64(kind, case_id, ns, kwargs):
+    ours, theirs = build_pair(kind, ns, kwargs)
     randomize_torch(theirs, seed=2)
     ours.load_state_dict(theirs.state_dict())
     dtype = np.dtype(kwargs.get("dtype", "float32"))
     x = spread_input((5,) + ours.normalized_shape, ours.normalized_shape, dtype, seed=3)
     y = ours(x)
     np.testing.assert_allclose(y, torch_out(theirs, x), rtol=ATOL[dtype], atol=ATOL[dtype])
-    ref = reference_output(x, ours.normalized_shape, to_numpy(theirs.weight), to_numpy(theirs.bias),
-                         theirs.eps)
-    np.testing.assert_allclose(y, ref, rtol=ATOL[dtype], atol=ATOL[dtype])
+    np.testing.assert_allclose(y, kind.module_reference(x, theirs), rtol=ATOL[dtype], atol=ATOL[dtype])
 
 
-@pytest.mark.parametrize("case_id, ns, kwargs", CTOR_CASES, ids=CTOR_IDS)
-def test_forward_random_params_matches_reference(case_id, ns, kwargs):
-    ours = randomize(build_ours(ns, kwargs), seed=2)
+@pytest.mark.parametrize("kind, case_id, ns, kwargs", CTOR_PARAMS)
+def test_forward_random_params_matches_reference(kind, case_id, ns, kwargs):
+    ours = randomize(build_ours(kind, ns, kwargs), seed=2)
     dtype = np.dtype(kwargs.get("dtype", "float32"))
     x = spread_input((5,) + ours.normalized_shape, ours.normalized_shape, dtype, seed=3)
     y = ours(x)
     assert y.dtype == dtype and y.shape == x.shape
-    ref = reference_output(x, ours.normalized_shape, ours.weight, ours.bias, ours.eps)
-    np.testing.assert_allclose(y, ref, rtol=ATOL[dtype], atol=ATOL[dtype])
+    np.testing.assert_allclose(y, kind.module_reference(x, ours), rtol=ATOL[dtype], atol=ATOL[dtype])
 
 
-def test_eps_zero_repr_is_eps_0():
+@BY_KIND
+def test_eps_zero_repr_is_eps_0(kind):
     # eps is kept as given: an int 0 prints as "eps=0", not "eps=0.0".
-    assert "eps=0," in repr(LayerNorm(4, eps=0))
+    assert "eps=0," in repr(kind.ours(4, eps=0))
 
 
 @requires_torch
-def test_eps_zero_repr_is_torchs():
-    assert repr(LayerNorm(4, eps=0)) == repr(torch.nn.LayerNorm(4, eps=0))
+@BY_KIND
+def test_eps_zero_repr_is_torchs(kind):
+    assert repr(kind.ours(4, eps=0)) == repr(kind.theirs(4, eps=0))
+
+
+def test_rms_norm_repr_is_torchs_text():
+    assert repr(RMS.ours(4)) == "RMSNorm((4,), eps=None, elementwise_affine=True)"
+    assert repr(RMS.ours([2, 3], eps=1e-5, elementwise_affine=False)) == (
+        "RMSNorm((2, 3), eps=1e-05, elementwise_affine=False)")
+
+
+# ---------------------------------------------------------------------------------------------
+# RMSNorm's eps=None: torch's rule, the machine epsilon of the input's compute type
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("module_dtype, input_dtype", [("float32", "float32"), ("float32", "float16"),
+                                                       ("float32", "float64"), ("float64", "float64"),
+                                                       ("float16", "float16")])
+def test_rms_norm_eps_none_follows_the_input(module_dtype, input_dtype):
+    # rows of mean square 1e-14: float32's eps (1.2e-7) and float64's (2.2e-16) give different outputs
+    x = np.full((3, 8), 1e-7, input_dtype) if input_dtype == "float64" else np.full((3, 8), 1e-3, input_dtype)
+    x[:, ::2] *= -1
+    ours = RMS.ours(8, dtype=np.dtype(module_dtype))
+    y = ours(x)
+    expected = _reference.rms_norm(x, (8,), None, _reference.rms_norm_default_eps(x.dtype))[0]
+    np.testing.assert_allclose(y, expected, rtol=ATOL[np.dtype(input_dtype)], atol=ATOL[np.dtype(input_dtype)])
+
+
+@requires_torch
+@pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight")  # float16 input, float32 weight
+@pytest.mark.parametrize("input_dtype", ["float16", "float32", "float64"])
+def test_rms_norm_eps_none_like_torch(input_dtype):
+    x = np.full((3, 8), 1e-7 if input_dtype == "float64" else 1e-3, input_dtype)
+    x[:, ::2] *= -1
+    np.testing.assert_allclose(RMS.ours(8)(x), torch_out(RMS.theirs(8), x), rtol=ATOL[np.dtype(input_dtype)],
+                               atol=ATOL[np.dtype(input_dtype)])
 
 
 # ---------------------------------------------------------------------------------------------
 # state_dict / load_state_dict
 # ---------------------------------------------------------------------------------------------
 
-LOAD_CASES = [
+SHARED_LOAD_CASES = [
     ("1d", 8, {}),
     ("3d", [3, 5, 5], {}),
-    ("no_bias", 8, {"bias": False}),
     ("float64", (2, 3), {"dtype": "float64"}),
 ]
-LOAD_IDS = [c[0] for c in LOAD_CASES]
+LOAD_PARAMS = by_kind({LAYER: SHARED_LOAD_CASES + [("no_bias", 8, {"bias": False})], RMS: SHARED_LOAD_CASES})
 
 
 @requires_torch
-@pytest.mark.parametrize("case_id, ns, kwargs", LOAD_CASES, ids=LOAD_IDS)
-def test_load_state_dict_from_sgd_trained_torch(case_id, ns, kwargs):
-    ours, theirs = build_pair(ns, kwargs)
+@pytest.mark.parametrize("kind, case_id, ns, kwargs", LOAD_PARAMS)
+def test_load_state_dict_from_sgd_trained_torch(kind, case_id, ns, kwargs):
+    ours, theirs = build_pair(kind, ns, kwargs)
     train_torch(theirs, steps=3, seed=4)
     assert not torch.equal(theirs.weight, torch.ones_like(theirs.weight))  # training moved it
     ours.load_state_dict(theirs.state_dict())
@@ -283,9 +388,9 @@ def test_load_state_dict_from_sgd_trained_torch(case_id, ns, kwargs):
 
 
 @requires_torch
-@pytest.mark.parametrize("case_id, ns, kwargs", LOAD_CASES, ids=LOAD_IDS)
-def test_load_state_dict_from_torch_tensors_copies_values(case_id, ns, kwargs):
-    ours, theirs = build_pair(ns, kwargs)
+@pytest.mark.parametrize("kind, case_id, ns, kwargs", LOAD_PARAMS)
+def test_load_state_dict_from_torch_tensors_copies_values(kind, case_id, ns, kwargs):
+    ours, theirs = build_pair(kind, ns, kwargs)
     randomize_torch(theirs, seed=6)
     ours.load_state_dict(theirs.state_dict())
     for name, p in theirs.named_parameters():
@@ -296,9 +401,9 @@ def test_load_state_dict_from_torch_tensors_copies_values(case_id, ns, kwargs):
 
 
 @requires_torch
-@pytest.mark.parametrize("case_id, ns, kwargs", LOAD_CASES, ids=LOAD_IDS)
-def test_load_state_dict_from_numpy_arrays(case_id, ns, kwargs):
-    ours, theirs = build_pair(ns, kwargs)
+@pytest.mark.parametrize("kind, case_id, ns, kwargs", LOAD_PARAMS)
+def test_load_state_dict_from_numpy_arrays(kind, case_id, ns, kwargs):
+    ours, theirs = build_pair(kind, ns, kwargs)
     randomize_torch(theirs, seed=7)
     ours.load_state_dict({k: v.numpy().copy() for k, v in theirs.state_dict().items()})
     dtype = np.dtype(kwargs.get("dtype", "float32"))
@@ -306,68 +411,83 @@ def test_load_state_dict_from_numpy_arrays(case_id, ns, kwargs):
     np.testing.assert_allclose(ours(x), torch_out(theirs, x), rtol=ATOL[dtype], atol=ATOL[dtype])
 
 
-def test_load_state_dict_keeps_module_dtype():
+@BY_KIND
+def test_load_state_dict_keeps_module_dtype(kind):
     # torch copies into the existing parameter: a float64 checkpoint keeps a float32 module float32.
-    ours = LayerNorm(4)
-    ours.load_state_dict({"weight": np.full(4, 2.5, np.float64), "bias": np.full(4, 0.5, np.float64)})
-    assert ours.weight.dtype == np.float32 and ours.bias.dtype == np.float32
-    np.testing.assert_array_equal(ours.weight, np.full(4, 2.5, np.float32))
-    np.testing.assert_array_equal(ours.bias, np.full(4, 0.5, np.float32))
+    ours = kind.ours(4)
+    ours.load_state_dict({name: np.full(4, 2.5 + i, np.float64) for i, name in enumerate(kind.names)})
+    for i, name in enumerate(kind.names):
+        assert getattr(ours, name).dtype == np.float32
+        np.testing.assert_array_equal(getattr(ours, name), np.full(4, 2.5 + i, np.float32))
 
 
-def test_load_state_dict_does_not_alias_source():
-    ours = LayerNorm(4)
-    src = {"weight": np.full(4, 2.0, np.float32), "bias": np.full(4, 1.0, np.float32)}
+@BY_KIND
+def test_load_state_dict_does_not_alias_source(kind):
+    ours = kind.ours(4)
+    src = {name: np.full(4, 2.0 - i, np.float32) for i, name in enumerate(kind.names)}
     ours.load_state_dict(src)
-    src["weight"][:] = 99.0
-    src["bias"][:] = 99.0
-    np.testing.assert_array_equal(ours.weight, np.full(4, 2.0, np.float32))
-    np.testing.assert_array_equal(ours.bias, np.full(4, 1.0, np.float32))
+    for value in src.values():
+        value[:] = 99.0
+    for i, name in enumerate(kind.names):
+        np.testing.assert_array_equal(getattr(ours, name), np.full(4, 2.0 - i, np.float32))
 
 
-def test_state_dict_values_are_copies():
-    ours = LayerNorm(4)
+@BY_KIND
+def test_state_dict_values_are_copies(kind):
+    ours = kind.ours(4)
     sd = ours.state_dict()
-    sd["weight"][:] = 7.0
-    sd["bias"][:] = 7.0
-    np.testing.assert_array_equal(ours.weight, np.ones(4, np.float32))
-    np.testing.assert_array_equal(ours.bias, np.zeros(4, np.float32))
+    for value in sd.values():
+        value[:] = 7.0
+    for name, initial in kind.parameters:
+        np.testing.assert_array_equal(getattr(ours, name), np.full(4, initial, np.float32))
 
 
-def test_state_dict_round_trip_between_two_modules():
-    a = LayerNorm((2, 3))
-    a.load_state_dict({"weight": np.arange(6.0).reshape(2, 3), "bias": -np.arange(6.0).reshape(2, 3)})
-    b = LayerNorm((2, 3))
+@BY_KIND
+def test_state_dict_round_trip_between_two_modules(kind):
+    a = kind.ours((2, 3))
+    a.load_state_dict({name: (-1.0) ** i * np.arange(6.0).reshape(2, 3) for i, name in enumerate(kind.names)})
+    b = kind.ours((2, 3))
     b.load_state_dict(a.state_dict())
     x = spread_input((4, 2, 3), (2, 3), np.float32, seed=9)
     np.testing.assert_array_equal(a(x), b(x))
 
 
-def known_module():
-    m = LayerNorm(4)
-    m.load_state_dict({"weight": np.array([1.5, -2.0, 0.25, 3.0], np.float32),
-                       "bias": np.array([0.1, 0.2, -0.3, 0.4], np.float32)})
+KNOWN = {"weight": np.array([1.5, -2.0, 0.25, 3.0], np.float32), "bias": np.array([0.1, 0.2, -0.3, 0.4], np.float32)}
+
+
+def known_module(kind):
+    m = kind.ours(4)
+    m.load_state_dict({name: KNOWN[name] for name in kind.names})
     return m
 
 
 NEW_W = np.full(4, 9.0, np.float32)
 NEW_B = np.full(4, 8.0, np.float32)
-STRICT_BAD = [
-    ("missing_bias", {"weight": NEW_W}),
-    ("missing_weight", {"bias": NEW_B}),
-    ("missing_both", {}),
-    ("unexpected_key", {"weight": NEW_W, "bias": NEW_B, "running_mean": np.zeros(4, np.float32)}),
-    ("weight_wrong_shape", {"weight": np.full(5, 9.0, np.float32), "bias": NEW_B}),
-    ("bias_wrong_shape_after_good_weight", {"weight": NEW_W, "bias": np.full((1, 4), 8.0, np.float32)}),
-    ("weight_wrong_ndim", {"weight": np.full((2, 2), 9.0, np.float32), "bias": NEW_B}),
-]
+STRICT_BAD = {
+    LAYER: [
+        ("missing_bias", {"weight": NEW_W}),
+        ("missing_weight", {"bias": NEW_B}),
+        ("missing_both", {}),
+        ("unexpected_key", {"weight": NEW_W, "bias": NEW_B, "running_mean": np.zeros(4, np.float32)}),
+        ("weight_wrong_shape", {"weight": np.full(5, 9.0, np.float32), "bias": NEW_B}),
+        ("bias_wrong_shape_after_good_weight", {"weight": NEW_W, "bias": np.full((1, 4), 8.0, np.float32)}),
+        ("weight_wrong_ndim", {"weight": np.full((2, 2), 9.0, np.float32), "bias": NEW_B}),
+    ],
+    RMS: [
+        ("missing_weight", {}),
+        ("unexpected_bias", {"weight": NEW_W, "bias": NEW_B}),
+        ("weight_wrong_shape", {"weight": np.full(5, 9.0, np.float32)}),
+        ("weight_wrong_ndim", {"weight": np.full((2, 2), 9.0, np.float32)}),
+    ],
+}
+STRICT_PARAMS = by_kind(STRICT_BAD)
 
 
 @requires_torch
-@pytest.mark.parametrize("case_id, sd", STRICT_BAD, ids=[c[0] for c in STRICT_BAD])
-def test_torch_rejects_strict_case(case_id, sd):
+@pytest.mark.parametrize("kind, case_id, sd", STRICT_PARAMS)
+def test_torch_rejects_strict_case(kind, case_id, sd):
     # The oracle: torch refuses every one of these with strict=True.
-    tm = torch.nn.LayerNorm(4)
+    tm = kind.theirs(4)
     with pytest.raises(RuntimeError):
         tm.load_state_dict({k: torch.from_numpy(v) for k, v in sd.items()}, strict=True)
 
@@ -381,43 +501,46 @@ SOURCES = ["numpy", pytest.param("torch", marks=requires_torch)]
 
 
 @pytest.mark.parametrize("source", SOURCES)
-@pytest.mark.parametrize("case_id, sd", STRICT_BAD, ids=[c[0] for c in STRICT_BAD])
-def test_load_state_dict_strict_raises_and_leaves_module_unchanged(case_id, sd, source):
-    m = known_module()
-    before = params(m)
-    with pytest.raises(RuntimeError, match="Error\\(s\\) in loading state_dict for LayerNorm"):
+@pytest.mark.parametrize("kind, case_id, sd", STRICT_PARAMS)
+def test_load_state_dict_strict_raises_and_leaves_module_unchanged(kind, case_id, sd, source):
+    m = known_module(kind)
+    before = params(kind, m)
+    with pytest.raises(RuntimeError, match=f"Error\\(s\\) in loading state_dict for {kind}"):
         m.load_state_dict(as_source(sd, source), strict=True)
-    assert_params_equal(m, before)
+    assert_params_equal(kind, m, before)
 
 
 @requires_torch
 @pytest.mark.parametrize("source", ["numpy", "torch"])
-@pytest.mark.parametrize("case_id, sd", STRICT_BAD, ids=[c[0] for c in STRICT_BAD])
-def test_load_state_dict_strict_raises_torch_text(case_id, sd, source):
+@pytest.mark.parametrize("kind, case_id, sd", STRICT_PARAMS)
+def test_load_state_dict_strict_raises_torch_text(kind, case_id, sd, source):
     with pytest.raises(RuntimeError) as info:
-        known_module().load_state_dict(as_source(sd, source), strict=True)
+        known_module(kind).load_state_dict(as_source(sd, source), strict=True)
     # torch's text (its size-mismatch lines print torch.Size, so compare those by content)
-    expected = torch_message(lambda: torch.nn.LayerNorm(4).load_state_dict(as_source(sd, "torch")))
+    expected = torch_message(lambda: kind.theirs(4).load_state_dict(as_source(sd, "torch")))
     ours = str(info.value)
     if "size mismatch" in expected:
-        assert ours.startswith("Error(s) in loading state_dict for LayerNorm:\n\tsize mismatch for ")
+        assert ours.startswith(f"Error(s) in loading state_dict for {kind}:\n\tsize mismatch for ")
         assert expected.split("size mismatch for ")[1].split(":")[0] in ours  # the same key
     else:
         assert ours == expected
 
 
 @pytest.mark.parametrize("source", SOURCES)
-def test_load_state_dict_checks_everything_before_changing_anything(source):
-    # A good weight, then a bias of the wrong shape and an unexpected key: torch lists every
-    # problem; nothing may be copied, not even the good weight.
-    m = known_module()
-    before = params(m)
-    sd = {"weight": NEW_W, "bias": np.ones(5, np.float32), "extra": np.zeros(4, np.float32)}
+@BY_KIND
+def test_load_state_dict_checks_everything_before_changing_anything(kind, source):
+    # Good parameters, then one of the wrong shape and an unexpected key: torch lists every
+    # problem; nothing may be copied, not even the good ones.
+    m = known_module(kind)
+    before = params(kind, m)
+    *good, last = kind.names
+    sd = {name: NEW_W for name in good}
+    sd.update({last: np.ones(5, np.float32), "extra": np.zeros(4, np.float32)})
     with pytest.raises(RuntimeError) as info:
         m.load_state_dict(as_source(sd, source))
-    assert_params_equal(m, before)
+    assert_params_equal(kind, m, before)
     assert 'Unexpected key(s) in state_dict: "extra"' in str(info.value)
-    assert "size mismatch for bias" in str(info.value)
+    assert f"size mismatch for {last}" in str(info.value)
 
 
 NOT_MAPPINGS = [[("weight", NEW_W), ("bias", NEW_B)], None, "weight"]
@@ -425,108 +548,128 @@ NOT_MAPPING_IDS = ["list_of_pairs", "None", "str"]
 
 
 @pytest.mark.parametrize("value", NOT_MAPPINGS, ids=NOT_MAPPING_IDS)
-def test_load_state_dict_not_a_mapping_raises_type_error(value):
-    m = known_module()
-    before = params(m)
+@BY_KIND
+def test_load_state_dict_not_a_mapping_raises_type_error(kind, value):
+    m = known_module(kind)
+    before = params(kind, m)
     with pytest.raises(TypeError, match="dict-like"):
         m.load_state_dict(value)
-    assert_params_equal(m, before)
+    assert_params_equal(kind, m, before)
 
 
 @requires_torch
 @pytest.mark.parametrize("value", NOT_MAPPINGS, ids=NOT_MAPPING_IDS)
-def test_load_state_dict_not_a_mapping_raises_torch_text(value):
+@BY_KIND
+def test_load_state_dict_not_a_mapping_raises_torch_text(kind, value):
     with pytest.raises(TypeError) as theirs:
-        torch.nn.LayerNorm(4).load_state_dict(value)
+        kind.theirs(4).load_state_dict(value)
     with pytest.raises(TypeError) as ours:
-        known_module().load_state_dict(value)
+        known_module(kind).load_state_dict(value)
     assert str(ours.value) == str(theirs.value)
 
 
-def test_load_state_dict_unexpected_weight_on_no_affine_module():
-    m = LayerNorm(4, elementwise_affine=False)
+@BY_KIND
+def test_load_state_dict_unexpected_weight_on_no_affine_module(kind):
+    m = kind.ours(4, elementwise_affine=False)
     with pytest.raises((RuntimeError, ValueError, KeyError)):
         m.load_state_dict({"weight": NEW_W})
-    assert m.weight is None and m.bias is None
+    assert all(p is None for p in param_values(kind, m))
 
 
 def test_load_state_dict_non_strict_missing_key_loads_the_rest():
-    m = known_module()
-    _, old_b = params(m)
+    m = known_module(LAYER)
+    _, old_b = params(LAYER, m)
     m.load_state_dict({"weight": NEW_W}, strict=False)
     np.testing.assert_array_equal(m.weight, NEW_W)
     np.testing.assert_array_equal(m.bias, old_b)
 
 
-def test_load_state_dict_non_strict_ignores_unexpected_key():
-    m = known_module()
-    m.load_state_dict({"weight": NEW_W, "bias": NEW_B, "extra": np.zeros(3)}, strict=False)
-    np.testing.assert_array_equal(m.weight, NEW_W)
-    np.testing.assert_array_equal(m.bias, NEW_B)
+@BY_KIND
+def test_load_state_dict_non_strict_ignores_unexpected_key(kind):
+    m = known_module(kind)
+    new = {"weight": NEW_W, "bias": NEW_B}
+    m.load_state_dict({**{name: new[name] for name in kind.names}, "extra": np.zeros(3)}, strict=False)
+    for name in kind.names:
+        np.testing.assert_array_equal(getattr(m, name), new[name])
 
 
 @requires_torch
-def test_torch_non_strict_wrong_shape_still_raises():
-    tm = torch.nn.LayerNorm(4)
+@BY_KIND
+def test_torch_non_strict_wrong_shape_still_raises(kind):
+    tm = kind.theirs(4)
     with pytest.raises(RuntimeError):
         tm.load_state_dict({"weight": torch.ones(5)}, strict=False)
 
 
-def test_load_state_dict_non_strict_wrong_shape_still_raises():
+@BY_KIND
+def test_load_state_dict_non_strict_wrong_shape_still_raises(kind):
     # torch raises "size mismatch" even with strict=False; nothing may change.
-    m = known_module()
-    before = params(m)
+    m = known_module(kind)
+    before = params(kind, m)
+    *good, last = kind.names
     with pytest.raises((RuntimeError, ValueError)):
-        m.load_state_dict({"weight": NEW_W, "bias": np.ones(5, np.float32)}, strict=False)
-    assert_params_equal(m, before)
+        m.load_state_dict({**{name: NEW_W for name in good}, last: np.ones(5, np.float32)}, strict=False)
+    assert_params_equal(kind, m, before)
 
 
 # ---------------------------------------------------------------------------------------------
 # reset_parameters, train/eval, copies
 # ---------------------------------------------------------------------------------------------
 
-def reset_module(dtype):
-    m = LayerNorm((2, 3), dtype=np.dtype(dtype))
-    m.load_state_dict({"weight": np.full((2, 3), 3.0), "bias": np.full((2, 3), -1.0)})
+def reset_module(kind, dtype):
+    m = kind.ours((2, 3), dtype=np.dtype(dtype))
+    m.load_state_dict({name: np.full((2, 3), 3.0 - 4 * i) for i, name in enumerate(kind.names)})
     m.reset_parameters()
     return m
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
-def test_reset_parameters_restores_ones_and_zeros(dtype):
-    m = reset_module(dtype)
-    assert m.weight.dtype == np.dtype(dtype) and m.bias.dtype == np.dtype(dtype)
-    np.testing.assert_array_equal(m.weight, np.ones((2, 3)))
-    np.testing.assert_array_equal(m.bias, np.zeros((2, 3)))
+@BY_KIND
+def test_reset_parameters_restores_ones_and_zeros(kind, dtype):
+    m = reset_module(kind, dtype)
+    for name, initial in kind.parameters:
+        assert getattr(m, name).dtype == np.dtype(dtype)
+        np.testing.assert_array_equal(getattr(m, name), np.full((2, 3), initial))
 
 
 @requires_torch
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
-def test_reset_parameters_like_torch(dtype):
-    m = reset_module(dtype)
-    tm = torch.nn.LayerNorm((2, 3), dtype=torch_dtype(dtype))
+@BY_KIND
+def test_reset_parameters_like_torch(kind, dtype):
+    m = reset_module(kind, dtype)
+    tm = kind.theirs((2, 3), dtype=torch_dtype(dtype))
     randomize_torch(tm, seed=10)
     tm.reset_parameters()
-    np.testing.assert_array_equal(m.weight, to_numpy(tm.weight))
-    np.testing.assert_array_equal(m.bias, to_numpy(tm.bias))
+    for name in kind.names:
+        np.testing.assert_array_equal(getattr(m, name), to_numpy(getattr(tm, name)))
 
 
-def test_reset_parameters_after_in_place_edit():
-    m = LayerNorm(4, bias=False)
+@BY_KIND
+def test_reset_parameters_after_in_place_edit(kind):
+    m = kind.ours(4)
+    m.weight[...] = 5.0
+    m.reset_parameters()
+    np.testing.assert_array_equal(m.weight, np.ones(4, np.float32))
+
+
+def test_reset_parameters_without_bias():
+    m = LAYER.ours(4, bias=False)
     m.weight[...] = 5.0
     m.reset_parameters()
     np.testing.assert_array_equal(m.weight, np.ones(4, np.float32))
     assert m.bias is None
 
 
-def test_reset_parameters_no_affine_is_a_no_op():
-    m = LayerNorm(4, elementwise_affine=False)
+@BY_KIND
+def test_reset_parameters_no_affine_is_a_no_op(kind):
+    m = kind.ours(4, elementwise_affine=False)
     m.reset_parameters()
-    assert m.weight is None and m.bias is None
+    assert all(p is None for p in param_values(kind, m))
 
 
-def test_training_attribute_follows_train_and_eval():
-    m = LayerNorm(4)
+@BY_KIND
+def test_training_attribute_follows_train_and_eval(kind):
+    m = kind.ours(4)
     assert m.training is True
     assert m.eval() is m
     assert m.training is False
@@ -538,8 +681,9 @@ def test_training_attribute_follows_train_and_eval():
     assert m.training is True
 
 
-def test_train_and_eval_do_not_change_outputs():
-    m = known_module()
+@BY_KIND
+def test_train_and_eval_do_not_change_outputs(kind):
+    m = known_module(kind)
     x = spread_input((6, 4), (4,), np.float32, seed=11)
     y_train = m(x)
     y_eval = m.eval()(x)
@@ -549,8 +693,9 @@ def test_train_and_eval_do_not_change_outputs():
 
 
 @pytest.mark.parametrize("how", ["pickle", "deepcopy", "copy"])
-def test_copy_round_trip_outputs_identical(how):
-    m = randomize(LayerNorm((3, 4), eps=1e-3, bias=True), seed=12)
+@BY_KIND
+def test_copy_round_trip_outputs_identical(kind, how):
+    m = randomize(kind.ours((3, 4), eps=1e-3), seed=12)
     m.eval()
     if how == "pickle":
         m2 = pickle.loads(pickle.dumps(m))
@@ -559,7 +704,7 @@ def test_copy_round_trip_outputs_identical(how):
     else:
         m2 = copy.copy(m)
     x = spread_input((5, 3, 4), (3, 4), np.float32, seed=13)
-    assert type(m2) is LayerNorm
+    assert type(m2) is type(m) and type(m).__name__ == kind.name
     assert repr(m2) == repr(m)
     assert m2.training is False and m2.eps == 1e-3 and m2.normalized_shape == (3, 4)
     np.testing.assert_array_equal(m2(x), m(x))
@@ -567,22 +712,27 @@ def test_copy_round_trip_outputs_identical(how):
 
 
 @pytest.mark.parametrize("how", ["pickle", "deepcopy"])
-def test_copy_is_independent(how):
-    m = known_module()
+@BY_KIND
+def test_copy_is_independent(kind, how):
+    m = known_module(kind)
     m2 = pickle.loads(pickle.dumps(m)) if how == "pickle" else copy.deepcopy(m)
-    before = params(m)
-    m2.weight[...] = 0.0
-    m2.bias[...] = 0.0
-    assert_params_equal(m, before)
+    before = params(kind, m)
+    for p in param_values(kind, m2):
+        p[...] = 0.0
+    assert_params_equal(kind, m, before)
 
 
-@pytest.mark.parametrize("kwargs", [{"bias": False}, {"elementwise_affine": False}],
-                         ids=["no_bias", "no_affine"])
-def test_pickle_round_trip_keeps_none_params(kwargs):
-    m = LayerNorm(4, **kwargs)
+NONE_PARAM_CASES = by_kind({LAYER: [("no_bias", {"bias": False}), ("no_affine", {"elementwise_affine": False})],
+                            RMS: [("no_affine", {"elementwise_affine": False})]})
+
+
+@pytest.mark.parametrize("kind, case_id, kwargs", NONE_PARAM_CASES)
+def test_pickle_round_trip_keeps_none_params(kind, case_id, kwargs):
+    m = kind.ours(4, **kwargs)
     m2 = pickle.loads(pickle.dumps(m))
     assert repr(m2) == repr(m)
-    assert (m2.weight is None) == (m.weight is None) and m2.bias is None
+    for name, mine, theirs in zip(kind.names, param_values(kind, m2), param_values(kind, m)):
+        assert (mine is None) == (theirs is None), name
 
 
 # ---------------------------------------------------------------------------------------------
@@ -590,108 +740,135 @@ def test_pickle_round_trip_keeps_none_params(kwargs):
 # ---------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("device", [None, "cpu"], ids=["None", "cpu"])
-def test_device_cpu_accepted(device):
-    m = LayerNorm(4, device=device)
+@BY_KIND
+def test_device_cpu_accepted(kind, device):
+    m = kind.ours(4, device=device)
     assert m.weight.shape == (4,)
 
 
 @pytest.mark.parametrize("device", ["cuda", "cuda:0", "meta"])
-def test_device_not_cpu_raises_value_error(device):
+@BY_KIND
+def test_device_not_cpu_raises_value_error(kind, device):
     with pytest.raises(ValueError):
-        LayerNorm(4, device=device)
+        kind.ours(4, device=device)
 
 
 @pytest.mark.parametrize("ns", [-1, [2, -1], (-3, 4)], ids=["int", "list", "tuple"])
-def test_negative_size_raises(ns):
+@BY_KIND
+def test_negative_size_raises(kind, ns):
     with pytest.raises(ValueError):
-        LayerNorm(ns)
+        kind.ours(ns)
 
 
 @requires_torch
 @pytest.mark.parametrize("ns", [-1, [2, -1], (-3, 4)], ids=["int", "list", "tuple"])
-def test_torch_negative_size_raises(ns):
+@BY_KIND
+def test_torch_negative_size_raises(kind, ns):
     with pytest.raises(RuntimeError):  # the oracle
-        torch.nn.LayerNorm(ns)
+        kind.theirs(ns)
 
 
-def test_negative_size_no_affine_raises_at_latest_in_forward():
+@BY_KIND
+def test_negative_size_no_affine_raises_at_latest_in_forward(kind):
     # torch builds no parameter, so it can only fail when the module is used.
     with pytest.raises(ValueError):
-        m = LayerNorm([2, -1], elementwise_affine=False)
+        m = kind.ours([2, -1], elementwise_affine=False)
         m(np.zeros((3, 2, 1), np.float32))
 
 
 @requires_torch
-def test_torch_empty_normalized_shape_raises_in_forward():
+@BY_KIND
+def test_torch_empty_normalized_shape_raises_in_forward(kind):
     with pytest.raises(RuntimeError, match="at least 1-dimensional"):
-        torch.nn.LayerNorm([])(torch.zeros(3))
+        kind.theirs([])(torch.zeros(3))
 
 
-def test_empty_normalized_shape_raises_in_forward():
+@BY_KIND
+def test_empty_normalized_shape_raises_in_forward(kind):
     with pytest.raises(ValueError, match="at least 1-dimensional"):
-        m = LayerNorm([])
+        m = kind.ours([])
         m(np.zeros(3, np.float32))
 
 
 def test_forward_wrong_trailing_shape_raises_torch_text():
-    m = LayerNorm([2, 2])
+    m = LAYER.ours([2, 2])
     with pytest.raises(ValueError) as err:
         m(np.zeros((2, 2, 3), np.float32))
     assert ("Given normalized_shape=[2, 2], expected input with shape [*, 2, 2], "
             "but got input of size[2, 2, 3]") in str(err.value)
 
 
+def test_rms_norm_forward_wrong_trailing_shape_raises_value_error():
+    with pytest.raises(ValueError, match=r"normalized_shape=\[2, 2\]"):
+        RMS.ours([2, 2])(np.zeros((2, 2, 3), np.float32))
+
+
 # ---------------------------------------------------------------------------------------------
 # forward
 # ---------------------------------------------------------------------------------------------
 
-def test_forward_equals_call():
-    m = known_module()
+@BY_KIND
+def test_forward_equals_call(kind):
+    m = known_module(kind)
     x = spread_input((3, 4), (4,), np.float32, seed=14)
     np.testing.assert_array_equal(m.forward(x), m(x))
 
 
-def test_forward_equals_functional_layer_norm():
-    m = known_module()
+@pytest.mark.parametrize("mode", ["train", "eval"])
+@BY_KIND
+def test_forward_equals_the_functional(kind, mode):
+    m = known_module(kind).train(mode == "train")
     x = spread_input((3, 4), (4,), np.float32, seed=15)
-    np.testing.assert_array_equal(m(x), layernorm.layer_norm(x, (4,), m.weight, m.bias, m.eps))
+    np.testing.assert_array_equal(m(x), kind.functional.forward(x, (4,), *param_values(kind, m), eps=m.eps))
 
 
-def test_forward_does_not_mutate_input():
-    m = known_module()
+@BY_KIND
+def test_forward_does_not_mutate_input(kind):
+    m = known_module(kind)
     x = spread_input((3, 4), (4,), np.float32, seed=16)
     saved = x.copy()
     m(x)
     np.testing.assert_array_equal(x, saved)
 
 
-@pytest.mark.parametrize("kind", ["list", pytest.param("torch_tensor", marks=requires_torch)])
-def test_forward_accepts_array_likes(kind):
-    m = known_module()
+@pytest.mark.parametrize("how", ["list", pytest.param("torch_tensor", marks=requires_torch)])
+@BY_KIND
+def test_forward_accepts_array_likes(kind, how):
+    m = known_module(kind)
     x = spread_input((3, 4), (4,), np.float32, seed=17)
-    arg = x.tolist() if kind == "list" else torch.from_numpy(x.copy())
-    expected = reference_output(x, (4,), m.weight, m.bias, m.eps)
+    arg = x.tolist() if how == "list" else torch.from_numpy(x.copy())
     y = np.asarray(m(arg))
-    np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(y, kind.module_reference(x, m), rtol=1e-5, atol=1e-5)
 
 
-# torch's own ModuleInfo inputs for nn.LayerNorm (torch-facts.md): (id, ctor args, input shape)
-MODULE_INFO = [
-    ("ns5_in_4x5x5", ([5],), {}, (4, 5, 5)),
-    ("ns5_in_128x5x5", ([5],), {}, (128, 5, 5)),
-    ("ns2x2x5_in_4x2x2x5", ([2, 2, 5],), {}, (4, 2, 2, 5)),
-    ("ns5_in_0x5", ([5],), {}, (0, 5)),
-    ("ns5_no_bias_in_4x5x5", ([5],), {"bias": False}, (4, 5, 5)),
-    ("ns5_eps_1e-3_in_4x5x5", ([5], 1e-3), {}, (4, 5, 5)),
-]
+# torch's own ModuleInfo inputs (torch-facts.md): (id, ctor args, ctor kwargs, input shape)
+MODULE_INFO = {
+    LAYER: [
+        ("ns5_in_4x5x5", ([5],), {}, (4, 5, 5)),
+        ("ns5_in_128x5x5", ([5],), {}, (128, 5, 5)),
+        ("ns2x2x5_in_4x2x2x5", ([2, 2, 5],), {}, (4, 2, 2, 5)),
+        ("ns5_in_0x5", ([5],), {}, (0, 5)),
+        ("ns5_no_bias_in_4x5x5", ([5],), {"bias": False}, (4, 5, 5)),
+        ("ns5_eps_1e-3_in_4x5x5", ([5], 1e-3), {}, (4, 5, 5)),
+    ],
+    RMS: [
+        ("ns5_eps_1e-3_in_4x5x5", ([5], 1e-3), {}, (4, 5, 5)),
+        ("ns5_eps_1e-3_in_128x5x5", ([5], 1e-3), {}, (128, 5, 5)),
+        ("ns5_no_affine_in_4x5x5", ([5], 1e-3, False), {}, (4, 5, 5)),
+        ("ns2x2x5_in_4x2x2x5", ([2, 2, 5], 1e-3), {}, (4, 2, 2, 5)),
+        ("ns2x2x5_no_affine_in_4x2x2x5", ([2, 2, 5], 1e-3, False), {}, (4, 2, 2, 5)),
+        ("ns5_in_0x5", ([5], 1e-3), {}, (0, 5)),
+        ("ns5_eps_None_in_4x5x5", ([5],), {}, (4, 5, 5)),
+    ],
+}
 
 
 @requires_torch
-@pytest.mark.parametrize("case_id, args, kwargs, shape", MODULE_INFO, ids=[c[0] for c in MODULE_INFO])
 @pytest.mark.parametrize("params_kind", ["default", "randn"])
-def test_torch_module_info_case(case_id, args, kwargs, shape, params_kind):
-    theirs = torch.nn.LayerNorm(*args, **kwargs)
-    ours = LayerNorm(*args, **kwargs)
+@pytest.mark.parametrize("kind, case_id, args, kwargs, shape", by_kind(MODULE_INFO))
+def test_torch_module_info_case(kind, case_id, args, kwargs, shape, params_kind):
+    theirs = kind.theirs(*args, **kwargs)
+    ours = kind.ours(*args, **kwargs)
     if params_kind == "randn":
         randomize_torch(theirs, seed=18)
         ours.load_state_dict(theirs.state_dict())
@@ -700,16 +877,16 @@ def test_torch_module_info_case(case_id, args, kwargs, shape, params_kind):
     expected = torch_out(theirs, x)
     assert y.shape == expected.shape == shape and y.dtype == np.float32
     np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-5)
-    ref = reference_output(x, ours.normalized_shape, to_numpy(theirs.weight), to_numpy(theirs.bias),
-                         ours.eps)
-    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(y, kind.module_reference(x, theirs), rtol=1e-5, atol=1e-5)
 
 
 @requires_torch
-def test_float16_input_to_float32_module_matches_torch():
+@pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight")  # torch's RMSNorm
+@BY_KIND
+def test_float16_input_to_float32_module_matches_torch(kind):
     # torch allows half input with float32 parameters; the output stays float16.
-    theirs = randomize_torch(torch.nn.LayerNorm(8), seed=20)
-    ours = LayerNorm(8)
+    theirs = randomize_torch(kind.theirs(8), seed=20)
+    ours = kind.ours(8)
     ours.load_state_dict(theirs.state_dict())
     x = spread_input((6, 8), (8,), np.float16, seed=21)
     y = ours(x)
@@ -720,22 +897,23 @@ def test_float16_input_to_float32_module_matches_torch():
 
 @requires_torch
 def test_float64_input_to_float32_module_torch_raises():
-    # The oracle's behaviour we deliberately differ from (see the next test).
+    # The oracle's behaviour we deliberately differ from (see the next test); torch's RMSNorm
+    # computes in float64 there, as we do.
     with pytest.raises(RuntimeError, match="mixed dtype"):
         torch.nn.LayerNorm(8)(torch.zeros(2, 8, dtype=torch.float64))
 
 
 @pytest.mark.parametrize("shape, ns", [((6, 8), (8,)), ((2, 3, 4, 5), (4, 5)), ((5,), (5,))],
                          ids=["6x8", "2x3x4x5", "1d"])
-def test_float64_input_to_float32_module_computed_in_float64(shape, ns):
-    # DELIBERATE DIFFERENCE FROM TORCH: torch raises "mixed dtype" for float64 input with float32
-    # parameters; we convert the parameters to float64 and compute in float64.
-    ours = randomize(LayerNorm(ns), seed=22)
+@BY_KIND
+def test_float64_input_to_float32_module_computed_in_float64(kind, shape, ns):
+    # DELIBERATE DIFFERENCE FROM TORCH's LayerNorm: torch raises "mixed dtype" for float64 input
+    # with float32 parameters; we convert the parameters to float64 and compute in float64.
+    ours = randomize(kind.ours(ns), seed=22)
     x = np.random.default_rng(23).standard_normal(shape) * 10 + 1e3  # float64, large offset
     y = ours(x)
     assert y.dtype == np.float64
-    expected = reference_output(x, ns, ours.weight.astype(np.float64), ours.bias.astype(np.float64),
-                              ours.eps)
+    expected = kind.reference(x, ours, *(p.astype(np.float64) for p in param_values(kind, ours)))
     np.testing.assert_allclose(y, expected, rtol=1e-12, atol=1e-12)
 
 
@@ -743,20 +921,20 @@ def test_float64_input_to_float32_module_computed_in_float64(shape, ns):
 # training mode: what forward keeps for backward
 # ---------------------------------------------------------------------------------------------
 
-def _overwrite(kind, x):
+def _overwrite(how, x):
     """Return (what to pass to forward, a function that changes its values afterwards)."""
-    if kind == "ndarray":
+    if how == "ndarray":
         arg = x.copy()
         return arg, lambda: arg.fill(0.0)
-    if kind == "read_only_view":  # read-only, but its base is not
+    if how == "read_only_view":  # read-only, but its base is not
         base = x.copy()
         arg = base.view()
         arg.flags.writeable = False
         return arg, lambda: base.fill(0.0)
-    if kind == "fortran":
+    if how == "fortran":
         arg = np.asfortranarray(x)
         return arg, lambda: arg.fill(0.0)
-    if kind == "array_interface":  # an object whose __array__ hands out an array it keeps
+    if how == "array_interface":  # an object whose __array__ hands out an array it keeps
         arg = KeepsItsArray(x.copy())
         return arg, lambda: arg.kept.fill(0.0)
     arg = torch.from_numpy(x.copy())  # torch_tensor: np.asarray shares its memory
@@ -773,37 +951,38 @@ class KeepsItsArray:
         return self.kept
 
 
-@pytest.mark.parametrize("kind", ["ndarray", "read_only_view", "fortran",
-                                  pytest.param("torch_tensor", marks=requires_torch), "array_interface"])
-def test_input_changed_after_training_forward_does_not_change_backward(kind):
+@pytest.mark.parametrize("how", ["ndarray", "read_only_view", "fortran",
+                                 pytest.param("torch_tensor", marks=requires_torch), "array_interface"])
+@BY_KIND
+def test_input_changed_after_training_forward_does_not_change_backward(kind, how):
     # torch's autograd refuses a backward through a modified saved tensor; a silently different
     # gradient would be worse than both: backward must use the input as it was at forward time.
     rng = np.random.default_rng(30)
     x = rng.standard_normal((5, 6)).astype(np.float32)
     dy = rng.standard_normal((5, 6)).astype(np.float32)
-    ours = LayerNorm(6)
-    ours.load_state_dict({"weight": rng.standard_normal(6), "bias": rng.standard_normal(6)})
-    arg, overwrite = _overwrite(kind, x)
+    ours = randomize(kind.ours(6), seed=31)
+    arg, overwrite = _overwrite(how, x)
     ours(arg)
     overwrite()
     grad_input = ours.backward(dy)
-    t_gi, t_dw, t_db = reference_backward(dy, x, (6,), ours.weight, ours.bias)
+    t_gi, t_grads = kind.reference_backward(dy, x, ours)
     np.testing.assert_allclose(grad_input, t_gi, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(ours.weight_grad, t_dw, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(ours.bias_grad, t_db, rtol=1e-5, atol=1e-5)
+    for name in kind.names:
+        np.testing.assert_allclose(getattr(ours, name + "_grad"), t_grads[name], rtol=1e-5, atol=1e-5)
 
 
-def test_failed_training_forward_leaves_nothing_for_backward():
+@BY_KIND
+def test_failed_training_forward_leaves_nothing_for_backward(kind):
     # backward() goes through the last training-mode call; when that call raised, there is
     # nothing to go through (not the call before it).
-    ours = LayerNorm(6)
+    ours = kind.ours(6)
     x = np.random.default_rng(31).standard_normal((3, 6)).astype(np.float32)
     ours(x)
     with pytest.raises(ValueError):
         ours(np.zeros((3, 7), np.float32))
     with pytest.raises(RuntimeError):
         ours.backward(np.ones((3, 6), np.float32))
-    assert ours.weight_grad is None and ours.bias_grad is None
+    assert all(getattr(ours, name + "_grad") is None for name in kind.names)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -812,42 +991,47 @@ def test_failed_training_forward_leaves_nothing_for_backward():
 
 @requires_torch
 @pytest.mark.parametrize("name", ["float16", "float32", "float64"])
-def test_torch_dtype_argument(name):
+@BY_KIND
+def test_torch_dtype_argument(kind, name):
     # Code ported from torch passes torch dtypes: the parameters get the matching NumPy dtype.
     dtype = torch_dtype(name)
-    ours, theirs = LayerNorm((2, 3), dtype=dtype), torch.nn.LayerNorm((2, 3), dtype=dtype)
-    for name in ("weight", "bias"):
-        mine, ref = getattr(ours, name), getattr(theirs, name)
-        assert mine.dtype == numpy_dtype_of(ref), name
-        np.testing.assert_array_equal(mine, to_numpy(ref), err_msg=name)
+    ours, theirs = kind.ours((2, 3), dtype=dtype), kind.theirs((2, 3), dtype=dtype)
+    for param in kind.names:
+        mine, ref = getattr(ours, param), getattr(theirs, param)
+        assert mine.dtype == numpy_dtype_of(ref), param
+        np.testing.assert_array_equal(mine, to_numpy(ref), err_msg=param)
 
 
 @pytest.mark.parametrize("dtype", [np.int32, np.bool_, np.complex64, np.longdouble, "U4", object],
                          ids=["int32", "bool", "complex64", "longdouble", "str", "object"])
-def test_non_float_dtype_argument_raises_type_error(dtype):
+@BY_KIND
+def test_non_float_dtype_argument_raises_type_error(kind, dtype):
     with pytest.raises(TypeError) as info:
-        LayerNorm(4, dtype=dtype)
+        kind.ours(4, dtype=dtype)
     assert "float" in str(info.value)
 
 
 @requires_torch
 @pytest.mark.parametrize("name", ["int64", "bfloat16", "complex64"], ids=lambda n: f"torch.{n}")
-def test_non_float_torch_dtype_argument_raises_type_error(name):
+@BY_KIND
+def test_non_float_torch_dtype_argument_raises_type_error(kind, name):
     with pytest.raises(TypeError) as info:
-        LayerNorm(4, dtype=torch_dtype(name))
+        kind.ours(4, dtype=torch_dtype(name))
     assert "float" in str(info.value)
 
 
 @requires_torch
-def test_torch_cpu_device_accepted():
-    m = LayerNorm(4, device=torch.device("cpu"))
+@BY_KIND
+def test_torch_cpu_device_accepted(kind):
+    m = kind.ours(4, device=torch.device("cpu"))
     assert m.weight.shape == (4,)
 
 
 @requires_torch
-def test_torch_meta_device_raises_value_error():
+@BY_KIND
+def test_torch_meta_device_raises_value_error(kind):
     with pytest.raises(ValueError):
-        LayerNorm(4, device=torch.device("meta"))
+        kind.ours(4, device=torch.device("meta"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -861,12 +1045,12 @@ MODULE_GRAD_RTOL = {"float16": 3 * 2.0**-11, "float64": 1e-9}
 
 @requires_torch
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
-def test_module_two_training_steps_in_param_dtype_match_torch_float64(dtype):
+@BY_KIND
+def test_module_two_training_steps_in_param_dtype_match_torch_float64(kind, dtype):
     rng = np.random.default_rng(32)
-    ours = LayerNorm((3, 5), dtype=np.dtype(dtype))
-    ours.load_state_dict({"weight": rng.standard_normal((3, 5)), "bias": rng.standard_normal((3, 5))})
+    ours = randomize(kind.ours((3, 5), eps=1e-5, dtype=np.dtype(dtype)), seed=33)
     # the oracle: torch in float64 on the same (exactly representable) numbers
-    theirs = torch.nn.LayerNorm((3, 5), dtype=torch.float64)
+    theirs = kind.theirs((3, 5), eps=1e-5, dtype=torch.float64)
     theirs.load_state_dict({k: torch.from_numpy(v.astype(np.float64)) for k, v in ours.state_dict().items()})
     rtol = MODULE_GRAD_RTOL[dtype]
     for step in range(2):
@@ -879,46 +1063,50 @@ def test_module_two_training_steps_in_param_dtype_match_torch_float64(dtype):
         assert grad_input.dtype == np.dtype(dtype)
         expected = xt.grad.numpy()
         np.testing.assert_allclose(grad_input, expected, rtol=0, atol=rtol * np.abs(expected).max())
-    for name in ("weight", "bias"):
+    for name in kind.names:
         mine, expected = getattr(ours, name + "_grad"), getattr(theirs, name).grad.numpy()
         assert mine.dtype == np.dtype(dtype), name
         np.testing.assert_allclose(mine, expected, rtol=0, atol=rtol * np.abs(expected).max(), err_msg=name)
 
 
-def test_zero_grad_set_to_none_false_zeroes_in_place():
+@BY_KIND
+def test_zero_grad_set_to_none_false_zeroes_in_place(kind):
     x = np.random.default_rng(33).standard_normal((3, 6)).astype(np.float32)
-    ours = LayerNorm(6)
+    ours = kind.ours(6)
     ours(x)
     ours.backward(np.ones((3, 6), np.float32))
-    grad = ours.weight_grad
+    grads = [getattr(ours, name + "_grad") for name in kind.names]
     ours.zero_grad(set_to_none=False)
-    assert ours.weight_grad is grad  # the same array, zeroed
-    np.testing.assert_array_equal(ours.weight_grad, np.zeros(6))
-    np.testing.assert_array_equal(ours.bias_grad, np.zeros(6))
+    for name, grad in zip(kind.names, grads):
+        assert getattr(ours, name + "_grad") is grad  # the same array, zeroed
+        np.testing.assert_array_equal(grad, np.zeros(6))
 
 
 @requires_torch
-def test_zero_grad_set_to_none_false_zeroes_in_place_like_torch():
+@BY_KIND
+def test_zero_grad_set_to_none_false_zeroes_in_place_like_torch(kind):
     x = np.random.default_rng(33).standard_normal((3, 6)).astype(np.float32)
-    ours, theirs = LayerNorm(6), torch.nn.LayerNorm(6)
+    ours, theirs = kind.ours(6), kind.theirs(6)
     ours(x)
     ours.backward(np.ones((3, 6), np.float32))
     theirs(torch.from_numpy(x)).sum().backward()
     ours.zero_grad(set_to_none=False)
     theirs.zero_grad(set_to_none=False)
-    np.testing.assert_array_equal(ours.weight_grad, theirs.weight.grad.numpy())
-    np.testing.assert_array_equal(ours.bias_grad, theirs.bias.grad.numpy())
+    for name in kind.names:
+        np.testing.assert_array_equal(getattr(ours, name + "_grad"), getattr(theirs, name).grad.numpy())
 
 
-def test_zero_grad_set_to_none_false_without_gradients_leaves_none():
-    fresh = LayerNorm(6)
+@BY_KIND
+def test_zero_grad_set_to_none_false_without_gradients_leaves_none(kind):
+    fresh = kind.ours(6)
     fresh.zero_grad(set_to_none=False)  # no gradient yet: stays None, as in torch
-    assert fresh.weight_grad is None and fresh.bias_grad is None
+    assert all(getattr(fresh, name + "_grad") is None for name in kind.names)
 
 
 @requires_torch
-def test_torch_zero_grad_set_to_none_false_without_gradients_leaves_none():
-    fresh_torch = torch.nn.LayerNorm(6)
+@BY_KIND
+def test_torch_zero_grad_set_to_none_false_without_gradients_leaves_none(kind):
+    fresh_torch = kind.theirs(6)
     fresh_torch.zero_grad(set_to_none=False)
     assert fresh_torch.weight.grad is None
 
@@ -927,13 +1115,13 @@ def test_torch_zero_grad_set_to_none_false_without_gradients_leaves_none():
 # training: backward and gradient accumulation against torch autograd
 # ---------------------------------------------------------------------------------------------
 
-def torch_and_ours(ns, seed, **kwargs):
-    tm = torch.nn.LayerNorm(ns, **kwargs)
+def torch_and_ours(kind, ns, seed, **kwargs):
+    tm = kind.theirs(ns, **kwargs)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in tm.parameters():
             p.copy_(torch.randn(p.shape, generator=g))
-    ours = LayerNorm(ns, **kwargs)
+    ours = kind.ours(ns, **kwargs)
     ours.load_state_dict(tm.state_dict())
     return tm, ours
 
@@ -944,24 +1132,26 @@ def torch_step(tm, x, dy):
     return xt.grad.numpy()
 
 
-MODULE_KW = [("affine", {}), ("no_bias", {"bias": False}), ("no_affine", {"elementwise_affine": False})]
+MODULE_KW = by_kind({LAYER: [("affine", {}), ("no_bias", {"bias": False}),
+                             ("no_affine", {"elementwise_affine": False})],
+                     RMS: [("affine", {}), ("eps_1e-5", {"eps": 1e-5}), ("no_affine", {"elementwise_affine": False})]})
 
 
 @requires_torch
-@pytest.mark.parametrize("kw_id, kwargs", MODULE_KW, ids=[k[0] for k in MODULE_KW])
-def test_module_training_forward_backward_matches_torch(kw_id, kwargs):
-    tm, ours = torch_and_ours((3, 5), seed=14, **kwargs)
+@pytest.mark.parametrize("kind, kw_id, kwargs", MODULE_KW)
+def test_module_training_forward_backward_matches_torch(kind, kw_id, kwargs):
+    tm, ours = torch_and_ours(kind, (3, 5), seed=14, **kwargs)
     rng = np.random.default_rng(15)
     x = rng.standard_normal((4, 3, 5)).astype(np.float32)
     dy = rng.standard_normal((4, 3, 5)).astype(np.float32)
-    assert ours.weight_grad is None and ours.bias_grad is None
+    assert all(getattr(ours, name + "_grad") is None for name in kind.names)
     y = ours(x)
     with torch.no_grad():
         np.testing.assert_allclose(y, tm(torch.from_numpy(x)).numpy(), rtol=1e-5, atol=1e-5)
     gi = ours.backward(dy)
     tgi = torch_step(tm, x, dy)
     assert_close(gi, tgi, 1e-5, "grad_input")
-    for name in ("weight", "bias"):
+    for name in kind.names:
         tp = getattr(tm, name)
         mine = getattr(ours, name + "_grad")
         if tp is None:
@@ -971,8 +1161,9 @@ def test_module_training_forward_backward_matches_torch(kw_id, kwargs):
 
 
 @requires_torch
-def test_module_two_steps_accumulate_like_torch_grad():
-    tm, ours = torch_and_ours((3, 5), seed=16)
+@BY_KIND
+def test_module_two_steps_accumulate_like_torch_grad(kind):
+    tm, ours = torch_and_ours(kind, (3, 5), seed=16)
     rng = np.random.default_rng(17)
     for step in range(2):
         x = rng.standard_normal((4, 3, 5)).astype(np.float32)
@@ -980,25 +1171,27 @@ def test_module_two_steps_accumulate_like_torch_grad():
         gi = ours.backward(dy) if ours(x) is not None else None
         tgi = torch_step(tm, x, dy)
         assert_close(gi, tgi, 1e-5, f"grad_input step {step}")
-    assert_close(ours.weight_grad, tm.weight.grad.numpy(), 1e-5, "weight_grad")
-    assert_close(ours.bias_grad, tm.bias.grad.numpy(), 1e-5, "bias_grad")
+    for name in kind.names:
+        assert_close(getattr(ours, name + "_grad"), getattr(tm, name).grad.numpy(), 1e-5, name + "_grad")
     # and the accumulation really is a sum of two different gradients, not the last one
-    single = reference_backward(dy, x, (3, 5), ours.weight, ours.bias)[1]
+    single = kind.reference_backward(dy, x, ours)[1]["weight"]
     assert not np.allclose(ours.weight_grad, single, rtol=1e-3, atol=1e-3)
 
 
-def test_module_zero_grad_sets_none():
-    ours = randomize(LayerNorm(6), seed=18)
+@BY_KIND
+def test_module_zero_grad_sets_none(kind):
+    ours = randomize(kind.ours(6), seed=18)
     x = np.random.default_rng(19).standard_normal((3, 6)).astype(np.float32)
     ours(x)
     ours.backward(np.ones((3, 6), np.float32))
-    assert ours.weight_grad is not None and ours.bias_grad is not None
+    assert all(getattr(ours, name + "_grad") is not None for name in kind.names)
     ours.zero_grad()
-    assert ours.weight_grad is None and ours.bias_grad is None
+    assert all(getattr(ours, name + "_grad") is None for name in kind.names)
 
 
-def test_module_zero_grad_then_backward_starts_fresh():
-    ours = randomize(LayerNorm(6), seed=20)
+@BY_KIND
+def test_module_zero_grad_then_backward_starts_fresh(kind):
+    ours = randomize(kind.ours(6), seed=20)
     rng = np.random.default_rng(21)
     x = rng.standard_normal((3, 6)).astype(np.float32)
     dy = rng.standard_normal((3, 6)).astype(np.float32)
@@ -1007,25 +1200,27 @@ def test_module_zero_grad_then_backward_starts_fresh():
     ours.zero_grad()
     ours(x)
     ours.backward(dy)
-    _, dw, db = reference_backward(dy, x, (6,), ours.weight, ours.bias)
-    assert_close(ours.weight_grad, dw, 1e-5, "weight_grad")
-    assert_close(ours.bias_grad, db, 1e-5, "bias_grad")
+    _, grads = kind.reference_backward(dy, x, ours)
+    for name in kind.names:
+        assert_close(getattr(ours, name + "_grad"), grads[name], 1e-5, name + "_grad")
 
 
-def test_module_backward_before_any_forward_raises():
-    ours = LayerNorm(6)
+@BY_KIND
+def test_module_backward_before_any_forward_raises(kind):
+    ours = kind.ours(6)
     with pytest.raises(RuntimeError):
         ours.backward(np.ones((3, 6), np.float32))
-    assert ours.weight_grad is None and ours.bias_grad is None
+    assert all(getattr(ours, name + "_grad") is None for name in kind.names)
 
 
-def test_module_eval_forward_then_backward_raises():
-    ours = LayerNorm(6).eval()
+@BY_KIND
+def test_module_eval_forward_then_backward_raises(kind):
+    ours = kind.ours(6).eval()
     x = np.random.default_rng(22).standard_normal((3, 6)).astype(np.float32)
     ours(x)
     with pytest.raises(RuntimeError):
         ours.backward(np.ones((3, 6), np.float32))
-    assert ours.weight_grad is None and ours.bias_grad is None
+    assert all(getattr(ours, name + "_grad") is None for name in kind.names)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1034,9 +1229,9 @@ def test_module_eval_forward_then_backward_raises():
 # of another function than the one whose output was used
 # ---------------------------------------------------------------------------------------------
 
-def _forward_then(change, **kwargs):
+def _forward_then(kind, change, **kwargs):
     """A module after a training forward and `change(module)`; backward() is what is tested."""
-    ours = randomize(LayerNorm(4, **kwargs), seed=40)
+    ours = randomize(kind.ours(4, **kwargs), seed=40)
     ours(np.random.default_rng(41).standard_normal((3, 4)).astype(np.float32))
     change(ours)
     return ours
@@ -1048,37 +1243,44 @@ def _double(name):
     return change
 
 
+def _load_weight(module):
+    module.load_state_dict({name: np.full(4, 3.0) if name == "weight" else value
+                            for name, value in module.named_parameters()})
+
+
 IN_PLACE_CHANGES = {
     "weight-doubled": (_double("weight"), "weight [float32 array [4]]"),
     "bias-doubled": (_double("bias"), "bias [float32 array [4]]"),
-    "weight-loaded": (lambda m: m.load_state_dict({"weight": np.full(4, 3.0), "bias": m.bias}),
-                      "weight [float32 array [4]]"),
+    "weight-loaded": (_load_weight, "weight [float32 array [4]]"),
     "reset_parameters": (lambda m: m.reset_parameters(), "weight [float32 array [4]]"),
 }
+IN_PLACE_PARAMS = [pytest.param(kind, name, id=f"{kind}-{name}") for kind in KINDS for name in IN_PLACE_CHANGES
+                   if not (name.startswith("bias") and "bias" not in kind.names)]
 
 
-@pytest.mark.parametrize("kind", list(IN_PLACE_CHANGES))
-def test_backward_refuses_a_parameter_changed_in_place(kind):
-    change, named = IN_PLACE_CHANGES[kind]
-    ours = _forward_then(change)
+@pytest.mark.parametrize("kind, change_id", IN_PLACE_PARAMS)
+def test_backward_refuses_a_parameter_changed_in_place(kind, change_id):
+    change, named = IN_PLACE_CHANGES[change_id]
+    ours = _forward_then(kind, change)
     with pytest.raises(RuntimeError) as info:
         ours.backward(np.ones((3, 4), np.float32))
     assert str(info.value) == (
         "one of the variables needed for gradient computation has been modified by an inplace "
-        f"operation: LayerNorm.{named} changed after the forward call. Call the module on its "
+        f"operation: {kind}.{named} changed after the forward call. Call the module on its "
         "input again before backward()."
     )
-    assert ours.weight_grad is None and ours.bias_grad is None
+    assert all(getattr(ours, name + "_grad") is None for name in kind.names)
 
 
 @requires_torch
-def test_backward_refuses_a_parameter_changed_in_place_in_torchs_words():
-    theirs = torch.nn.LayerNorm(4)
-    y = theirs(torch.ones(3, 4))
+@BY_KIND
+def test_backward_refuses_a_parameter_changed_in_place_in_torchs_words(kind):
+    theirs = kind.theirs(4)
+    y = theirs(torch.ones(3, 4, requires_grad=True))  # torch's RMSNorm saves the weight for grad_input only
     with torch.no_grad():
         theirs.weight *= 2
     expected = torch_message(lambda: y.backward(torch.ones(3, 4)))
-    ours = _forward_then(_double("weight"))
+    ours = _forward_then(kind, _double("weight"))
     with pytest.raises(RuntimeError) as info:
         ours.backward(np.ones((3, 4), np.float32))
     assert str(info.value).startswith(expected.split(": [torch.")[0] + ": ")
@@ -1090,44 +1292,172 @@ REPLACEMENTS = {
     "weight-by-an-equal-copy": ("weight", lambda m: m.weight.copy(), "float32 array [4] by float32 array [4]"),
     "bias-by-float64": ("bias", lambda m: m.bias.astype(np.float64), "float32 array [4] by float64 array [4]"),
 }
+REPLACEMENT_PARAMS = [pytest.param(kind, name, id=f"{kind}-{name}") for kind in KINDS for name in REPLACEMENTS
+                      if REPLACEMENTS[name][0] in kind.names]
 
 
-@pytest.mark.parametrize("kind", list(REPLACEMENTS))
-def test_backward_refuses_a_replaced_parameter(kind):
-    name, make, described = REPLACEMENTS[kind]
-    ours = _forward_then(lambda m: setattr(m, name, make(m)))
+@pytest.mark.parametrize("kind, replacement_id", REPLACEMENT_PARAMS)
+def test_backward_refuses_a_replaced_parameter(kind, replacement_id):
+    name, make, described = REPLACEMENTS[replacement_id]
+    ours = _forward_then(kind, lambda m: setattr(m, name, make(m)))
     with pytest.raises(RuntimeError) as info:
         ours.backward(np.ones((3, 4), np.float32))
     assert str(info.value) == (
-        f"LayerNorm.{name} was replaced after the forward call ({described}): call the module on "
+        f"{kind}.{name} was replaced after the forward call ({described}): call the module on "
         "its input again before backward()."
     )
 
 
-def test_backward_refuses_a_parameter_added_after_the_forward():
-    ours = _forward_then(lambda m: setattr(m, "bias", np.zeros(4, np.float32)), bias=False)
-    with pytest.raises(RuntimeError, match=r"LayerNorm\.bias was replaced .*\(None by float32 array \[4\]\)"):
+ADDED_AFTER_FORWARD = by_kind({LAYER: [("bias", {"bias": False})], RMS: [("weight", {"elementwise_affine": False})]})
+
+
+@pytest.mark.parametrize("kind, name, kwargs", ADDED_AFTER_FORWARD)
+def test_backward_refuses_a_parameter_added_after_the_forward(kind, name, kwargs):
+    ours = _forward_then(kind, lambda m: setattr(m, name, np.zeros(4, np.float32)), **kwargs)
+    with pytest.raises(RuntimeError, match=rf"{kind}\.{name} was replaced .*\(None by float32 array \[4\]\)"):
         ours.backward(np.ones((3, 4), np.float32))
 
 
-def test_backward_takes_parameters_changed_and_changed_back():
+@BY_KIND
+def test_backward_takes_parameters_changed_and_changed_back(kind):
     # The values are what matters: a parameter changed and restored before backward is the
     # parameter the forward used.
     def change_and_restore(module):
         module.weight *= 2
         module.weight /= 2
 
-    ours = _forward_then(change_and_restore)
-    expected = _forward_then(lambda m: None)
+    ours = _forward_then(kind, change_and_restore)
+    expected = _forward_then(kind, lambda m: None)
     np.testing.assert_array_equal(ours.backward(np.ones((3, 4), np.float32)),
                                   expected.backward(np.ones((3, 4), np.float32)))
     np.testing.assert_array_equal(ours.weight_grad, expected.weight_grad)
 
 
-def test_parameters_changed_after_backward_are_for_the_next_forward():
+@BY_KIND
+def test_parameters_changed_after_backward_are_for_the_next_forward(kind):
     # The optimizer's step: gradients, then an in-place update, then the next forward.
-    ours = _forward_then(lambda m: None)
+    ours = _forward_then(kind, lambda m: None)
     ours.backward(np.ones((3, 4), np.float32))
     ours.weight -= 0.1 * ours.weight_grad
     ours(np.ones((3, 4), np.float32))
     ours.backward(np.ones((3, 4), np.float32))
+
+
+# ---------------------------------------------------------------------------------------------
+# axis=: ConvNeXt's channels-first LayerNorm (and RMSNorm) on NCHW
+# ---------------------------------------------------------------------------------------------
+
+# (axis as given, how the repr prints it)
+AXIS_SPELLINGS = [(1, "1"), (-3, "-3"), ((1,), "(1,)"), ((2, 1), "(2, 1)")]
+
+
+@requires_torch
+@pytest.mark.parametrize("axis, printed", AXIS_SPELLINGS, ids=[p for _, p in AXIS_SPELLINGS])
+@BY_KIND
+def test_repr_with_axis_is_torchs_with_the_axis_appended(kind, axis, printed):
+    ns = (64,) if isinstance(axis, int) or len(axis) == 1 else (5, 64)
+    assert repr(kind.ours(ns, axis=axis)) == repr(kind.theirs(ns))[:-1] + f", axis={printed})"
+
+
+def test_repr_with_axis_text():
+    assert repr(LAYER.ours(64, axis=1)) == "LayerNorm((64,), eps=1e-05, elementwise_affine=True, bias=True, axis=1)"
+    assert repr(RMS.ours(64, axis=(1,))) == "RMSNorm((64,), eps=None, elementwise_affine=True, axis=(1,))"
+
+
+@BY_KIND
+def test_axis_none_prints_nothing(kind):
+    assert "axis" not in repr(kind.ours(64)) and "axis" not in repr(kind.ours(64, axis=None))
+
+
+@BY_KIND
+def test_axis_does_not_change_parameters_or_state_dict(kind):
+    with_axis, without = kind.ours(8, axis=1), kind.ours(8)
+    assert list(with_axis.state_dict()) == list(without.state_dict())
+    for name in kind.names:
+        np.testing.assert_array_equal(getattr(with_axis, name), getattr(without, name))
+        assert getattr(with_axis, name).shape == (8,)
+
+
+@pytest.mark.parametrize("how", ["pickle", "deepcopy"])
+@BY_KIND
+def test_axis_survives_copies(kind, how):
+    m = randomize(kind.ours(8, axis=1), seed=50).eval()
+    m2 = pickle.loads(pickle.dumps(m)) if how == "pickle" else copy.deepcopy(m)
+    assert repr(m2) == repr(m)
+    x = np.random.default_rng(51).standard_normal((2, 8, 3, 5)).astype(np.float32)
+    np.testing.assert_array_equal(m2(x), m(x))
+
+
+def convnext_formula(x, weight, bias, eps):
+    """ConvNeXt's channels-first LayerNorm as its authors write it, in float64 NumPy."""
+    u = x.mean(1, keepdims=True)
+    s = ((x - u) ** 2).mean(1, keepdims=True)
+    return (x - u) / np.sqrt(s + eps) * weight[:, None, None] + bias[:, None, None]
+
+
+def torch_channels_first(kind, x, weight, bias, eps, dy):
+    """The formula written in torch (float64), for both kinds: (output, grads of x, weight, bias)."""
+    xt, wt = torch.from_numpy(x).requires_grad_(True), torch.from_numpy(weight).requires_grad_(True)
+    bt = None if bias is None else torch.from_numpy(bias).requires_grad_(True)
+    if bt is not None:
+        u = xt.mean(1, keepdim=True)
+        s = ((xt - u) ** 2).mean(1, keepdim=True)
+        y = (xt - u) / torch.sqrt(s + eps) * wt[:, None, None] + bt[:, None, None]
+    else:
+        y = xt / torch.sqrt((xt ** 2).mean(1, keepdim=True) + eps) * wt[:, None, None]
+    y.backward(torch.from_numpy(dy))
+    return y.detach().numpy(), xt.grad.numpy(), wt.grad.numpy(), None if bt is None else bt.grad.numpy()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_layer_norm_axis1_forward_is_the_convnext_formula(dtype):
+    rng = np.random.default_rng(52)
+    ours = LAYER.ours(16, eps=1e-6, axis=1, dtype=np.dtype(dtype))
+    randomize(ours, seed=53)
+    x = (rng.standard_normal((2, 16, 7, 7)) + 2.0).astype(dtype)
+    expected = convnext_formula(x.astype(np.float64), ours.weight.astype(np.float64), ours.bias.astype(np.float64),
+                                1e-6)
+    for mode in ("train", "eval"):
+        y = ours.train(mode == "train")(x)
+        assert y.shape == x.shape and y.dtype == np.dtype(dtype) and y.flags.c_contiguous
+        assert_close(y, expected, 1e-6 if dtype == "float32" else 1e-13, f"{mode} output")
+
+
+@requires_torch
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@BY_KIND
+def test_axis1_training_matches_torch_autograd_of_the_formula(kind, dtype):
+    # two steps: grad_input of each, and the parameter gradients accumulated over both
+    rng = np.random.default_rng(54)
+    ours = randomize(kind.ours(16, eps=1e-6, axis=1, dtype=np.dtype(dtype)), seed=55)
+    weight = ours.weight.astype(np.float64)
+    bias = ours.bias.astype(np.float64) if kind is LAYER else None
+    totals = {}
+    rtol = 1e-5 if dtype == "float32" else 1e-9
+    for step in range(2):
+        x = (rng.standard_normal((2, 16, 5, 7)) + step).astype(dtype)
+        dy = rng.standard_normal((2, 16, 5, 7)).astype(dtype)
+        y = ours(x)
+        grad_input = ours.backward(dy)
+        ty, tgx, tgw, tgb = torch_channels_first(kind, x.astype(np.float64), weight, bias, 1e-6, dy.astype(np.float64))
+        assert_close(y, ty, rtol, f"output, step {step}")
+        assert grad_input.shape == x.shape and grad_input.dtype == np.dtype(dtype)
+        assert_close(grad_input, tgx, rtol, f"grad_input, step {step}")
+        for name, grad in (("weight", tgw), ("bias", tgb)):
+            if grad is not None:
+                totals[name] = totals.get(name, 0) + grad
+    for name in kind.names:
+        assert_close(getattr(ours, name + "_grad"), totals[name], rtol, name + "_grad")
+
+
+@requires_torch
+@BY_KIND
+def test_axis1_module_matches_torch_permute_route(kind):
+    # what torch code does without axis=: permute NCHW to NHWC, normalize, permute back
+    theirs = randomize_torch(kind.theirs(16), seed=56)
+    ours = kind.ours(16, axis=1)
+    ours.load_state_dict(theirs.state_dict())
+    x = np.random.default_rng(57).standard_normal((2, 16, 5, 7)).astype(np.float32)
+    with torch.no_grad():
+        expected = theirs(torch.from_numpy(x).permute(0, 2, 3, 1)).permute(0, 3, 1, 2).numpy()
+    assert_close(ours(x), expected, 1e-5)
