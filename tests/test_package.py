@@ -11,8 +11,9 @@ import layernorm
 from layernorm import _layernorm
 
 PACKAGE = os.path.dirname(layernorm.__file__)
-PUBLIC = ["LayerNorm", "available_simd_levels", "get_num_threads", "layer_norm", "layer_norm_backward",
-          "native_layer_norm", "set_num_threads", "set_simd_level", "simd_level"]
+PUBLIC = ["LayerNorm", "RMSNorm", "add_layer_norm", "add_rms_norm", "available_simd_levels", "get_num_threads",
+          "layer_norm", "layer_norm_backward", "native_layer_norm", "native_rms_norm", "rms_norm",
+          "rms_norm_backward", "set_num_threads", "set_simd_level", "simd_level"]
 
 
 def test_all_lists_the_public_names():

@@ -1,11 +1,13 @@
 """Runtime controls: every SIMD level and every thread count gives the same bits, forward and
-backward, and those bits match layernorm._reference; the controls' own errors; environment
+backward, for every route of the norm family (LayerNorm, RMSNorm, strided axes, the fused residual
+add), and those bits match layernorm._reference; the controls' own errors; environment
 variables honoured at import.
 """
 
 import os
 import subprocess
 import sys
+from typing import Any, NamedTuple, Tuple
 
 import numpy as np
 import pytest
@@ -13,6 +15,9 @@ import pytest
 import layernorm
 from helpers import (
     FLOAT_DTYPES,
+    LAYER_NORM,
+    RMS_NORM,
+    NormKind,
     assert_backward_matches_reference,
     assert_close,
     assert_matches_reference,
@@ -263,6 +268,87 @@ def test_set_num_threads_above_the_maximum_is_the_maximum(n, restore_runtime):
     assert layernorm.set_num_threads(n) is None
     assert layernorm.get_num_threads() == 256
     assert "n above 256, the most threads the kernels run, counts as 256" in layernorm.set_num_threads.__doc__
+
+
+# ---------------------------------------------------------------------------
+# The norm family's routes: RMSNorm, a norm over strided axes, the fused residual add
+# ---------------------------------------------------------------------------
+
+
+class Route(NamedTuple):
+    kind: NormKind
+    shape: Tuple[int, ...]
+    normalized_shape: Tuple[int, ...]
+    axis: Any
+    residual: bool  # through add_layer_norm / add_rms_norm
+
+
+# Small enough for every level, with SIMD tails, tiles of 16 rows and their remainders
+LEVEL_ROUTES = {
+    "rms-37x33": Route(RMS_NORM, (37, 33), (33,), None, False),
+    "rms-5x4097": Route(RMS_NORM, (5, 4097), (4097,), None, False),
+    "layer-nchw-axis1": Route(LAYER_NORM, (3, 16, 7, 9), (16,), 1, False),
+    "rms-nchw-axis1": Route(RMS_NORM, (3, 16, 7, 9), (16,), 1, False),
+    "layer-long-strided-rows": Route(LAYER_NORM, (2, 1031, 5), (1031,), 1, False),
+    "layer-axes20": Route(LAYER_NORM, (5, 6, 17), (17, 5), (2, 0), False),
+    "layer-residual-37x33": Route(LAYER_NORM, (37, 33), (33,), None, True),
+    "rms-residual-37x33": Route(RMS_NORM, (37, 33), (33,), None, True),
+    "layer-residual-nchw-axis1": Route(LAYER_NORM, (3, 16, 7, 9), (16,), 1, True),
+}
+# Large enough for the threads to split the work (as THREAD_SHAPES)
+THREAD_ROUTES = {
+    "rms-4096x256": Route(RMS_NORM, (4096, 256), (256,), None, False),
+    "rms-2x300000": Route(RMS_NORM, (2, 300000), (300000,), None, False),
+    "layer-nchw-axis1": Route(LAYER_NORM, (8, 64, 28, 28), (64,), 1, False),
+    "rms-nchw-axis1": Route(RMS_NORM, (8, 64, 28, 28), (64,), 1, False),
+    "layer-few-long-strided-rows": Route(LAYER_NORM, (2, 100003, 3), (100003,), 1, False),
+    "layer-residual-4096x256": Route(LAYER_NORM, (4096, 256), (256,), None, True),
+    "rms-residual-nchw-axis1": Route(RMS_NORM, (8, 64, 28, 28), (64,), 1, True),
+}
+
+
+def run_route(route, dtype, seed):
+    """Every result of the route's forward (and the sum) and backward, as a list of arrays."""
+    kind, shape, ns, axis = route.kind, route.shape, route.normalized_shape, route.axis
+    x = make_input(shape, dtype, seed=seed, offset=3.0)
+    dy = make_input(shape, dtype, seed=seed + 1)
+    w, b = make_params(ns, param_dtype(dtype), kind.affines[0])
+    results = []
+    if route.residual:
+        residual = make_input(shape, dtype, seed=seed + 2)
+        out, x = kind.add(x, residual, ns, w, b, axis=axis)
+        results += [out, x]
+    out, *stats = kind.native(x, ns, w, b, axis=axis)
+    grads = kind.backward(dy, x, ns, stats, w, b, axis=axis)
+    return [out, *stats] + [g for g in grads if g is not None], (x, ns, w, b, axis)
+
+
+@pytest.mark.parametrize("route_id", list(LEVEL_ROUTES))
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_family_levels_bit_identical_and_correct(dtype, route_id, restore_runtime):
+    route = LEVEL_ROUTES[route_id]
+    results = _run_all_levels(lambda: run_route(route, dtype, seed=len(route_id)))
+    first, (x, ns, w, b, axis) = results[LEVELS[0]]
+    assert_matches_reference(first[0], x, ns, w, b, route.kind.default_eps, centred=route.kind.centred, axis=axis)
+    for level, (arrays, _) in results.items():
+        assert len(arrays) == len(first)
+        for i, (got, want) in enumerate(zip(arrays, first)):
+            assert got.dtype == want.dtype and got.tobytes() == want.tobytes(), f"result {i}: {level} differs"
+
+
+@pytest.mark.parametrize("route_id", list(THREAD_ROUTES))
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_family_threads_bit_identical(dtype, route_id, restore_runtime):
+    route = THREAD_ROUTES[route_id]
+    layernorm.set_num_threads(1)
+    serial, _ = run_route(route, dtype, seed=3)
+    layernorm.set_num_threads(2)
+    parallel, (x, ns, w, b, axis) = run_route(route, dtype, seed=3)
+    for i, (got, want) in enumerate(zip(parallel, serial)):
+        assert got.tobytes() == want.tobytes(), f"result {i} differs between 1 and 2 threads"
+    if dtype == np.float32:
+        assert_matches_reference(parallel[0], x, ns, w, b, route.kind.default_eps, centred=route.kind.centred,
+                                 axis=axis)
 
 
 # ---------------------------------------------------------------------------
