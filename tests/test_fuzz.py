@@ -12,7 +12,12 @@ payload) and Inf.  Checked:
   against the truth for the statistics it is given (``_reference.layer_norm_backward_given_stats``);
 - the module: LayerNorm's training forward and backward give the functions' bits, and two
   steps accumulate the parameter gradients;
-- every SIMD level gives the same bits, forward and backward.
+- every SIMD level gives the same bits, forward and backward;
+- the norm family (``family_cases``): LayerNorm or RMSNorm over random axes (any subset, in any
+  order, spelled with negatives or as an int) of 1- to 4-D inputs in every layout, with and
+  without the fused residual add (sum bit for bit NumPy's input + residual, output bit for bit
+  the norm of the sum), forward and statistics against the truth, backward against the truth
+  for the statistics given, every SIMD level the same bits.
 
 Profiles:
 - default: seeded (derandomized), a bounded number of examples per test, a few seconds in all;
@@ -39,12 +44,15 @@ from hypothesis import strategies as st
 import layernorm
 from helpers import (
     ARRAY_LAYOUTS,
+    KINDS,
     REF_REL_TOL,
+    NormKind,
     assert_within,
     f16_ulp,
     layout,
     param_dtype,
     reference_layer_norm,
+    reference_norm,
 )
 from layernorm import LayerNorm, _reference
 
@@ -255,16 +263,17 @@ def _bits(array):
     return np.ascontiguousarray(array).tobytes()
 
 
-def assert_output_matches_reference(out, x, ns, w, b, eps, keep=True):
+def assert_output_matches_reference(out, x, ns, w, b, eps, keep=True, *, centred=True, axis=None):
     """helpers.assert_matches_reference's tolerance (REF_REL_TOL of the output's dtype times the
     size of the terms rounded, plus a float16 ulp), plus the float64 statistics' own error: the
     mean is known to float64's precision of the row's values, which the output sees multiplied
     by rstd, so 1e-12 of (|x| + |mean|) * rstd * |w| (it matters where the offset dwarfs the
-    spread, e.g. 1.7e10 + 1e6 * noise).  Rows where `keep` is False are left out."""
+    spread, e.g. 1.7e10 + 1e6 * noise).  Rows where `keep` is False are left out.  RMSNorm when
+    not ``centred``, over ``axis``."""
     dtype = np.dtype(out.dtype).newbyteorder("=")
-    y, mean, rstd, scale = reference_layer_norm(x, ns, w, b, eps)
-    w64 = np.ones(()) if w is None else np.abs(np.asarray(w, np.float64))
-    statistics = (np.abs(np.asarray(x, np.float64)) + np.abs(mean)) * np.abs(rstd) * w64
+    y, scale = reference_norm(x, ns, w, b, eps, centred=centred, axis=axis)
+    n = _reference.normalize(x, ns, centred=centred, eps=eps, axis=axis)
+    statistics = (np.abs(np.asarray(x, np.float64)) + np.abs(n.mean)) * np.abs(n.rstd) * np.abs(n.expand(w))
     tol = REF_REL_TOL[dtype] * scale + REF_REL_TOL[np.dtype(np.float64)] * statistics
     if dtype == np.float16:
         tol = tol + f16_ulp(y)
@@ -324,6 +333,37 @@ BACKWARD_TOL = {np.dtype(np.float16): 2e-3, np.dtype(np.float32): 1e-6, np.dtype
 MASKS = list(itertools.product([True, False], repeat=3))
 
 
+def expanded(param, shape, axes):
+    """A parameter of normalized_shape (in ``axes``' order) as float64, broadcastable against an
+    array of ``shape``."""
+    p = np.transpose(np.asarray(param, np.float64), np.argsort(axes))
+    return p.reshape([n if a in axes else 1 for a, n in enumerate(shape)])
+
+
+def gradient_scales(x, dy, w, mean, rstd, axes):
+    """The size of the terms each gradient is made of, normalized over ``axes`` (tests/helpers.py's
+    assert_backward_matches_reference): per row rstd * |dy * w| * (1 + (|x| + |mean|) * rstd),
+    and rstd * |xhat| * mean(|dy * w * xhat|) for grad_input's last term, which is not bounded by
+    the first when the statistics given are not the input's; the column sums of
+    |dy| * (|x| + |mean|) * rstd for grad_weight and of |dy| for grad_bias."""
+    other = tuple(a for a in range(x.ndim) if a not in axes)
+    stats_shape = tuple(1 if a in axes else n for a, n in enumerate(x.shape))
+    x64, dy64 = np.abs(x.astype(np.float64)), np.abs(dy.astype(np.float64))
+    r64 = np.abs(np.asarray(rstd, np.float64)).reshape(stats_shape)
+    m64 = np.abs(np.asarray(mean, np.float64)).reshape(stats_shape)
+    w64 = np.ones(()) if w is None else np.abs(expanded(w, x.shape, axes))
+    with np.errstate(over="ignore", invalid="ignore"):
+        size = (x64 + m64) * r64
+        g = dy64 * w64
+        xhat = np.abs(x.astype(np.float64) - np.asarray(mean, np.float64).reshape(stats_shape)) * r64
+        last_term = (r64 * xhat.max(axis=axes, keepdims=True, initial=0.0)
+                     * (g * xhat).mean(axis=axes, keepdims=True) if xhat.size else 0.0)
+        in_order = [np.transpose(a.sum(axis=other, keepdims=True), other + axes).reshape([x.shape[i] for i in axes])
+                    for a in (dy64 * size, dy64)]
+        return (r64 * g.max(axis=axes, keepdims=True, initial=0.0)
+                * (1 + size.max(axis=axes, keepdims=True, initial=0.0)) + last_term, *in_order)
+
+
 def check_backward(case):
     x, ns, w, b, dy = case.x, case.ns, case.weight, case.bias, case.dy
     _, mean, rstd = layernorm.native_layer_norm(case.base, ns, w, b, case.eps)
@@ -332,26 +372,7 @@ def check_backward(case):
     keep = ~row_mask(case, bad)
     dtype = case.base.dtype
     tol = BACKWARD_TOL[dtype]
-    # the size of the terms each gradient is made of (tests/helpers.py's
-    # assert_backward_matches_reference): per row rstd * |dy * w| * (1 + (|x| + |mean|) * rstd),
-    # and rstd * |xhat| * mean(|dy * w * xhat|) for grad_input's last term, which is not bounded by
-    # the first when the statistics given are not the input's
-    axes = tuple(range(case.base.ndim - len(ns), case.base.ndim))
-    batch_axes = tuple(range(case.base.ndim - len(ns)))
-    stats_shape = case.base.shape[: case.base.ndim - len(ns)] + (1,) * len(ns)
-    x64, dy64 = np.abs(case.base.astype(np.float64)), np.abs(dy.astype(np.float64))
-    r64 = np.abs(rstd.astype(np.float64)).reshape(stats_shape)
-    m64 = np.abs(mean.astype(np.float64)).reshape(stats_shape)
-    w64 = np.ones(()) if w is None else np.abs(w.astype(np.float64))
-    with np.errstate(over="ignore", invalid="ignore"):
-        size = (x64 + m64) * r64
-        g = dy64 * w64
-        xhat = np.abs(case.base.astype(np.float64) - mean.astype(np.float64).reshape(stats_shape)) * r64
-        last_term = (r64 * xhat.max(axis=axes, keepdims=True, initial=0.0)
-                     * (g * xhat).mean(axis=axes, keepdims=True) if xhat.size else 0.0)
-        scales = (r64 * g.max(axis=axes, keepdims=True, initial=0.0) * (1 + size.max(axis=axes, keepdims=True, initial=0.0))
-                  + last_term,
-                  (dy64 * size).sum(axis=batch_axes), dy64.sum(axis=batch_axes))
+    scales = gradient_scales(case.base, dy, w, mean, rstd, tuple(range(case.base.ndim - len(ns), case.base.ndim)))
     bits = _canonical_nan  # NAN_BITS_DEFECT
     results = {}
     for mask in MASKS:
@@ -471,6 +492,187 @@ def test_module_matches_functions(case):
 def test_every_simd_level_gives_the_same_bits(case):
     with np.errstate(all="ignore"):
         check_levels(case)
+
+
+# ---------------------------------------------------------------------------------------------
+# The norm family: LayerNorm and RMSNorm over random axes of random layouts, with and without
+# the fused residual add
+# ---------------------------------------------------------------------------------------------
+
+class FamilyCase(NamedTuple):
+    kind: NormKind
+    x: Any  # the input, laid out as `layout_name` says
+    base: np.ndarray  # its values, C-contiguous and native
+    residual: Optional[np.ndarray]  # for add_*, its values as base's (laid out as the input when used); or None
+    ns: Tuple[int, ...]
+    axis: Any  # an int or a tuple of ints, as given
+    axes: Tuple[int, ...]  # the same, resolved
+    weight: Optional[np.ndarray]
+    bias: Optional[np.ndarray]
+    eps: Optional[float]
+    dy: np.ndarray
+    layout_name: str
+
+
+FAMILY_MAX_ELEMENTS = 6000
+
+
+@st.composite
+def family_cases(draw):
+    """Values and eps stay clear of KNOWN_DEFECTS (|x| below 1e8, eps 0 or at least 1e-12, no
+    negative eps): the LayerNorm cases above are where those are explored."""
+    kind = draw(st.sampled_from(KINDS))
+    dtype = np.dtype(draw(st.sampled_from([np.float16, np.float32, np.float64])))
+    ndim = draw(st.integers(1, 4))
+    shape = []
+    for _ in range(ndim):
+        room = FAMILY_MAX_ELEMENTS // max(int(np.prod(shape)), 1)
+        shape.append(min(draw(st.one_of(st.integers(0, 3), st.integers(4, 20), st.sampled_from([33, 64, 100]))),
+                         room))
+    shape = tuple(shape)
+    axes = tuple(draw(st.permutations(range(ndim)))[: draw(st.integers(1, ndim))])
+    spelled = tuple(a - ndim if draw(st.booleans()) else a for a in axes)
+    axis = spelled[0] if len(spelled) == 1 and draw(st.booleans()) else spelled
+    ns = tuple(shape[a] for a in axes)
+
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    offset = draw(st.one_of(st.just(0.0), st.sampled_from([1e3, -1e4]), st.floats(-1e4, 1e4)))
+    scale = draw(st.one_of(st.just(0.0), st.just(1.0), st.floats(1e-3, 1e3)))
+    base = (offset + scale * rng.standard_normal(shape)).astype(dtype)
+    special = draw(st.sampled_from([None, None, None, "nan", "inf", "-inf"]))
+    if special and base.size:
+        base.flat[rng.integers(base.size)] = dtype.type(NON_FINITE[special])
+    residual = (rng.standard_normal(shape) * draw(st.sampled_from([1.0, 1e3]))).astype(dtype) \
+        if draw(st.booleans()) else None
+
+    pdt = param_dtype(dtype)
+    affine = draw(st.sampled_from(kind.affines))
+    weight = ((1 + 0.5 * rng.standard_normal(ns)) * draw(st.sampled_from([1e-3, 1.0, 10.0]))).astype(pdt) \
+        if affine in ("weight+bias", "weight") else None
+    bias = rng.standard_normal(ns).astype(pdt) if affine in ("weight+bias", "bias") else None
+    eps = draw(st.one_of(st.sampled_from([1e-5, 0.0, 1e-12, 1.0, 1e3] + ([None] * 2 if not kind.centred else [])),
+                         st.floats(1e-6, 10.0)))
+    dy = (rng.standard_normal(shape) * draw(st.sampled_from([1e-3, 1.0, 1e3]))).astype(dtype)
+    layout_name = draw(st.sampled_from(ARRAY_LAYOUTS))
+    return FamilyCase(kind, layout(layout_name, base), base, residual, ns, axis, axes, weight, bias, eps, dy,
+                      layout_name)
+
+
+def normalized(case):
+    """The array the norm sees: the input, or add_*'s sum, checked to be NumPy's input + residual
+    bit for bit and to give the output of the norm of that sum."""
+    kind, ns, w, b, eps, axis = case.kind, case.ns, case.weight, case.bias, case.eps, case.axis
+    if case.residual is None:
+        return case.x
+    residual = layout(case.layout_name, case.residual)  # as the input: byte order included
+    out, total = kind.add(case.x, residual, ns, w, b, eps, axis=axis)
+    with np.errstate(all="ignore"):
+        expected = case.base + case.residual
+    assert total.dtype == case.base.dtype and _bits(total) == _bits(expected), "sum is not input + residual"
+    assert _canonical_nan(out) == _canonical_nan(kind.forward(total, ns, w, b, eps, axis=axis))
+    assert _bits(residual) == _bits(layout(case.layout_name, case.residual)), "the residual was changed"
+    return total
+
+
+def check_family_forward(case):
+    kind, ns, w, b, eps, axis = case.kind, case.ns, case.weight, case.bias, case.eps, case.axis
+    dtype = case.base.dtype
+    before = _bits(np.asarray(case.x))
+    x = normalized(case)
+    values = np.asarray(x).astype(dtype)
+    out, *stats = kind.native(x, ns, w, b, eps, axis=axis)
+    assert out.dtype == dtype and out.shape == case.base.shape
+    if isinstance(x, np.ndarray) and x.ndim >= 2 and x.size > 1 and (x.flags.c_contiguous or x.flags.f_contiguous):
+        assert out.flags.c_contiguous if x.flags.c_contiguous else out.flags.f_contiguous, "memory order"
+    stats_shape = tuple(1 if a in case.axes else n for a, n in enumerate(case.base.shape))
+    for stat in stats:
+        assert stat.shape == stats_shape and stat.dtype == param_dtype(dtype)
+    assert _canonical_nan(kind.forward(x, ns, w, b, eps, axis=axis)) == _canonical_nan(out)
+    assert _bits(np.asarray(case.x)) == before, "the input was changed"
+    eps_value = kind.eps_value(values, eps)
+    assert_output_matches_reference(out, values, ns, w, b, eps_value, centred=kind.centred, axis=axis)
+    into = np.full(case.base.shape, 7, dtype)
+    assert kind.forward(x, ns, w, b, eps, axis=axis, out=into) is into
+    assert_output_matches_reference(into, values, ns, w, b, eps_value, centred=kind.centred, axis=axis)
+    # the statistics against the reference rounded to their dtype, at check_forward's tolerances
+    refs = kind.reference(values, ns, w, b, eps_value, axis=axis)[1:]
+    stat_tol = REF_REL_TOL[np.dtype(np.float64)] if stats[0].dtype == np.float64 else float(np.finfo(np.float32).eps)
+    sum_error = 16 * float(np.finfo(np.float32).eps) if dtype == np.float16 else REF_REL_TOL[np.dtype(np.float64)]
+    tiny = float(np.finfo(stats[0].dtype).smallest_subnormal)
+    with np.errstate(all="ignore"):
+        row_size = np.abs(values.astype(np.float64)).max(axis=case.axes, keepdims=True, initial=0.0)
+        keep_mean = np.isfinite(row_size)  # the mean of a row holding NaN or Inf is not specified
+        ref_mean = refs[0] if kind.centred else 0.0
+        offset = REF_REL_TOL[np.dtype(np.float64)] * np.abs(ref_mean) * np.abs(refs[-1])
+        tolerances = ((stat_tol * np.abs(ref_mean) + sum_error * row_size + tiny,) if kind.centred else ()) + (
+            (stat_tol + offset * offset) * np.abs(refs[-1]) + tiny,)
+        for name, stat, ref, tol in zip(("mean", "rstd")[2 - len(stats):], stats, refs, tolerances):
+            keep = keep_mean if name == "mean" else np.ones_like(keep_mean)
+            expected = ref.astype(stat.dtype).astype(np.float64)
+            assert_within(np.where(keep, stat, 0.0), np.where(keep, expected, 0.0), np.where(keep, tol, 1.0),
+                          f"{name} vs reference")
+
+
+def check_family_backward(case):
+    kind, ns, w, b, eps, axis, dy = case.kind, case.ns, case.weight, case.bias, case.eps, case.axis, case.dy
+    x = np.asarray(normalized(case)).astype(case.base.dtype)
+    stats = kind.native(x, ns, w, b, eps, axis=axis)[1:]
+    want = kind.reference_backward(dy, x, ns, stats, w, axis=axis)
+    mean = stats[0] if kind.centred else np.zeros(stats[0].shape)
+    scales = gradient_scales(x, dy, w, mean, stats[-1], case.axes)
+    got = kind.backward(layout(case.layout_name, dy), x, ns, stats, w, b, axis=axis)
+    dtype = case.base.dtype
+    tol = BACKWARD_TOL[dtype]
+    for i, (name, param) in enumerate((("grad_input", x), ("grad_weight", w), ("grad_bias", b))):
+        if param is None:
+            assert got[i] is None, name
+            continue
+        assert got[i].dtype == (dtype if i == 0 else param_dtype(dtype)) and got[i].shape == want[i].shape, name
+        with np.errstate(over="ignore", invalid="ignore"):
+            bound = tol * np.maximum(scales[i], 1.0)
+            rounded = want[i].astype(got[i].dtype).astype(np.float64)
+            if got[i].dtype == np.float16:
+                bound = bound + np.spacing(np.abs(rounded).astype(np.float16)).astype(np.float64)
+            expected = np.where(np.isfinite(rounded), want[i], rounded)
+        assert_within(got[i], expected, bound, f"{name} vs the reference given the same statistics")
+
+
+def check_family_levels(case):
+    kind, ns, w, b, eps, axis = case.kind, case.ns, case.weight, case.bias, case.eps, case.axis
+    results = {}
+    level = layernorm.simd_level()
+    try:
+        for name in LEVELS:
+            layernorm.set_simd_level(name)
+            x = normalized(case)
+            out, *stats = kind.native(x, ns, w, b, eps, axis=axis)
+            grads = kind.backward(case.dy, x, ns, stats, w, b, axis=axis)
+            results[name] = [_canonical_nan(a) for a in [out, *stats, *grads] if a is not None]
+    finally:
+        layernorm.set_simd_level(level)
+    for name in LEVELS[1:]:
+        assert results[name] == results[LEVELS[0]], f"{name} differs from {LEVELS[0]}"
+
+
+@FUZZ
+@given(family_cases())
+def test_family_forward_matches_reference(case):
+    with np.errstate(all="ignore"):
+        check_family_forward(case)
+
+
+@FUZZ
+@given(family_cases())
+def test_family_backward_matches_reference(case):
+    with np.errstate(all="ignore"):
+        check_family_backward(case)
+
+
+@FUZZ
+@given(family_cases())
+def test_family_every_simd_level_gives_the_same_bits(case):
+    with np.errstate(all="ignore"):
+        check_family_levels(case)
 
 
 # ---------------------------------------------------------------------------------------------
