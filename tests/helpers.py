@@ -414,7 +414,8 @@ def assert_close(actual, expected, rtol, what="", scale=1.0):
     assert actual is not None, what
     actual = np.asarray(actual)
     assert actual.shape == np.shape(expected), what
-    scale = max(float(np.max(np.abs(np.asarray(expected, np.float64)), initial=0.0)), scale)
+    magnitudes = np.abs(np.asarray(expected, np.float64))
+    scale = max(float(np.max(magnitudes, where=~np.isnan(magnitudes), initial=0.0)), scale)  # NaN must match NaN
     np.testing.assert_allclose(np.asarray(actual, np.float64), np.asarray(expected, np.float64),
                                rtol=rtol, atol=rtol * scale, err_msg=what)
 
