@@ -422,9 +422,11 @@ CASES = {
         torch="torch.nn.LayerNorm(None)"),
     "LayerNorm-dtype-int32": Case(
         "LayerNorm(4, dtype=np.int32)", TypeError, "LayerNorm supports float16, float32 and float64 parameters, got int32"),
+    # in a fresh interpreter: once ml_dtypes is imported (onnx imports it), 'bfloat16' names a
+    # NumPy dtype, and the refusal is LayerNorm's "supports float16, float32 and float64" one
     "LayerNorm-dtype-bfloat16-name": Case(
         "LayerNorm(4, dtype='bfloat16')", TypeError,
-        "dtype must be a float dtype (float16, float32, float64), got 'bfloat16'"),
+        "dtype must be a float dtype (float16, float32, float64), got 'bfloat16'", isolated=True),
     "LayerNorm-device-cuda": Case(
         "LayerNorm(4, device='cuda')", ValueError,
         "layernorm runs on the CPU only: device must be None or 'cpu', got 'cuda'"),
