@@ -748,9 +748,17 @@ def test_rms_int_bool_complex_input_raise_type_error(np_dtype, entry):
 
 
 @requires_torch
+@pytest.mark.parametrize("np_dtype", [np.complex64, np.complex128], ids=lambda d: np.dtype(d).name)
+def test_torch_rms_norm_takes_complex_input(np_dtype):
+    # DELIBERATE DIFFERENCE FROM TORCH: F.rms_norm normalizes complex input; we refuse it, as
+    # F.layer_norm does (the test above)
+    x = torch.ones((2, 3), dtype=torch_dtype(TORCH_OF[np_dtype]))
+    assert F.rms_norm(x, (3,)).dtype == x.dtype
+
+
+@requires_torch
 @pytest.mark.parametrize("entry", list(RMS_ENTRY_POINTS))
-@pytest.mark.parametrize("np_dtype", [d for d in TORCH_OF if np.dtype(d).kind != "c"],  # torch's takes complex
-                         ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("np_dtype", [d for d in TORCH_OF if np.dtype(d).kind != "c"], ids=lambda d: np.dtype(d).name)
 def test_rms_int_bool_input_raise_torch_text(np_dtype, entry):
     expected = torch_message(lambda: F.rms_norm(torch.ones((2, 3), dtype=torch_dtype(TORCH_OF[np_dtype])), (3,)))
     assert '"rms_norm" not implemented for' in expected
