@@ -6,8 +6,8 @@ Usage, from the repository root:
 
 What is timed (one row per comparison, at each thread count; single-threaded peers once):
     rms fwd/bwd    layernorm.rms_norm / rms_norm_backward vs torch.nn.functional.rms_norm and
-                   torch.ops.aten._fused_rms_norm_backward (fed torch's own rstd), on the main
-                   benchmark's standard cases
+                   its autograd backward (forward included: torch 2.13 has no CPU kernel for
+                   aten._fused_rms_norm_backward), on the main benchmark's standard cases
     channels-first layer_norm(x, 64, w, b, axis=1) on (8, 64, 56, 56) float32 NCHW, and its
                    backward, vs torch's permute route (permute to NHWC, contiguous, layer_norm,
                    permute back) and vs np.copyto of x (forward) or of 1.5 times x (backward)
@@ -79,6 +79,15 @@ def close_to(ours, reference, dtype):
     return ours.shape == reference.shape and float(np.max(np.abs(ours - reference), initial=0.0)) <= tolerance * scale
 
 
+def torch_rms_backward(dy_t, x_t, cols, w_t):
+    """torch's gradients of F.rms_norm by autograd (torch 2.13 has no CPU kernel for
+    aten._fused_rms_norm_backward): the forward is part of what torch must run to get them."""
+    with torch.enable_grad():
+        x_req, w_req = x_t.detach().requires_grad_(), w_t.detach().requires_grad_()
+        torch.nn.functional.rms_norm(x_req, [cols], w_req, EPS).backward(dy_t)
+    return x_req.grad, w_req.grad
+
+
 def rms_comparisons(rng):
     comparisons = []
     for rows, cols in STANDARD_SHAPES:
@@ -91,9 +100,7 @@ def rms_comparisons(rng):
         if torch:
             x_t, dy_t, w_t = torch.from_numpy(x), torch.from_numpy(dy), torch.from_numpy(w)
             forward["torch"] = torch_threaded(torch.nn.functional.rms_norm, x_t, [cols], w_t, EPS)
-            _, rstd_t = torch.ops.aten._fused_rms_norm(x_t, [cols], w_t, EPS)
-            backward["torch"] = torch_threaded(
-                torch.ops.aten._fused_rms_norm_backward, dy_t, x_t, [cols], rstd_t, w_t, [True, True])
+            backward["torch"] = torch_threaded(torch_rms_backward, dy_t, x_t, cols, w_t)
         reference = _reference.rms_norm(x, cols, w, EPS)[0]
         reference_grad = _reference.rms_norm_backward(dy, x, cols, w, EPS)[0]
         checks = [("rms", "torch")]
