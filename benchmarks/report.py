@@ -310,7 +310,8 @@ def backward_table_lines(results, threads):
     compared_with = " vs aten.native_layer_norm_backward" if peers.torch_version() else ""
     title = f"## Backward, {threads_text(threads)}: layer_norm_backward{compared_with} (all three gradients)"
     note = f"scaled: max over the three gradients of max|ours-{REFERENCE}| / max(1, max|{REFERENCE}|)"
-    note += "; torch computes float16 statistics in float16, ours in float32." if peers.torch_version() else "."
+    note += ("; torch computes float16/bfloat16 statistics in those dtypes, ours in float32."
+             if peers.torch_version() else ".")
     return table_lines(title, columns, map(row, results)) + ["", note]
 
 
