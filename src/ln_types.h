@@ -19,7 +19,9 @@
  *     LN_F16  IEEE binary16, 2 bytes   params float32   row arithmetic in float32
  *     LN_F32  IEEE binary32, 4 bytes   params float32   row arithmetic in float32
  *     LN_F64  IEEE binary64, 8 bytes   params float64   row arithmetic in float64
- *     LN_BF16 bfloat16 (the top half of a binary32), 2 bytes   params float32   in float32
+ *     LN_BF16 bfloat16, 2 bytes        params float32   row arithmetic in float32
+ *
+ * (bfloat16 is the top half of a binary32: 8 exponent bits, 8 significant bits.)
  */
 #define LN_FOR_EACH_DTYPE(X) \
     X(LN_F16, f16)           \
