@@ -45,6 +45,10 @@ CASES = [
     Case(1024, 1024, "float64"),
     Case(2048, 1024, "float16"),
     Case(2048, 4096, use_out=True),
+    # bfloat16, as LLM weights and activations come (ml_dtypes' dtype; torch's peer is bfloat16 too)
+    Case(512, 768, "bfloat16"),
+    Case(2048, 1024, "bfloat16"),
+    Case(2048, 4096, "bfloat16"),
 ]
 
 # The module-overhead section's input, and what it times (name -> how the report writes the call):
@@ -70,21 +74,39 @@ class CaseData:
     grad_output: np.ndarray
 
 
+def numpy_dtype(name):
+    """The NumPy dtype of a case's dtype name; bfloat16 is ml_dtypes' (imported only for it)."""
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
 def make_case_data(case, rng):
     """Random input, weight, bias and grad_output for a case.
 
-    weight/bias are rounded through float16 so that they are exactly the same numbers
-    whether a library receives them as float16, float32 or float64.
+    weight/bias are rounded through bfloat16 so that they are exactly the same numbers
+    whether a library receives them as float16, bfloat16, float32 or float64 (bfloat16's 8
+    significant bits fit float16's 11 for these magnitudes).
     """
     shape = (case.rows, case.cols)
+    dtype = numpy_dtype(case.dtype)
     generate_dtype = np.float64 if case.dtype == "float64" else np.float32
-    x = rng.standard_normal(shape, dtype=generate_dtype).astype(case.dtype, copy=False)
-    weight = rng.standard_normal(case.cols).astype(np.float16).astype(np.float32)
-    bias = rng.standard_normal(case.cols).astype(np.float16).astype(np.float32)
+    x = rng.standard_normal(shape, dtype=generate_dtype).astype(dtype, copy=False)
+    weight = _exact_in_16_bits(rng.standard_normal(case.cols))
+    bias = _exact_in_16_bits(rng.standard_normal(case.cols))
     grad_output = np.empty(0)
     if case.has_backward:
-        grad_output = rng.standard_normal(shape, dtype=generate_dtype).astype(case.dtype, copy=False)
+        grad_output = rng.standard_normal(shape, dtype=generate_dtype).astype(dtype, copy=False)
     return CaseData(x, weight, bias, grad_output)
+
+
+def _exact_in_16_bits(values):
+    """float32 values with 8 significant bits, so exact in float16 and bfloat16 alike."""
+    values = values.astype(np.float32)
+    mantissa, exponent = np.frexp(values)
+    return np.ldexp(np.round(mantissa * 256) / 256, exponent).astype(np.float32)
 
 
 # ----------------------------------------------------------------------------- what ours computes

@@ -33,7 +33,17 @@ def torch_no_grad():
 
 
 def as_torch(array, dtype):
-    return torch.from_numpy(np.ascontiguousarray(array, dtype=dtype))
+    """The tensor of `array` converted to `dtype`; a bfloat16 one (ml_dtypes') bit for bit, as
+    torch.from_numpy does not know that dtype."""
+    array = np.ascontiguousarray(array, dtype=dtype)
+    if array.dtype.name == "bfloat16":
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
+
+
+def values_of(tensor):
+    """A torch result as a NumPy array of the same values (bfloat16 widened to float32, exactly)."""
+    return (tensor.float() if tensor.dtype == torch.bfloat16 else tensor).numpy()
 
 
 def torch_forward(case, data):
@@ -41,7 +51,7 @@ def torch_forward(case, data):
     if not torch:
         return None
     x = data.x
-    args = (torch.from_numpy(x), (case.cols,), as_torch(data.weight, x.dtype), as_torch(data.bias, x.dtype), EPS)
+    args = (as_torch(x, x.dtype), (case.cols,), as_torch(data.weight, x.dtype), as_torch(data.bias, x.dtype), EPS)
     return Timed(F.layer_norm, args, set_num_threads=torch.set_num_threads)
 
 
@@ -49,12 +59,12 @@ def torch_backward(case, data):
     """aten.native_layer_norm_backward fed the mean and rstd of torch's own forward pass."""
     if not torch:
         return None
-    x_t = torch.from_numpy(data.x)
+    x_t = as_torch(data.x, data.x.dtype)
     weight_t = as_torch(data.weight, data.x.dtype)
     bias_t = as_torch(data.bias, data.x.dtype)
     shape = [case.cols]
     _, mean_t, rstd_t = torch.ops.aten.native_layer_norm(x_t, shape, weight_t, bias_t, EPS)
-    args = (torch.from_numpy(data.grad_output), x_t, shape, mean_t, rstd_t, weight_t, bias_t, [True, True, True])
+    args = (as_torch(data.grad_output, data.x.dtype), x_t, shape, mean_t, rstd_t, weight_t, bias_t, [True, True, True])
     timed = Timed(torch.ops.aten.native_layer_norm_backward, args, set_num_threads=torch.set_num_threads)
     try:
         timed.run()

@@ -24,7 +24,9 @@ MISSING = "n/a"  # table cell of a time or ratio that was not measured
 SMALL_CASES = (Case(4, 20), Case(16, 768))  # forward ours/torch <= SMALL_TORCH_LIMIT
 SMALL_TORCH_LIMIT = 0.5
 TORCH_LIMIT = 0.9  # ours/torch of every other forward case and of every backward case
-FLOOR_LIMIT = 1.3  # x floor of the out= case
+FLOOR_LIMIT = 1.3  # x floor of the out= case and of the large bfloat16 cases
+BFLOAT16_TORCH_LIMIT = 0.5  # ours/torch of the bfloat16 cases, forward and backward
+LARGE_BYTES = 16 * 2**20  # a bfloat16 case of this many input bytes also has the floor target
 MODULE_OVERHEAD_LIMIT_US = 1.0  # each module call's time minus layer_norm's
 
 
@@ -51,6 +53,8 @@ def why_not_timed(result, name):
 
 def torch_limit(result):
     """The bound on ours/torch for a forward or backward result."""
+    if result.case.dtype == "bfloat16":
+        return BFLOAT16_TORCH_LIMIT
     if result.section == "forward" and result.case in SMALL_CASES:
         return SMALL_TORCH_LIMIT
     return TORCH_LIMIT
@@ -80,7 +84,10 @@ def result_checks(result):
         # ours writes into a given array; torch (which has no allocation-free layer_norm)
         # allocates as usual, so ours/torch is not like for like here: the target is the copy.
         return [ratio_check(result, "x floor", "copy", FLOOR_LIMIT)]
-    return [ratio_check(result, "ours/torch", "torch", torch_limit(result))]
+    checks = [ratio_check(result, "ours/torch", "torch", torch_limit(result))]
+    if result.case.dtype == "bfloat16" and result.case.rows * result.case.cols * 2 >= LARGE_BYTES:
+        checks.append(ratio_check(result, "x floor", "copy", FLOOR_LIMIT))
+    return checks
 
 
 def check_status(check):
@@ -303,7 +310,8 @@ def backward_table_lines(results, threads):
     compared_with = " vs aten.native_layer_norm_backward" if peers.torch_version() else ""
     title = f"## Backward, {threads_text(threads)}: layer_norm_backward{compared_with} (all three gradients)"
     note = f"scaled: max over the three gradients of max|ours-{REFERENCE}| / max(1, max|{REFERENCE}|)"
-    note += "; torch computes float16 statistics in float16, ours in float32." if peers.torch_version() else "."
+    note += ("; torch computes float16/bfloat16 statistics in those dtypes, ours in float32."
+             if peers.torch_version() else ".")
     return table_lines(title, columns, map(row, results)) + ["", note]
 
 

@@ -57,6 +57,24 @@ _TORCH_TYPE_NAMES = {
 }
 
 
+def _is_bfloat16(dtype: Any) -> bool:
+    """Whether `dtype` (a NumPy dtype) is ml_dtypes' bfloat16, known without importing ml_dtypes."""
+    return bool(dtype.name == "bfloat16" and dtype.itemsize == 2)
+
+
+def _bfloat16_dtype() -> np.dtype[Any]:
+    """Return ml_dtypes' bfloat16 dtype, importing ml_dtypes only now (it is optional); a
+    TypeError says what to install when it is missing."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        raise TypeError(
+            "bfloat16 arrays need the ml_dtypes package: pip install ml_dtypes "
+            "(or pip install layernorm[bfloat16])"
+        ) from None
+    return np.dtype(ml_dtypes.bfloat16)
+
+
 def _as_numpy(value: Any) -> Any:
     """Return `value` with an array of another library replaced by a NumPy array.
 
@@ -67,7 +85,11 @@ def _as_numpy(value: Any) -> Any:
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(value, torch.Tensor):
         # detached: a tensor that requires grad refuses .numpy(); on the CPU, where we compute
-        return value.detach().cpu().numpy()
+        value = value.detach().cpu()
+        if value.dtype == torch.bfloat16:
+            # NumPy has no bfloat16: the same bits, viewed as ml_dtypes' (no float32 round trip)
+            return value.view(torch.int16).numpy().view(_bfloat16_dtype())
+        return value.numpy()
     return value
 
 
@@ -100,8 +122,9 @@ def layer_norm(
 
     Parameters
     ----------
-    input : array_like of float16, float32 or float64
-        NumPy arrays, torch tensors (read detached) and anything ``np.asarray`` takes.
+    input : array_like of float16, bfloat16, float32 or float64
+        NumPy arrays (bfloat16 as ml_dtypes' dtype), torch tensors (read detached) and anything
+        ``np.asarray`` takes.
     normalized_shape : int or sequence of int
         The shape of the axes to normalize over (the trailing ones, unless `axis` says).
     weight, bias : array_like of shape normalized_shape, optional
@@ -338,7 +361,7 @@ _ADD_DOC = """
     Parameters
     ----------
     input, residual : array_like
-        Of one shape and one dtype (float16, float32 or float64).
+        Of one shape and one dtype (float16, bfloat16, float32 or float64).
     {params}
     {axis}
     out : ndarray, optional

@@ -18,7 +18,7 @@ import numpy.typing as npt
 
 from . import _layernorm as _core
 from ._layernorm import ParameterChangedError, UnsupportedDTypeError
-from .functional import _FORWARD_KERNEL, _RMS_KERNEL, _as_numpy, _FloatArray, _torch_worded
+from .functional import _FORWARD_KERNEL, _RMS_KERNEL, _as_numpy, _bfloat16_dtype, _FloatArray, _is_bfloat16, _torch_worded
 
 __all__ = ["LayerNorm", "NormModule", "RMSNorm"]
 
@@ -110,24 +110,29 @@ def _as_axis(axis: Any, shape: tuple[int, ...]) -> Optional[int | tuple[int, ...
 
 
 def _as_param_dtype(dtype: Any, kind: str) -> np.dtype[Any]:
-    """Return the native float16/32/64 dtype that `dtype` (None, NumPy-like or torch) names;
-    `kind` (the module's name) is what the refusal says supports them."""
+    """Return the native float16/bfloat16/float32/float64 dtype that `dtype` (None, NumPy-like,
+    ml_dtypes' or torch's) names; `kind` (the module's name) is what the refusal says supports them.
+    bfloat16, named by a string or a torch dtype, imports ml_dtypes (a TypeError without it)."""
     if dtype is None:
         return _FLOAT_DTYPES["float32"]
     name = str(dtype)
+    if name in ("bfloat16", "torch.bfloat16"):
+        return _bfloat16_dtype()
     if name.startswith("torch."):  # a torch.dtype, recognised without importing torch
         found = _FLOAT_DTYPES.get(name[len("torch."):])
         if found is None:
-            raise TypeError(f"{kind} supports float16, float32 and float64 parameters, got {name}")
+            raise TypeError(f"{kind} supports float16, bfloat16, float32 and float64 parameters, got {name}")
         return found
     try:
         np_dtype = np.dtype(dtype)
     except TypeError:
         raise TypeError(
-            f"dtype must be a float dtype (float16, float32, float64), got {dtype!r}"
+            f"dtype must be a float dtype (float16, bfloat16, float32, float64), got {dtype!r}"
         ) from None
+    if _is_bfloat16(np_dtype):
+        return np_dtype
     if np_dtype.kind != "f" or np_dtype.itemsize not in (2, 4, 8):
-        raise TypeError(f"{kind} supports float16, float32 and float64 parameters, got {np_dtype}")
+        raise TypeError(f"{kind} supports float16, bfloat16, float32 and float64 parameters, got {np_dtype}")
     return cast("np.dtype[Any]", np_dtype.newbyteorder("="))
 
 
@@ -140,9 +145,13 @@ def _check_device(device: Any) -> None:
 
 
 def _checkpoint_array(value: Any) -> np.ndarray:
-    """Return a state_dict value as an ndarray (a bfloat16 tensor widened: NumPy has none)."""
+    """Return a state_dict value as an ndarray; a bfloat16 tensor as ml_dtypes' bfloat16, or,
+    without ml_dtypes, widened to float32 (exact too)."""
     if str(getattr(value, "dtype", "")) == "torch.bfloat16":
-        value = value.float()
+        try:
+            _bfloat16_dtype()
+        except TypeError:
+            value = value.float()
     return np.asarray(_as_numpy(value))
 
 
@@ -396,7 +405,7 @@ class NormModule:
                     f"to an array: {exc}"
                 )
                 continue
-            if value.dtype.kind not in "biuf":
+            if value.dtype.kind not in "biuf" and not _is_bfloat16(value.dtype):
                 errors.append(
                     f'While copying the parameter named "{name}", expected real numbers from '
                     f"checkpoint but received an array of dtype {value.dtype}"
@@ -468,7 +477,8 @@ class LayerNorm(NormModule):
     device : None or "cpu"
         Accepted for torch compatibility; anything else raises ValueError.
     dtype : dtype, optional
-        Parameter dtype: float16, float32 (default) or float64, as NumPy or torch dtypes.
+        Parameter dtype: float16, bfloat16, float32 (default) or float64, as NumPy, ml_dtypes or
+        torch dtypes or their names (bfloat16 needs ml_dtypes installed).
     axis : int or tuple of int, optional
         The axes to normalize over, in the order of ``normalized_shape`` (keyword only; not in
         torch): ``LayerNorm(64, axis=1)`` is ConvNeXt's channels-first LayerNorm on
@@ -596,7 +606,8 @@ class RMSNorm(NormModule):
     device : None or "cpu"
         Accepted for torch compatibility; anything else raises ValueError.
     dtype : dtype, optional
-        Parameter dtype: float16, float32 (default) or float64, as NumPy or torch dtypes.
+        Parameter dtype: float16, bfloat16, float32 (default) or float64, as NumPy, ml_dtypes or
+        torch dtypes or their names (bfloat16 needs ml_dtypes installed).
     axis : int or tuple of int, optional
         The axes to normalize over, in the order of ``normalized_shape`` (keyword only; not in
         torch).

@@ -27,6 +27,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, Op
 import numpy as np
 
 from . import _reference as ref
+from .functional import _is_bfloat16
 from .modules import _as_shape
 
 __all__ = ["Diagnosis", "assert_layer_norm_close", "assert_rms_norm_close", "diagnose"]
@@ -48,7 +49,7 @@ _EXACT = (0.0, 0.0)
 
 def _as_array(value: Any) -> Tuple[np.ndarray, str]:
     """value as an ndarray and the name of its dtype; a torch tensor is detached and moved to
-    the CPU, and a bfloat16 one (NumPy has no bfloat16) comes back as float32, exactly."""
+    the CPU, and a bfloat16 one (tensor or ml_dtypes array) comes back as float32, exactly."""
     if hasattr(value, "detach") and hasattr(value, "numpy"):  # a tensor, without importing torch
         value = value.detach().cpu()
         name = str(value.dtype).replace("torch.", "")
@@ -56,6 +57,8 @@ def _as_array(value: Any) -> Tuple[np.ndarray, str]:
             value = value.float()
         return np.asarray(value.numpy()), name
     array = np.asarray(value)
+    if _is_bfloat16(array.dtype):  # ml_dtypes' bfloat16, widened exactly as a tensor's is
+        return array.astype(np.float32), "bfloat16"
     return array, array.dtype.name
 
 

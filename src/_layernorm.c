@@ -97,6 +97,7 @@ typedef struct {
     PyObject *parameter_changed_error;  /* ParameterChangedError, a RuntimeError subclass */
     PyObject *axis_error;               /* NumPy's AxisError, raised as NumPy raises it */
     PyObject *keywords[KW_COUNT];       /* interned keyword names */
+    int bfloat16_type_num;              /* ml_dtypes' bfloat16 once an array of it is seen, else -1 */
 } module_state;
 
 /* Borrowed: the state of this module object. */
@@ -447,8 +448,42 @@ raise_with_attribute(PyObject *type, PyObject *message, const char *attribute, P
     return -1;
 }
 
-/* The kernel dtype of a float16/32/64 array; -1 with UnsupportedDTypeError set otherwise
-   (its `dtype` attribute is the array's dtype, for the Python layer to name it as torch does). */
+/* Whether arr is of ml_dtypes' bfloat16, a user-registered NumPy dtype with no fixed type
+   number: known by its name and size (ml_dtypes itself is never imported), and its type
+   number remembered in state from the first such array on.  -1 with an exception set when
+   the name cannot be read. */
+static int
+is_bfloat16(module_state *state, PyArrayObject *arr)
+{
+    const int type_num = PyArray_TYPE(arr);
+    if (type_num == state->bfloat16_type_num) {
+        return 1;
+    }
+    if (type_num < NPY_USERDEF || PyArray_ITEMSIZE(arr) != 2) {
+        return 0;
+    }
+    PyObject *name = PyObject_GetAttrString((PyObject *)PyArray_DESCR(arr), "name");
+    if (!name) {
+        return -1;
+    }
+    const int matches = PyUnicode_Check(name) && PyUnicode_CompareWithASCIIString(name, "bfloat16") == 0;
+    Py_DECREF(name);
+    if (matches) {
+        state->bfloat16_type_num = type_num;
+    }
+    return matches;
+}
+
+/* Whether arr holds floats: a NumPy float dtype, or bfloat16; -1 with an exception set. */
+static int
+is_float_array(module_state *state, PyArrayObject *arr)
+{
+    return PyArray_DESCR(arr)->kind == 'f' ? 1 : is_bfloat16(state, arr);
+}
+
+/* The kernel dtype of a float16/bfloat16/float32/float64 array; -1 with UnsupportedDTypeError
+   set otherwise (its `dtype` attribute is the array's dtype, for the Python layer to name it
+   as torch does). */
 static int
 kernel_dtype(module_state *state, PyArrayObject *arr, const char *what)
 {
@@ -460,9 +495,13 @@ kernel_dtype(module_state *state, PyArrayObject *arr, const char *what)
     case NPY_DOUBLE:
         return LN_F64;
     }
+    const int bfloat16 = is_bfloat16(state, arr);
+    if (bfloat16 != 0) {
+        return bfloat16 > 0 ? LN_BF16 : -1;
+    }
     PyObject *descr = (PyObject *)PyArray_DESCR(arr);
     return raise_with_attribute(state->unsupported_dtype_error,
-                                PyUnicode_FromFormat("%s takes float16, float32 or float64 arrays, "
+                                PyUnicode_FromFormat("%s takes float16, bfloat16, float32 or float64 arrays, "
                                                      "got dtype %S; convert it first, e.g. "
                                                      "x.astype(np.float32)",
                                                      what, descr),
@@ -483,15 +522,22 @@ contiguous_of_type(PyArrayObject *arr, int type_num)
                                               NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST);
 }
 
-static const int param_type_num[] = {NPY_FLOAT, NPY_FLOAT, NPY_DOUBLE};
-static const npy_intp param_size[] = {4, 4, 8};
-static const int elem_type_num[] = {NPY_HALF, NPY_FLOAT, NPY_DOUBLE};
+static const int param_type_num[] = {NPY_FLOAT, NPY_FLOAT, NPY_DOUBLE, NPY_FLOAT};
+static const npy_intp param_size[] = {4, 4, 8, 4};
+
+/* The NumPy type number of the kernel dtype's elements (bfloat16's is the one state saw). */
+static int
+element_type_num(const module_state *state, int dtype)
+{
+    static const int builtin[] = {NPY_HALF, NPY_FLOAT, NPY_DOUBLE};
+    return dtype == LN_BF16 ? state->bfloat16_type_num : builtin[dtype];
+}
 
 /* Stores into *out a new reference to the parameter `obj` as a C-contiguous array of the
    param type, or NULL for None.  Returns 0, or -1 with an exception set. */
 static int
-param_array(const char *fname, PyObject *obj, const char *name, const shape_t *ns, int type_num,
-            PyArrayObject **out)
+param_array(module_state *state, const char *fname, PyObject *obj, const char *name, const shape_t *ns,
+            int type_num, PyArrayObject **out)
 {
     int status = -1;
     PyArrayObject *arr = NULL;
@@ -525,7 +571,11 @@ param_array(const char *fname, PyObject *obj, const char *name, const shape_t *n
         }
         goto done;
     }
-    if (PyArray_DESCR(arr)->kind != 'f') {
+    const int is_float = is_float_array(state, arr);
+    if (is_float < 0) {
+        goto done;
+    }
+    if (!is_float) {
         PyErr_Format(PyExc_TypeError, "%s must have a floating-point dtype, got dtype %S", name,
                      (PyObject *)PyArray_DESCR(arr));
         goto done;
@@ -1212,7 +1262,7 @@ static const norm_kind rms_norm_kind = {
 };
 
 /* Stores eps into *eps: the kind's default when obj is absent (or None, where the default is
-   the machine epsilon of the compute type: float32 for float16/float32 input, as torch).
+   the machine epsilon of the compute type: float32 for float16/bfloat16/float32 input, as torch).
    Returns 0, or -1 with an exception set. */
 static int
 parse_eps(const norm_kind *kind, PyObject *obj, int dtype, double *eps)
@@ -1312,7 +1362,7 @@ forward(module_state *state, const norm_kind *kind, const char *what, const forw
         goto done;
     }
     for (int p = 0; p < kind->n_params; p++) {
-        if (param_array(what, objs->params[p], param_names[p], &ns, param_type_num[dtype], &params[p]) < 0) {
+        if (param_array(state, what, objs->params[p], param_names[p], &ns, param_type_num[dtype], &params[p]) < 0) {
             goto done;
         }
     }
@@ -1343,12 +1393,12 @@ forward(module_state *state, const norm_kind *kind, const char *what, const forw
     }
     /* The results first, then any copies of the arguments: a call that cannot have its
        results fails before it has spent memory on copies. */
-    output = result_array(what, objs->out, "out", "the output", input, &ax, elem_type_num[dtype]);
+    output = result_array(what, objs->out, "out", "the output", input, &ax, element_type_num(state, dtype));
     if (!output) {
         goto done;
     }
     if (returns == RETURN_SUM) {
-        sum = result_array(what, objs->residual_out, "residual_out", "the sum", input, &ax, elem_type_num[dtype]);
+        sum = result_array(what, objs->residual_out, "residual_out", "the sum", input, &ax, element_type_num(state, dtype));
         if (!sum) {
             goto done;
         }
@@ -1422,7 +1472,7 @@ forward(module_state *state, const norm_kind *kind, const char *what, const forw
         }
         if (detach_from_result(&input, written[w], 1) < 0 || detach_from_result(&residual, written[w], 1) < 0) {
             allocation_failed(what, "a copy of an input that a result overlaps", PyArray_NDIM(input),
-                              PyArray_DIMS(input), elem_type_num[dtype]);
+                              PyArray_DIMS(input), element_type_num(state, dtype));
             goto done;
         }
         for (int p = 0; p < kind->n_params; p++) {
@@ -1516,16 +1566,21 @@ done:
 }
 
 /* New reference: a statistic (mean or rstd) handed to backward as an array, checked to hold
-   one float per row; NULL with an exception set. */
+   one float per row (bfloat16 too: torch returns them so for bfloat16 parameters); NULL with
+   an exception set. */
 static PyArrayObject *
-stats_input(PyObject *obj, const norm_kind *kind, const char *name, npy_intp rows)
+stats_input(module_state *state, PyObject *obj, const norm_kind *kind, const char *name, npy_intp rows)
 {
     PyArrayObject *result = NULL, *arr = NULL;
     arr = as_array(obj);
     if (!arr) {
         goto done;
     }
-    if (PyArray_DESCR(arr)->kind != 'f') {
+    const int is_float = is_float_array(state, arr);
+    if (is_float < 0) {
+        goto done;
+    }
+    if (!is_float) {
         PyErr_Format(PyExc_TypeError, "%s must be a float array, as %s returns it; got %R of dtype %S",
                      name, kind->stats_source, obj == Py_None ? Py_None : (PyObject *)Py_TYPE(obj),
                      (PyObject *)PyArray_DESCR(arr));
@@ -1606,7 +1661,7 @@ backward(module_state *state, const norm_kind *kind, const char *what, const bac
         goto done;
     }
     for (int p = 0; p < kind->n_params; p++) {
-        if (param_array(what, objs->params[p], param_names[p], &ns, param_type_num[dtype], &params[p]) < 0) {
+        if (param_array(state, what, objs->params[p], param_names[p], &ns, param_type_num[dtype], &params[p]) < 0) {
             goto done;
         }
     }
@@ -1618,7 +1673,11 @@ backward(module_state *state, const norm_kind *kind, const char *what, const bac
     if (!grad_out) {
         goto done;
     }
-    if (PyArray_DESCR(grad_out)->kind != 'f') {
+    const int is_float = is_float_array(state, grad_out);
+    if (is_float < 0) {
+        goto done;
+    }
+    if (!is_float) {
         PyErr_Format(PyExc_TypeError, "grad_output must have a floating-point dtype, got dtype %S",
                      (PyObject *)PyArray_DESCR(grad_out));
         goto done;
@@ -1635,7 +1694,7 @@ backward(module_state *state, const norm_kind *kind, const char *what, const bac
     const int first_stat = 2 - kind->n_stats;  /* index into (mean, rstd) */
     if (objs->stats) {
         for (int s = first_stat; s < 2; s++) {
-            stats[s] = stats_input(objs->stats[s - first_stat], kind, stat_names[s], rows);
+            stats[s] = stats_input(state, objs->stats[s - first_stat], kind, stat_names[s], rows);
             if (!stats[s]) {
                 goto done;
             }
@@ -1683,7 +1742,7 @@ backward(module_state *state, const norm_kind *kind, const char *what, const bac
        results fails before it has spent memory on copies (broadcast statistics of 2**30
        rows were 8 GiB of copies before grad_input's MemoryError). */
     if (mask[0]) {
-        grad_input = new_result(what, "grad_input", input, &ax, elem_type_num[dtype]);
+        grad_input = new_result(what, "grad_input", input, &ax, element_type_num(state, dtype));
         if (!grad_input) {
             goto done;
         }
@@ -2321,6 +2380,7 @@ static int
 layernorm_exec(PyObject *module)
 {
     module_state *state = get_state(module);
+    state->bfloat16_type_num = -1;
     if (PyArray_ImportNumPyAPI() < 0) {
         return -1;
     }

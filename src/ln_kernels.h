@@ -27,9 +27,9 @@
 
 /* Element type of the input, the output and the gradients.
  * Statistics are always float64 internally; weight/bias are float32 for
- * LN_F16/LN_F32 input and float64 for LN_F64 input ("param type"); mean/rstd
+ * LN_F16/LN_F32/LN_BF16 input and float64 for LN_F64 input ("param type"); mean/rstd
  * handed in or out are of the same param type. */
-typedef enum { LN_F16 = 0, LN_F32 = 1, LN_F64 = 2 } ln_dtype;
+typedef enum { LN_F16 = 0, LN_F32 = 1, LN_F64 = 2, LN_BF16 = 3 } ln_dtype;
 
 /* What the statistics are: centred (mean and variance) or not (mean of squares). */
 typedef enum { LN_NORM_LAYER = 0, LN_NORM_RMS = 1 } ln_norm_kind;

@@ -18,8 +18,8 @@
  *     chunk c (<= LN_CHUNK elements, K = its first element, one pass):
  *         s1 = sum(x - K),  s2 = sum((x - K)^2)
  *         moments_c = (n_c, K + s1 / n_c, s2 - s1^2 / n_c)
- *         (float16 data: x - K and its square in float32, summed in float32 over blocks
- *         of LN_F16_BLOCK groups, the block sums added in float64)
+ *         (float16 and bfloat16 data: x - K and its square in float32, summed in float32
+ *         over blocks of LN_F16_BLOCK groups, the block sums added in float64)
  *     row:
  *         moments = chan_merge(moments_0, moments_1, ...)          (left to right)
  *         rstd = 1 / sqrt(m2 / N + eps)
@@ -63,11 +63,14 @@
 /* Group loads and stores by element type (dtype is a constant after inlining) */
 /* ------------------------------------------------------------------------ */
 
-/* 16 elements from p[i] as float32 (float16 and float32 only). */
+/* 16 elements from p[i] as float32 (float16, bfloat16 and float32 only). */
 static LN_ALWAYS_INLINE gf load_as_f32(ln_dtype dtype, const void *p, ptrdiff_t i)
 {
     if (dtype == LN_F16) {
         return gf_load_f16((const uint16_t *)p + i);
+    }
+    if (dtype == LN_BF16) {
+        return gf_load_bf16((const uint16_t *)p + i);
     }
     return gf_load((const float *)p + i);
 }
@@ -76,6 +79,9 @@ static LN_ALWAYS_INLINE void store_from_f32(ln_dtype dtype, void *p, ptrdiff_t i
 {
     if (dtype == LN_F16) {
         gf_store_f16((uint16_t *)p + i, v);
+    }
+    else if (dtype == LN_BF16) {
+        gf_store_bf16((uint16_t *)p + i, v);
     }
     else {
         gf_store((float *)p + i, v);
@@ -91,7 +97,7 @@ static LN_ALWAYS_INLINE gd load_as_f64(ln_dtype dtype, const void *p, ptrdiff_t 
     if (dtype == LN_F32) {
         return gd_load_f32((const float *)p + i);
     }
-    return gf_widen(gf_load_f16((const uint16_t *)p + i));
+    return gf_widen(load_as_f32(dtype, p, i));
 }
 
 /* ------------------------------------------------------------------------ */
@@ -109,8 +115,8 @@ static LN_ALWAYS_INLINE gd load_as_f64(ln_dtype dtype, const void *p, ptrdiff_t 
 typedef struct {
     double shift;
     gd shift_v, s1_even, s2_even, s1_odd, s2_odd;
-    /* float16 data: float32 sums over blocks of LN_F16_BLOCK groups, added into s1_even and
-       s2_even (float64) at the end of each block */
+    /* float16 and bfloat16 data: float32 sums over blocks of LN_F16_BLOCK groups, added into
+       s1_even and s2_even (float64) at the end of each block */
     gf shift_f, block_s1_even, block_s2_even, block_s1_odd, block_s2_odd;
 } moments_acc;
 
@@ -119,14 +125,14 @@ static LN_ALWAYS_INLINE void moments_start(moments_acc *acc, ln_norm_kind kind, 
     acc->shift = kind == LN_NORM_RMS ? 0.0 : ln_load1_as_f64(dtype, x, 0);
     acc->shift_v = gd_splat(acc->shift);
     acc->s1_even = acc->s2_even = acc->s1_odd = acc->s2_odd = gd_splat(0.0);
-    if (dtype == LN_F16) {
+    if (ln_dtype_is_16bit(dtype)) {
         acc->shift_f = gf_splat((float)acc->shift);
         acc->block_s1_even = acc->block_s2_even = acc->block_s1_odd = acc->block_s2_odd = gf_splat(0.0f);
     }
 }
 
-/* float16: the block's float32 sums into the float64 ones. */
-static LN_ALWAYS_INLINE void moments_flush_f16(moments_acc *acc, ln_norm_kind kind)
+/* float16 and bfloat16: the block's float32 sums into the float64 ones. */
+static LN_ALWAYS_INLINE void moments_flush_16bit(moments_acc *acc, ln_norm_kind kind)
 {
     if (kind == LN_NORM_LAYER) {
         acc->s1_even = gd_add(acc->s1_even, gf_widen(gf_add(acc->block_s1_even, acc->block_s1_odd)));
@@ -140,11 +146,12 @@ static LN_ALWAYS_INLINE void moments_add(moments_acc *acc, ln_norm_kind kind, ln
                                          ptrdiff_t i, int odd)
 {
     const int has_mean = kind == LN_NORM_LAYER;
-    if (dtype == LN_F16) {
-        /* x - K is exact in float32 for float16 values of similar size, and the squares of
-           such differences are too; the float32 block sums of 8 terms round at 2^-24
-           relative, far below float16's 2^-11 (the float64 path made this case
-           conversion-bound: 2048x1024 float16, AVX2, 2 threads: 488 -> 351 us). */
+    if (ln_dtype_is_16bit(dtype)) {
+        /* x - K is exact in float32 for float16 or bfloat16 values of similar size (11 or 8
+           significant bits), and the squares of such differences are too; the float32 block
+           sums of 8 terms round at 2^-24 relative, far below float16's 2^-11 and bfloat16's
+           2^-8 (the float64 path made this case conversion-bound: 2048x1024 float16, AVX2,
+           2 threads: 488 -> 351 us). */
         const gf value = load_as_f32(dtype, x, i);
         const gf d = has_mean ? gf_sub(value, acc->shift_f) : value;
         if (odd) {
@@ -156,7 +163,7 @@ static LN_ALWAYS_INLINE void moments_add(moments_acc *acc, ln_norm_kind kind, ln
             acc->block_s2_even = gf_fma(d, d, acc->block_s2_even);
         }
         if ((i / 16) % LN_F16_BLOCK == LN_F16_BLOCK - 1) {
-            moments_flush_f16(acc, kind);
+            moments_flush_16bit(acc, kind);
         }
         return;
     }
@@ -178,8 +185,8 @@ static LN_ALWAYS_INLINE ln_moments moments_finish(moments_acc *acc, ln_norm_kind
                                                   const void *x, ptrdiff_t i, ptrdiff_t n)
 {
     double s1_lanes[16], s2_lanes[16];
-    if (dtype == LN_F16) {
-        moments_flush_f16(acc, kind);
+    if (ln_dtype_is_16bit(dtype)) {
+        moments_flush_16bit(acc, kind);
     }
     gd_store(s1_lanes, gd_add(acc->s1_even, acc->s1_odd));
     gd_store(s2_lanes, gd_add(acc->s2_even, acc->s2_odd));
@@ -312,13 +319,7 @@ static LN_ALWAYS_INLINE void normalize_one(ln_norm_kind kind, ln_dtype dtype, co
     const float value_x = (float)ln_load1_as_f64(dtype, x, i);
     const float centred = kind == LN_NORM_RMS ? value_x : (value_x - k->mean_hi) - k->mean_lo;
     const float a = weight ? ((const float *)weight)[i] * k->scale : k->scale;
-    const float out = fmaf(centred, a, bias ? ((const float *)bias)[i] : 0.0f);
-    if (dtype == LN_F16) {
-        ((uint16_t *)y)[i] = ln_float_to_half(out);
-    }
-    else {
-        ((float *)y)[i] = out;
-    }
+    ln_store1_from_f64(dtype, y, i, fmaf(centred, a, bias ? ((const float *)bias)[i] : 0.0f));
 }
 
 /* y[0 .. n) from x[0 .. n).  `streaming`, for rows too long to stay in cache: the output
@@ -374,7 +375,7 @@ static LN_ALWAYS_INLINE void normalize_row(ln_norm_kind kind, ln_dtype dtype, in
 /* ------------------------------------------------------------------------ */
 
 /* sum[i .. i + 16) = x + residual rounded to the element type as NumPy's add rounds it:
-   float16 through float32, whose 24 bits (at least 2 * 11 + 2) make rounding twice the
+   float16 and bfloat16 through float32, whose 24 bits (at least 2 * 11 + 2) make rounding twice the
    same as rounding once; float32 and float64 in their own precision.  sum may be x's or
    residual's own memory: each group is loaded before it is stored. */
 static LN_ALWAYS_INLINE void add_group(ln_dtype dtype, const void *x, const void *residual, void *sum, ptrdiff_t i)
@@ -397,8 +398,7 @@ static LN_ALWAYS_INLINE void add_one(ln_dtype dtype, const void *x, const void *
         ((float *)sum)[i] = ((const float *)x)[i] + ((const float *)residual)[i];
     }
     else {
-        ((uint16_t *)sum)[i] = ln_float_to_half((float)ln_load1_as_f64(dtype, x, i) +
-                                                (float)ln_load1_as_f64(dtype, residual, i));
+        ln_store1_from_f64(dtype, sum, i, (float)ln_load1_as_f64(dtype, x, i) + (float)ln_load1_as_f64(dtype, residual, i));
     }
 }
 
@@ -490,13 +490,8 @@ static LN_ALWAYS_INLINE void forward_short_rows(ln_norm_kind kind, ln_dtype dtyp
                 const float scale = (float)rstd;
                 for (ptrdiff_t i = 0; i < n; i++) {
                     const float centred = ((float)values[k][i] - mean_hi) - mean_lo;
-                    const float out = fmaf(centred, weight ? weight[i] * scale : scale, bias ? bias[i] : 0.0f);
-                    if (dtype == LN_F16) {
-                        ((uint16_t *)y)[i] = ln_float_to_half(out);
-                    }
-                    else {
-                        ((float *)y)[i] = out;
-                    }
+                    ln_store1_from_f64(dtype, y, i,
+                                       fmaf(centred, weight ? weight[i] * scale : scale, bias ? bias[i] : 0.0f));
                 }
             }
         }

@@ -77,4 +77,52 @@ static LN_ALWAYS_INLINE void gf_store(float *p, gf a)
     FOR_VF(k) { *(ln_vf_mem *)(p + LN_VF_LANES * k) = a.v[k]; }
 }
 
+/* bfloat16 groups: the scalar conversions of ln_types.h, lane by lane on integer vectors
+   where the level has vectors (widen and shift; round by adding 0x7fff plus the kept
+   lsb, NaN made quiet instead), so every level converts bit for bit alike. */
+#if LN_VF_LANES == 1
+
+static LN_ALWAYS_INLINE gf gf_load_bf16(const uint16_t *p)
+{
+    gf r;
+    FOR_VF(k) { r.v[k] = ln_bfloat16_to_float(p[k]); }
+    return r;
+}
+
+static LN_ALWAYS_INLINE void gf_store_bf16(uint16_t *p, gf a)
+{
+    FOR_VF(k) { p[k] = ln_float_to_bfloat16(a.v[k]); }
+}
+
+#else
+
+typedef uint32_t ln_vu32 __attribute__((vector_size(sizeof(ln_vf))));
+typedef int32_t ln_vi32 __attribute__((vector_size(sizeof(ln_vf))));
+typedef uint16_t ln_vu16 __attribute__((vector_size(sizeof(ln_vf) / 2)));
+typedef ln_vu16 ln_vu16_mem __attribute__((aligned(1), may_alias));
+
+static LN_ALWAYS_INLINE gf gf_load_bf16(const uint16_t *p)
+{
+    gf r;
+    FOR_VF(k) {
+        const ln_vu16 half = *(const ln_vu16_mem *)(p + LN_VF_LANES * k);
+        r.v[k] = (ln_vf)(__builtin_convertvector(half, ln_vu32) << 16);
+    }
+    return r;
+}
+
+static LN_ALWAYS_INLINE void gf_store_bf16(uint16_t *p, gf a)
+{
+    FOR_VF(k) {
+        const ln_vu32 bits = (ln_vu32)a.v[k];
+        const ln_vu32 is_nan = (ln_vu32)((ln_vi32)(bits & 0x7fffffff) > 0x7f800000);
+        const ln_vu32 rounded = bits + 0x7fff + ((bits >> 16) & 1);
+        const ln_vu32 quiet = bits | 0x00400000;
+        *(ln_vu16_mem *)(p + LN_VF_LANES * k) =
+            __builtin_convertvector(((rounded & ~is_nan) | (quiet & is_nan)) >> 16, ln_vu16);
+    }
+}
+
+#endif
+
 #endif

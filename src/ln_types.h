@@ -19,19 +19,26 @@
  *     LN_F16  IEEE binary16, 2 bytes   params float32   row arithmetic in float32
  *     LN_F32  IEEE binary32, 4 bytes   params float32   row arithmetic in float32
  *     LN_F64  IEEE binary64, 8 bytes   params float64   row arithmetic in float64
+ *     LN_BF16 bfloat16, 2 bytes        params float32   row arithmetic in float32
  *
- * bfloat16 goes here: add LN_BF16 to ln_dtype, X(LN_BF16, bf16) to this list, its size and
- * conversions to the functions below, and its group load/store next to float16's in ln_rows.h.
+ * (bfloat16 is the top half of a binary32: 8 exponent bits, 8 significant bits.)
  */
 #define LN_FOR_EACH_DTYPE(X) \
     X(LN_F16, f16)           \
     X(LN_F32, f32)           \
-    X(LN_F64, f64)
-#define LN_DTYPES 3
+    X(LN_F64, f64)           \
+    X(LN_BF16, bf16)
+#define LN_DTYPES 4
+
+/* The 2-byte types, whose rows are computed in float32 from 16-bit loads and stores. */
+static inline int ln_dtype_is_16bit(ln_dtype dtype)
+{
+    return dtype == LN_F16 || dtype == LN_BF16;
+}
 
 static inline size_t ln_dtype_size(ln_dtype dtype)
 {
-    return dtype == LN_F16 ? 2 : dtype == LN_F32 ? 4 : 8;
+    return ln_dtype_is_16bit(dtype) ? 2 : dtype == LN_F32 ? 4 : 8;
 }
 
 /* Bytes per weight, bias, mean and rstd: float32, or float64 for float64 data. */
@@ -114,12 +121,35 @@ static inline uint16_t ln_float_to_half(float f)
 
 #endif
 
+/* bfloat16 -> binary32: the 16 bits are the float's top half (exact). */
+static inline float ln_bfloat16_to_float(uint16_t b)
+{
+    const uint32_t bits = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* binary32 -> bfloat16, rounding to nearest even (a carry out of the mantissa steps the
+   exponent, up to Inf); NaN made quiet, keeping its sign and the top of its payload. */
+static inline uint16_t ln_float_to_bfloat16(float f)
+{
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if ((bits & 0x7fffffff) > 0x7f800000) {
+        return (uint16_t)((bits | 0x00400000) >> 16);
+    }
+    return (uint16_t)((bits + 0x7fff + ((bits >> 16) & 1)) >> 16);
+}
+
 /* Element i of p, of the element type, as float64 (exact). */
 static inline double ln_load1_as_f64(ln_dtype dtype, const void *p, ptrdiff_t i)
 {
     switch (dtype) {
     case LN_F16:
         return ln_half_to_float(((const uint16_t *)p)[i]);
+    case LN_BF16:
+        return ln_bfloat16_to_float(((const uint16_t *)p)[i]);
     case LN_F32:
         return ((const float *)p)[i];
     default:
@@ -133,6 +163,9 @@ static inline void ln_store1_from_f64(ln_dtype dtype, void *p, ptrdiff_t i, doub
     switch (dtype) {
     case LN_F16:
         ((uint16_t *)p)[i] = ln_float_to_half((float)value);
+        break;
+    case LN_BF16:
+        ((uint16_t *)p)[i] = ln_float_to_bfloat16((float)value);
         break;
     case LN_F32:
         ((float *)p)[i] = (float)value;

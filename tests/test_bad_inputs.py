@@ -303,34 +303,34 @@ CASES = {
         "bias must have a floating-point dtype, got dtype complex64"),
     "layer_norm-input-int64": Case(
         "layer_norm(x.astype(np.int64), 4)", TypeError,
-        "\"LayerNormKernelImpl\" not implemented for 'Long': layer_norm takes float16, float32 or float64 "
+        "\"LayerNormKernelImpl\" not implemented for 'Long': layer_norm takes float16, bfloat16, float32 or float64 "
         "arrays, got dtype int64; convert it first, e.g. x.astype(np.float32)",
         torch="F.layer_norm(tx.long(), (4,))"),
     "native_layer_norm-input-bool": Case(
         "native_layer_norm(x.astype(bool), 4)", TypeError,
-        "\"LayerNormKernelImpl\" not implemented for 'Bool': native_layer_norm takes float16, float32 or "
+        "\"LayerNormKernelImpl\" not implemented for 'Bool': native_layer_norm takes float16, bfloat16, float32 or "
         "float64 arrays, got dtype bool; convert it first, e.g. x.astype(np.float32)",
         torch="torch.native_layer_norm(tx.bool(), (4,), None, None, 1e-5)"),
     "layer_norm-input-complex64": Case(
         "layer_norm(x.astype(np.complex64), 4)", TypeError,
-        "\"LayerNormKernelImpl\" not implemented for 'ComplexFloat': layer_norm takes float16, float32 or "
+        "\"LayerNormKernelImpl\" not implemented for 'ComplexFloat': layer_norm takes float16, bfloat16, float32 or "
         "float64 arrays, got dtype complex64; convert it first, e.g. x.astype(np.float32)",
         torch="F.layer_norm(tx.to(torch.complex64), (4,))"),
     "layer_norm-input-object": Case(
         "layer_norm(x.astype(object), 4)", TypeError,
-        "layer_norm takes float16, float32 or float64 arrays, got dtype object; convert it first, e.g. "
+        "layer_norm takes float16, bfloat16, float32 or float64 arrays, got dtype object; convert it first, e.g. "
         "x.astype(np.float32)"),
     "layer_norm-input-str": Case(
         "layer_norm('abcd', 4)", TypeError,
-        "layer_norm takes float16, float32 or float64 arrays, got dtype <U4; convert it first, e.g. "
+        "layer_norm takes float16, bfloat16, float32 or float64 arrays, got dtype <U4; convert it first, e.g. "
         "x.astype(np.float32)"),
     "layer_norm-input-datetime64": Case(
         "layer_norm(x.astype('datetime64[s]'), 4)", TypeError,
-        "layer_norm takes float16, float32 or float64 arrays, got dtype datetime64[s]; convert it first, "
+        "layer_norm takes float16, bfloat16, float32 or float64 arrays, got dtype datetime64[s]; convert it first, "
         "e.g. x.astype(np.float32)"),
     "native_layer_norm-input-None": Case(
         "native_layer_norm(None, 4)", TypeError,
-        "native_layer_norm takes float16, float32 or float64 arrays, got dtype object; convert it first, "
+        "native_layer_norm takes float16, bfloat16, float32 or float64 arrays, got dtype object; convert it first, "
         "e.g. x.astype(np.float32)"),
     "layer_norm-out-dtype": Case(
         "layer_norm(x, 4, out=np.empty((2, 4), np.float64))", TypeError,
@@ -393,7 +393,7 @@ CASES = {
     "layer_norm_backward-input-int64": Case(
         "layer_norm_backward(x, x.astype(np.int64), 4, mean, rstd)", TypeError,
         "\"LayerNormBackwardKernelImpl\" not implemented for 'Long': layer_norm_backward takes float16, "
-        "float32 or float64 arrays, got dtype int64; convert it first, e.g. x.astype(np.float32)"),
+        "bfloat16, float32 or float64 arrays, got dtype int64; convert it first, e.g. x.astype(np.float32)"),
     "layer_norm_backward-no-rstd": Case(
         "layer_norm_backward(x, x, 4, mean)", TypeError,
         "layer_norm_backward() missing 1 required positional argument: 'rstd'"),
@@ -418,12 +418,10 @@ CASES = {
         "LayerNorm(None)", TypeError, "normalized_shape must be an int or a sequence of ints, got NoneType None",
         torch="torch.nn.LayerNorm(None)"),
     "LayerNorm-dtype-int32": Case(
-        "LayerNorm(4, dtype=np.int32)", TypeError, "LayerNorm supports float16, float32 and float64 parameters, got int32"),
-    # in a fresh interpreter: once ml_dtypes is imported (onnx imports it), 'bfloat16' names a
-    # NumPy dtype, and the refusal is LayerNorm's "supports float16, float32 and float64" one
-    "LayerNorm-dtype-bfloat16-name": Case(
-        "LayerNorm(4, dtype='bfloat16')", TypeError,
-        "dtype must be a float dtype (float16, float32, float64), got 'bfloat16'", isolated=True),
+        "LayerNorm(4, dtype=np.int32)", TypeError, "LayerNorm supports float16, bfloat16, float32 and float64 parameters, got int32"),
+    "LayerNorm-dtype-unknown-name": Case(
+        "LayerNorm(4, dtype='float8')", TypeError,
+        "dtype must be a float dtype (float16, bfloat16, float32, float64), got 'float8'"),
     "LayerNorm-device-cuda": Case(
         "LayerNorm(4, device='cuda')", ValueError,
         "layernorm runs on the CPU only: device must be None or 'cpu', got 'cuda'"),
@@ -438,17 +436,17 @@ CASES = {
         torch="torch.nn.LayerNorm(5)(tx)"),
     "LayerNorm-forward-int-input": Case(
         "LayerNorm(4)(x.astype(np.int64))", TypeError,
-        "\"LayerNormKernelImpl\" not implemented for 'Long': LayerNorm takes float16, float32 or float64 "
+        "\"LayerNormKernelImpl\" not implemented for 'Long': LayerNorm takes float16, bfloat16, float32 or float64 "
         "arrays, got dtype int64; convert it first, e.g. x.astype(np.float32)",
         torch="F.layer_norm(tx.long(), (4,))"),  # the module refuses the mix first
     "LayerNorm-eval-forward-int-input": Case(
         "LayerNorm(4).eval()(x.astype(np.int64))", TypeError,
-        "\"LayerNormKernelImpl\" not implemented for 'Long': layer_norm takes float16, float32 or float64 "
+        "\"LayerNormKernelImpl\" not implemented for 'Long': layer_norm takes float16, bfloat16, float32 or float64 "
         "arrays, got dtype int64; convert it first, e.g. x.astype(np.float32)",
         torch="F.layer_norm(tx.long(), (4,))"),
     "LayerNorm-forward-None": Case(
         "LayerNorm(4)(None)", TypeError,
-        "LayerNorm takes float16, float32 or float64 arrays, got dtype object; convert it first, e.g. "
+        "LayerNorm takes float16, bfloat16, float32 or float64 arrays, got dtype object; convert it first, e.g. "
         "x.astype(np.float32)"),
     "LayerNorm-backward-before-forward": Case(
         "LayerNorm(4).backward(x)", RuntimeError,
@@ -670,7 +668,7 @@ CASES = {
         torch="F.rms_norm(tx, (4,), torch.ones(3))"),
     "rms_norm-input-int64": Case(
         "layernorm.rms_norm(x.astype(np.int64), 4)", TypeError,
-        "\"rms_norm\" not implemented for 'Long': rms_norm takes float16, float32 or float64 arrays, got dtype "
+        "\"rms_norm\" not implemented for 'Long': rms_norm takes float16, bfloat16, float32 or float64 arrays, got dtype "
         "int64; convert it first, e.g. x.astype(np.float32)",
         torch="F.rms_norm(tx.long(), (4,))"),
     "rms_norm-bias": Case(
@@ -719,13 +717,13 @@ CASES = {
         torch="torch.nn.RMSNorm(-1)"),
     "RMSNorm-dtype-int32": Case(
         "layernorm.RMSNorm(4, dtype=np.int32)", TypeError,
-        "RMSNorm supports float16, float32 and float64 parameters, got int32"),
+        "RMSNorm supports float16, bfloat16, float32 and float64 parameters, got int32"),
     "RMSNorm-bias": Case(
         "layernorm.RMSNorm(4, bias=False)", TypeError, re.compile(r".*unexpected keyword argument 'bias'"),
         torch="torch.nn.RMSNorm(4, bias=False)"),
     "RMSNorm-forward-int-input": Case(
         "layernorm.RMSNorm(4)(x.astype(np.int64))", TypeError,
-        "\"rms_norm\" not implemented for 'Long': RMSNorm takes float16, float32 or float64 arrays, got dtype "
+        "\"rms_norm\" not implemented for 'Long': RMSNorm takes float16, bfloat16, float32 or float64 arrays, got dtype "
         "int64; convert it first, e.g. x.astype(np.float32)",
         torch="F.rms_norm(tx.long(), (4,))"),
     "RMSNorm-backward-before-forward": Case(

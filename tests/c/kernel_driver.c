@@ -201,8 +201,8 @@ static const struct {
     {"bwd", LN_F64, 520, 1024},
 };
 
-static const ln_dtype dtypes[] = {LN_F16, LN_F32, LN_F64};
-static const char *const dtype_names[] = {"f16", "f32", "f64"};
+static const ln_dtype dtypes[] = {LN_F16, LN_F32, LN_F64, LN_BF16};
+static const char *const dtype_names[] = {"f16", "f32", "f64", "bf16"};
 
 static const int thread_counts[] = {1, 2};
 
@@ -232,10 +232,10 @@ static const double row_scales[] = {1e-3, 0.25, 1.0, 3.0, 1e3};
 
 static size_t element_size(ln_dtype dtype)
 {
-    return dtype == LN_F16 ? 2 : dtype == LN_F32 ? 4 : 8;
+    return dtype == LN_F16 || dtype == LN_BF16 ? 2 : dtype == LN_F32 ? 4 : 8;
 }
 
-/* weight, bias, mean and rstd: float32 for float16/float32 data, float64 for float64 */
+/* weight, bias, mean and rstd: float32 for float16/bfloat16/float32 data, float64 for float64 */
 static size_t param_size(ln_dtype dtype)
 {
     return dtype == LN_F64 ? 8 : 4;
@@ -267,10 +267,26 @@ static uint16_t half_bits(double value)
     return sign | (uint16_t)(half < 0x7c00u ? half : 0x7c00u);  /* too large: infinity */
 }
 
+/* bfloat16 bits of value: rounded to float32, then to its top half, to nearest even (the
+   double rounding only matters at ties, and these inputs need no exact rounding); NaN stays NaN. */
+static uint16_t bfloat16_bits(double value)
+{
+    const float single = (float)value;
+    uint32_t bits;
+    memcpy(&bits, &single, sizeof bits);
+    if (isnan(single)) {
+        return (uint16_t)((bits >> 16) | 0x0040u);
+    }
+    return (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
 static void store_element(ln_dtype dtype, void *base, ptrdiff_t i, double value)
 {
     if (dtype == LN_F16) {
         ((uint16_t *)base)[i] = half_bits(value);
+    }
+    else if (dtype == LN_BF16) {
+        ((uint16_t *)base)[i] = bfloat16_bits(value);
     }
     else if (dtype == LN_F32) {
         ((float *)base)[i] = (float)value;
