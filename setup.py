@@ -2,7 +2,7 @@
 
 Environment switches for development builds:
   LAYERNORM_DEBUG=1     -O0 -g, assertions on
-  LAYERNORM_SANITIZE=1  AddressSanitizer and UndefinedBehaviorSanitizer
+  LAYERNORM_SANITIZE=1  AddressSanitizer and UndefinedBehaviorSanitizer, at -O1
 Release builds (neither switch) carry no debug info.
 """
 import os
@@ -21,12 +21,13 @@ compile_args = ["-std=c11", "-O3", "-ffp-contract=off", "-fno-math-errno", "-Wal
                 "-Wno-unused-parameter", "-Wno-psabi", "-Wno-missing-field-initializers"]
 link_args = []
 undef_macros = ["NDEBUG"] if os.environ.get("LAYERNORM_DEBUG") else []
-if os.environ.get("LAYERNORM_DEBUG"):
-    compile_args += ["-O0", "-g"]
 if os.environ.get("LAYERNORM_SANITIZE"):
-    # -fno-wrapv undoes the -fwrapv of Python's own CFLAGS, so UBSan sees signed overflow
-    compile_args += ["-fsanitize=address,undefined", "-fno-wrapv", "-fno-omit-frame-pointer", "-g"]
+    # -fno-wrapv undoes the -fwrapv of Python's own CFLAGS, so UBSan sees signed overflow;
+    # -O1, as the sanitizers advise, builds in half the time of -O3 and checks the same accesses
+    compile_args += ["-O1", "-fsanitize=address,undefined", "-fno-wrapv", "-fno-omit-frame-pointer", "-g"]
     link_args += ["-fsanitize=address,undefined"]
+if os.environ.get("LAYERNORM_DEBUG"):
+    compile_args += ["-O0", "-g"]  # after the sanitizers' -O1: both switches build at -O0
 if not (os.environ.get("LAYERNORM_DEBUG") or os.environ.get("LAYERNORM_SANITIZE")):
     # Release builds carry no debug info: Python's CFLAGS add -g (3.5 MB on a 0.8 MB extension).
     compile_args.append("-g0")

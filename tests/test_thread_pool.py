@@ -1,6 +1,7 @@
 """The thread pool and the default thread count (src/ln_threads.c), checked in C by
-tests/c/thread_pool_check.c: built here with the C compiler Python was built with, plain and
-under ThreadSanitizer, and run.  Skipped where there is no compiler or no source tree.
+tests/c/thread_pool_check.c: built here with the C compiler setuptools would use (CC, else
+the one Python was built with), plain and under ThreadSanitizer, and run.  Skipped where there
+is no compiler or no source tree.
 """
 
 import os
@@ -21,7 +22,7 @@ FLAGS = {
 
 def compiler():
     """The C compiler command, as a list; the test skips without one."""
-    command = shlex.split(sysconfig.get_config_var("CC") or "cc")
+    command = shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")
     try:
         subprocess.run(command + ["--version"], capture_output=True, check=True, timeout=60)
     except (OSError, subprocess.CalledProcessError):
