@@ -21,12 +21,12 @@ python3 -m venv "$work/venv"
 } >"$work/setup.log" 2>&1 || { tail -n 40 "$work/setup.log"; exit 1; }
 echo "typecheck: $("$work/venv/bin/python" -m mypy --version), NumPy $("$work/venv/bin/python" -c 'import numpy; print(numpy.__version__)')"
 
-# torch is optional and not installed here (pip would fetch its CUDA build): the package's
-# imports of it are looked up only when it is there.
+# torch and ml_dtypes are optional and not installed here (pip would fetch torch's CUDA build):
+# the package looks them up only when they are there.
 cat >"$work/mypy.ini" <<'CONFIG'
 [mypy]
 strict = True
-[mypy-torch,torch.*]
+[mypy-torch,torch.*,ml_dtypes,ml_dtypes.*]
 ignore_missing_imports = True
 CONFIG
 "$work/venv/bin/python" -m mypy --config-file "$work/mypy.ini" --cache-dir "$work/mypy-cache" \

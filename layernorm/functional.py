@@ -72,7 +72,8 @@ def _bfloat16_dtype() -> np.dtype[Any]:
             "bfloat16 arrays need the ml_dtypes package: pip install ml_dtypes "
             "(or pip install layernorm[bfloat16])"
         ) from None
-    return np.dtype(ml_dtypes.bfloat16)
+    bfloat16: np.dtype[Any] = np.dtype(ml_dtypes.bfloat16)
+    return bfloat16
 
 
 def _as_numpy(value: Any) -> Any:

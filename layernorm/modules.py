@@ -124,7 +124,7 @@ def _as_param_dtype(dtype: Any, kind: str) -> np.dtype[Any]:
             raise TypeError(f"{kind} supports float16, bfloat16, float32 and float64 parameters, got {name}")
         return found
     try:
-        np_dtype = np.dtype(dtype)
+        np_dtype: np.dtype[Any] = np.dtype(dtype)
     except TypeError:
         raise TypeError(
             f"dtype must be a float dtype (float16, bfloat16, float32, float64), got {dtype!r}"
@@ -133,7 +133,7 @@ def _as_param_dtype(dtype: Any, kind: str) -> np.dtype[Any]:
         return np_dtype
     if np_dtype.kind != "f" or np_dtype.itemsize not in (2, 4, 8):
         raise TypeError(f"{kind} supports float16, bfloat16, float32 and float64 parameters, got {np_dtype}")
-    return cast("np.dtype[Any]", np_dtype.newbyteorder("="))
+    return np_dtype.newbyteorder("=")
 
 
 def _check_device(device: Any) -> None:
