@@ -1081,8 +1081,8 @@ static LN_ALWAYS_INLINE const void *tile_load(ln_dtype dtype, const tile_view *t
 }
 
 /* Where element j of the tile's rows is to be written as 16 consecutive elements: in memory
-   where they are adjacent (the next tile's line asked for, to be written: see tile_load),
-   else lanes, for tile_scatter. */
+   where they are adjacent (and the line LN_TILE_PREFETCH tiles on asked for, to be written:
+   see tile_load), else lanes, for tile_scatter. */
 static LN_ALWAYS_INLINE void *tile_target(ln_dtype dtype, const tile_view *t, ptrdiff_t j, void *lanes)
 {
     char *to = t->first + j * t->elem_step;
