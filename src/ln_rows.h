@@ -555,9 +555,12 @@ static LN_ALWAYS_INLINE void forward_rows_pipelined(ln_norm_kind kind, ln_dtype 
 /* Rows [begin, end) of a call whose rows have adjacent elements and no residual (the
    driver sums a residual first): statistics, then the normalized row, while the row is in
    cache. */
-static LN_ALWAYS_INLINE void forward_rows(ln_norm_kind kind, ln_dtype dtype, const ln_forward_args *a,
+static LN_ALWAYS_INLINE void forward_rows(ln_norm_kind kind, ln_dtype dtype, const ln_forward_args *args,
                                           ptrdiff_t begin, ptrdiff_t end)
 {
+    /* a copy that no store through the outputs' char pointers can change, so that its walks
+       stay in registers (20000x8 float32 rows, one thread: 3% faster) */
+    const ln_forward_args copy = *args, *a = &copy;
     const ptrdiff_t n = a->extent.row_len;
     assert(a && a->input.data && a->output.data && !a->residual.data && n >= 1);
     assert(0 <= begin && begin <= end && end <= ln_rows_of(&a->extent));
@@ -963,9 +966,10 @@ static LN_ALWAYS_INLINE void backward_short_rows(ln_norm_kind kind, ln_dtype dty
 
 /* Rows [begin, end): pass 1 row by row, pass 2 over groups of LN_GRAD_ROWS rows, each
    group still in cache from pass 1. */
-static LN_ALWAYS_INLINE void backward_rows(ln_norm_kind kind, ln_dtype dtype, const ln_backward_args *a,
+static LN_ALWAYS_INLINE void backward_rows(ln_norm_kind kind, ln_dtype dtype, const ln_backward_args *args,
                                            ptrdiff_t begin, ptrdiff_t end, double *dweight, double *dbias)
 {
+    const ln_backward_args copy = *args, *a = &copy;  /* see forward_rows */
     const ptrdiff_t n = a->extent.row_len;
     const int has_mean = kind == LN_NORM_LAYER;
     assert(a && a->grad_output.data && a->input.data && a->rstd.data && n >= 1);
@@ -1072,8 +1076,8 @@ static LN_ALWAYS_INLINE const void *tile_load(ln_dtype dtype, const tile_view *t
 }
 
 /* Where element j of the tile's rows is to be written as 16 consecutive elements: in memory
-   where they are adjacent (the next tile's line asked for, to be written: see tile_load),
-   else lanes, for tile_scatter. */
+   where they are adjacent (and the line LN_TILE_PREFETCH tiles on asked for, to be written:
+   see tile_load), else lanes, for tile_scatter. */
 static LN_ALWAYS_INLINE void *tile_target(ln_dtype dtype, const tile_view *t, ptrdiff_t j, void *lanes)
 {
     char *to = t->first + j * t->elem_step;
@@ -1236,9 +1240,10 @@ static LN_ALWAYS_INLINE void forward_tile(ln_norm_kind kind, ln_dtype dtype, con
     }
 }
 
-static LN_ALWAYS_INLINE void forward_tiles(ln_norm_kind kind, ln_dtype dtype, const ln_forward_args *a,
+static LN_ALWAYS_INLINE void forward_tiles(ln_norm_kind kind, ln_dtype dtype, const ln_forward_args *args,
                                            ptrdiff_t begin, ptrdiff_t end)
 {
+    const ln_forward_args copy = *args, *a = &copy;  /* see forward_rows */
     assert(a && a->input.data && a->output.data && a->extent.row_len >= 1);
     assert(0 <= begin && begin <= end && end <= ln_tiles_of(&a->extent));
     for (ptrdiff_t tile = begin; tile < end; tile++) {
@@ -1309,10 +1314,11 @@ static LN_ALWAYS_INLINE void backward_tile(ln_norm_kind kind, ln_dtype dtype, co
     }
 }
 
-static LN_ALWAYS_INLINE void backward_tiles(ln_norm_kind kind, ln_dtype dtype, const ln_backward_args *a,
+static LN_ALWAYS_INLINE void backward_tiles(ln_norm_kind kind, ln_dtype dtype, const ln_backward_args *args,
                                             ptrdiff_t begin, ptrdiff_t end, double *dweight_lanes,
                                             double *dbias_lanes)
 {
+    const ln_backward_args copy = *args, *a = &copy;  /* see forward_rows */
     assert(a && a->grad_output.data && a->input.data && a->rstd.data && a->extent.row_len >= 1);
     assert(0 <= begin && begin <= end && end <= ln_tiles_of(&a->extent));
     dbias_lanes = kind == LN_NORM_LAYER ? dbias_lanes : NULL;
