@@ -1131,7 +1131,8 @@ call_use_copies(const char *fname, kernel_call *call)
         if (!copy) {
             char what[80];
             snprintf(what, sizeof what, "a copy of %s in rows the kernel can walk", slot->name);
-            return allocation_failed(fname, what, PyArray_NDIM(view), PyArray_DIMS(view), PyArray_TYPE(view));
+            return allocation_failed(fname, what, PyArray_NDIM(slot->arr), PyArray_DIMS(slot->arr),
+                                     PyArray_TYPE(slot->arr));
         }
         Py_SETREF(slot->arr, copy);
     }
@@ -1184,10 +1185,47 @@ call_use_native(const char *fname, kernel_call *call)
     return 0;
 }
 
+/* Replaces each array the kernel reads (statistics aside) whose strides differ from those of
+   the first result it writes by a copy in that result's memory order.  The route, and the bits,
+   are then those of the results' layout alone: add_rms_norm's output stays rms_norm of its sum
+   whatever the input's layout.  Returns 0, or -1 with an exception set. */
+static int
+call_use_result_layout(const char *fname, kernel_call *call)
+{
+    PyArrayObject *result = NULL;
+    for (int a = 0; a < call->n && !result; a++) {
+        if (call->arrays[a].arr && call->arrays[a].writes && !call->arrays[a].per_row) {
+            result = call->arrays[a].arr;
+        }
+    }
+    for (int a = 0; result && a < call->n; a++) {
+        call_array *slot = &call->arrays[a];
+        if (!slot->arr || slot->writes || slot->per_row ||
+            PyArray_CompareLists(PyArray_STRIDES(slot->arr), PyArray_STRIDES(result), call->ndim)) {
+            continue;
+        }
+        PyArrayObject *copy = (PyArrayObject *)PyArray_NewLikeArray(
+            result, NPY_KEEPORDER, PyArray_DescrFromType(PyArray_TYPE(slot->arr)), 0);
+        if (!copy) {
+            char what[80];
+            snprintf(what, sizeof what, "a copy of %s in the result's memory order", slot->name);
+            return allocation_failed(fname, what, PyArray_NDIM(slot->arr), PyArray_DIMS(slot->arr),
+                                     PyArray_TYPE(slot->arr));
+        }
+        if (PyArray_CopyInto(copy, slot->arr) < 0) {
+            Py_DECREF(copy);
+            return -1;
+        }
+        Py_SETREF(slot->arr, copy);
+    }
+    return 0;
+}
+
 /* Plans the call: in place when the kernel can walk the arrays as they are, else with native
-   aligned stand-ins in the same layout (call_use_native), else through call_use_copies.  Without axis= only rows of adjacent elements are walked in place, so that
-   the results (and their bits) are torch's layout-independent ones.  Returns 0, or -1 with an
-   exception set. */
+   aligned stand-ins in the same layout (call_use_native), else with the inputs copied into the
+   results' layout (call_use_result_layout), else through call_use_copies.  Without axis= only
+   rows of adjacent elements are walked in place, so that the results (and their bits) are
+   torch's layout-independent ones.  Returns 0, or -1 with an exception set. */
 static int
 call_prepare(const char *fname, kernel_call *call)
 {
@@ -1196,6 +1234,12 @@ call_prepare(const char *fname, kernel_call *call)
         return 0;
     }
     if (call_use_native(fname, call) < 0) {
+        return -1;
+    }
+    if (call_plan(call, unit_elements)) {
+        return 0;
+    }
+    if (call_use_result_layout(fname, call) < 0) {
         return -1;
     }
     return call_plan(call, unit_elements) ? 0 : call_use_copies(fname, call);
