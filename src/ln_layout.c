@@ -34,6 +34,14 @@ ln_layout_status ln_layout_plan(int ndim, const ptrdiff_t *shape, int naxes, con
     for (int d = 0; d < ndim; d++) {
         batch *= normalized[d] ? 1 : shape[d];
     }
+    if (batch == 0) {
+        /* no row to walk: any steps do (empty arrays' strides need not chain) */
+        *extent = (ln_extent){1, 0, row_len};
+        for (int a = 0; a < narrays; a++) {
+            walks[a] = (ln_walk){0, 0, itemsize[a]};
+        }
+        return LN_LAYOUT_OK;
+    }
 
     /* The row: normalized axes in normalized_shape's order, each merging into the one before. */
     int last_elem_axis = -1;
