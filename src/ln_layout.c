@@ -35,10 +35,11 @@ ln_layout_status ln_layout_plan(int ndim, const ptrdiff_t *shape, int naxes, con
         batch *= normalized[d] ? 1 : shape[d];
     }
     if (batch == 0) {
-        /* no row to walk: any steps do (empty arrays' strides need not chain) */
+        /* No row to walk: empty arrays' strides need not chain, and zero steps are valid for
+           every array, statistics (which never step along a row) included. */
         *extent = (ln_extent){1, 0, row_len};
         for (int a = 0; a < narrays; a++) {
-            walks[a] = (ln_walk){0, 0, itemsize[a]};
+            walks[a] = (ln_walk){0, 0, 0};
         }
         return LN_LAYOUT_OK;
     }
