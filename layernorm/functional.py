@@ -81,8 +81,9 @@ def _as_numpy(value: Any) -> Any:
 
     Anything else comes back unchanged, for the core to convert as ``np.asarray`` does.
     """
-    # The one place where array types other than NumPy's are recognised: others (e.g. dask
-    # arrays) hook in here.  torch is looked up, never imported: without it there are no tensors.
+    # The one place where array types other than NumPy's are recognised (dask arrays, which
+    # stay lazy, are recognised next door, in _holds_dask_array).  torch is looked up, never
+    # imported: without it there are no tensors.
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(value, torch.Tensor):
         # detached: a tensor that requires grad refuses .numpy(); on the CPU, where we compute
@@ -92,6 +93,13 @@ def _as_numpy(value: Any) -> Any:
             return value.view(torch.int16).numpy().view(_bfloat16_dtype())
         return value.numpy()
     return value
+
+
+def _holds_dask_array(*values: Any) -> bool:
+    """Whether any of `values` is a dask array, whose call layernorm._dask takes over.  dask.array
+    is looked up, never imported: until it is imported there are no dask arrays."""
+    dask_array = sys.modules.get("dask.array")
+    return dask_array is not None and any(isinstance(value, dask_array.Array) for value in values)
 
 
 def _torch_worded(error: UnsupportedDTypeError, kernel: str) -> TypeError:
@@ -146,6 +154,11 @@ def layer_norm(
         and (weight is None or type(weight) is _ndarray)
         and (bias is None or type(bias) is _ndarray)
     ):
+        if _holds_dask_array(input, weight, bias):
+            from . import _dask
+
+            return _dask.call(layer_norm, input=input, normalized_shape=normalized_shape,
+                              weight=weight, bias=bias, eps=eps, axis=axis, out=out)
         input, weight, bias = _as_numpy(input), _as_numpy(weight), _as_numpy(bias)
     try:
         return _core.layer_norm(input, normalized_shape, weight, bias, eps, axis=axis, out=out)
@@ -182,6 +195,11 @@ def native_layer_norm(
         and (weight is None or type(weight) is _ndarray)
         and (bias is None or type(bias) is _ndarray)
     ):
+        if _holds_dask_array(input, weight, bias):
+            from . import _dask
+
+            return _dask.call(native_layer_norm, input=input, normalized_shape=normalized_shape,
+                              weight=weight, bias=bias, eps=eps, axis=axis)
         input, weight, bias = _as_numpy(input), _as_numpy(weight), _as_numpy(bias)
     try:
         return _core.native_layer_norm(input, normalized_shape, weight, bias, eps, axis=axis)
@@ -231,6 +249,12 @@ def layer_norm_backward(
         and (weight is None or type(weight) is _ndarray)
         and (bias is None or type(bias) is _ndarray)
     ):
+        if _holds_dask_array(grad_output, input, mean, rstd, weight, bias):
+            from . import _dask
+
+            return _dask.call(layer_norm_backward, grad_output=grad_output, input=input,
+                              normalized_shape=normalized_shape, mean=mean, rstd=rstd,
+                              weight=weight, bias=bias, output_mask=output_mask, axis=axis)
         grad_output, input, mean, rstd, weight, bias = map(
             _as_numpy, (grad_output, input, mean, rstd, weight, bias)
         )

@@ -18,7 +18,19 @@ import numpy.typing as npt
 
 from . import _layernorm as _core
 from ._layernorm import ParameterChangedError, UnsupportedDTypeError
-from .functional import _FORWARD_KERNEL, _RMS_KERNEL, _as_numpy, _bfloat16_dtype, _FloatArray, _is_bfloat16, _torch_worded
+from .functional import (
+    _FORWARD_KERNEL,
+    _RMS_KERNEL,
+    _as_numpy,
+    _bfloat16_dtype,
+    _FloatArray,
+    _holds_dask_array,
+    _is_bfloat16,
+    _torch_worded,
+    layer_norm,
+    layer_norm_backward,
+    native_layer_norm,
+)
 
 __all__ = ["LayerNorm", "NormModule", "RMSNorm"]
 
@@ -173,18 +185,39 @@ _MODIFIED_IN_PLACE = (
 )
 
 
+def _modified_in_place(module: Any, name: str) -> RuntimeError:
+    """torch's error for a parameter changed in place between the forward and backward."""
+    where = f"{type(module).__name__}.{name}"
+    return RuntimeError(
+        f"{_MODIFIED_IN_PLACE}: {where} [{_describe(getattr(module, name))}] changed after "
+        "the forward call. Call the module on its input again before backward()."
+    )
+
+
+class _LazySaved(NamedTuple):
+    """What a training-mode call on a dask array keeps for backward: the input and the
+    statistics, both lazy, and copies of the parameters' values the output was computed with."""
+
+    input: Any
+    stats: Tuple[Any, ...]
+    values: Tuple[Optional[np.ndarray], ...]
+
+
 class NormModule:
     """What every norm module shares, like the parts of ``torch.nn.Module`` a norm layer uses.
 
-    A subclass names the torch class it mirrors in ``_KIND`` and its parameters in
+    A subclass names the torch class it mirrors in ``_KIND``, its parameters in
     ``_PARAMETERS``: (name, the attribute its gradient accumulates in, the value it starts at
-    and ``reset_parameters`` restores).  It defines ``__call__`` (the forward, ``forward`` its
-    alias), which in training mode stores in ``_saved`` what its backward kernel needs and the
-    parameters it used, ``_gradients`` (that kernel) and ``extra_repr``.
+    and ``reset_parameters`` restores), and its functions in ``_FUNCTIONS``: (forward, the
+    forward with statistics, backward), as layernorm.functional has them, for dask inputs.  It
+    defines ``__call__`` (the forward, ``forward`` its alias), which in training mode stores in
+    ``_saved`` what its backward kernel needs and the parameters it used, ``_gradients`` (that
+    kernel) and ``extra_repr``.
     """
 
     _KIND: ClassVar[str]
     _PARAMETERS: ClassVar[Tuple[Tuple[str, str, float], ...]]
+    _FUNCTIONS: ClassVar[Tuple[Any, Any, Any]]
 
     normalized_shape: tuple[int, ...]
     axis: Optional[int | tuple[int, ...]]
@@ -248,6 +281,37 @@ class NormModule:
 
     forward = __call__
 
+    def _lazy_call(self, input: Any, params: Tuple[Any, ...]) -> Any:
+        """The forward on a dask array: a lazy output, computed with the parameters' values of
+        now (copied: a later in-place update must not change it).  In training mode the lazy
+        statistics are kept for backward."""
+        values = tuple(None if param is None else param.copy() for param in params)
+        forward, with_stats, _ = self._FUNCTIONS
+        if not self.training:
+            return forward(input, self.normalized_shape, *values, self.eps, axis=self.axis)
+        try:
+            output, *stats = with_stats(input, self.normalized_shape, *values, self.eps, axis=self.axis)
+        except BaseException:
+            self._saved = None
+            raise
+        self._saved = (_LazySaved(input, tuple(stats), values), params)
+        return output
+
+    def _lazy_gradients(self, grad_output: Any, saved: _LazySaved) -> Tuple[Any, ...]:
+        """(grad_input, *parameter gradients) of a training-mode call on a dask array:
+        grad_input lazy, the parameter gradients computed now (into NumPy arrays)."""
+        import dask
+
+        for (name, _, _), value in zip(self._PARAMETERS, saved.values):
+            current = getattr(self, name)
+            if value is not None and not np.array_equal(current, value, equal_nan=True):
+                raise _modified_in_place(self, name)
+        _, _, backward = self._FUNCTIONS
+        mask = (True,) + tuple(value is not None for value in saved.values)
+        grads = backward(grad_output, saved.input, self.normalized_shape, *saved.stats,
+                         *saved.values, mask, axis=self.axis)
+        return (grads[0], *dask.compute(*grads[1:]))
+
     # ----------------------------------------------------------------- backward
 
     def backward(self, grad_output: npt.ArrayLike) -> _FloatArray:
@@ -264,7 +328,9 @@ class NormModule:
         Returns
         -------
         ndarray
-            Gradient with respect to the input, in the input's dtype.
+            Gradient with respect to the input, in the input's dtype.  After a forward on a
+            dask array: a lazy dask array, while the parameters' gradients are computed (and
+            accumulated) by this call.
 
         Raises
         ------
@@ -286,16 +352,15 @@ class NormModule:
             )
         kernel_saved, params = saved
         self._check_parameters_not_replaced(params)
-        if type(grad_output) is not _ndarray:
-            grad_output = _as_numpy(grad_output)
-        try:
-            grads = self._gradients(grad_output, kernel_saved)
-        except ParameterChangedError as error:
-            where = f"{type(self).__name__}.{error.name}"
-            raise RuntimeError(
-                f"{_MODIFIED_IN_PLACE}: {where} [{_describe(getattr(self, error.name))}] changed after "
-                "the forward call. Call the module on its input again before backward()."
-            ) from None
+        if isinstance(kernel_saved, _LazySaved):
+            grads = self._lazy_gradients(grad_output, kernel_saved)
+        else:
+            if type(grad_output) is not _ndarray:
+                grad_output = _as_numpy(grad_output)
+            try:
+                grads = self._gradients(grad_output, kernel_saved)
+            except ParameterChangedError as error:
+                raise _modified_in_place(self, error.name) from None
         for index, (name, grad_name, _) in enumerate(self._PARAMETERS, 1):
             param = getattr(self, name)
             if param is not None:
@@ -503,6 +568,7 @@ class LayerNorm(NormModule):
 
     _KIND = "LayerNorm"
     _PARAMETERS = (("weight", "weight_grad", 1.0), ("bias", "bias_grad", 0.0))
+    _FUNCTIONS = (layer_norm, native_layer_norm, layer_norm_backward)
 
     bias: Optional[_FloatArray]
     bias_grad: Optional[_FloatArray]
@@ -536,7 +602,7 @@ class LayerNorm(NormModule):
         -------
         ndarray
             The normalized array, same shape and dtype as `input` (C-contiguous, or in the
-            input's memory order with `axis`).
+            input's memory order with `axis`); for a dask array, a lazy dask array of its chunks.
         """
         params = weight, bias = self.weight, self.bias
         if not (
@@ -544,6 +610,8 @@ class LayerNorm(NormModule):
             and (weight is None or type(weight) is _ndarray)
             and (bias is None or type(bias) is _ndarray)
         ):
+            if _holds_dask_array(input):
+                return self._lazy_call(input, params)
             input, weight, bias = _as_numpy(input), _as_numpy(weight), _as_numpy(bias)
         if not self.training:
             try:

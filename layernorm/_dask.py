@@ -1,0 +1,692 @@
+"""Dask arrays through the norm family: the functions of ``layernorm.functional`` on
+``dask.array.Array`` arguments, returning lazy dask arrays.
+
+functional.py hands a call here when one of its arguments is a dask array; only then are this
+module and dask imported.  A call first runs the NumPy function on stand-ins that hold no rows
+(so every refusal is the NumPy call's own, raised before any graph exists, and the stand-ins'
+results give the outputs' dtypes), then builds one of two graphs:
+
+- Rows held whole by each chunk (one chunk along every normalized axis): one task per chunk runs
+  the NumPy function on it, so outputs and statistics are bit for bit the NumPy call's on the
+  whole array; parameter gradients are summed across chunks in a tree.
+- Normalized axes split across chunks: float64 partial moments per chunk, merged in a tree, then
+  one blockwise pass that normalizes each chunk (results within the float64 truth's tolerance,
+  not the NumPy call's bits; no chunk is ever rechunked into whole rows)::
+
+      chunk b:  n_b = its part of the row, mean_b = mean(x_b), M2_b = sum((x_b - mean_b) ** 2)
+      merged:   n = sum(n_b), mean = sum(n_b * mean_b) / n,
+                M2 = sum(M2_b + n_b * (mean_b - mean) ** 2)          (Chan et al.)
+      rstd = 1 / sqrt(M2 / n + eps),  y = (x - mean) * rstd * weight + bias
+
+  RMSNorm is the same with every mean 0 (M2 is then the sum of squares).  Backward merges the
+  row sums it needs the same way: with g = grad_output * weight and xhat = (x - mean) * rstd,
+  grad_input = rstd * (g - mean(g) - xhat * mean(g * xhat)) (RMSNorm: no mean(g)).
+
+Every function a task runs is a module-level function of NumPy arrays, so graphs pickle (for
+dask.distributed); task names are dask's tokens of everything a result depends on.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from functools import partial
+from typing import Any, Callable, Dict, Iterator, NamedTuple, Optional, Sequence, Tuple
+
+import dask.array as da
+import numpy as np
+
+from ._reference import normalized_axes
+from .functional import _as_numpy
+
+# ---------------------------------------------------------------------------------------------
+# The family, as the graphs see it
+# ---------------------------------------------------------------------------------------------
+
+
+class _Family(NamedTuple):
+    """Which arguments of a family function are arrays, what it computes, what it returns."""
+
+    kind: str  # "norm", or "backward" (the gradients of a norm)
+    centred: bool  # LayerNorm (the mean taken out), not RMSNorm
+    rows: Tuple[str, ...]  # arguments of the input's shape; the first dask one sets the chunks
+    stats: Tuple[str, ...]  # statistics given: the input's shape with 1 on the normalized axes
+    params: Tuple[str, ...]  # arguments of normalized_shape
+    outputs: Tuple[str, ...]  # what it returns, in order; a single name: an array, not a tuple
+
+
+_FAMILY: Dict[str, _Family] = {
+    "layer_norm": _Family("norm", True, ("input",), (), ("weight", "bias"), ("output",)),
+    "native_layer_norm": _Family(
+        "norm", True, ("input",), (), ("weight", "bias"), ("output", "mean", "rstd")
+    ),
+    "layer_norm_backward": _Family(
+        "backward", True, ("input", "grad_output"), ("mean", "rstd"), ("weight", "bias"),
+        ("grad_input", "grad_weight", "grad_bias"),
+    ),
+}
+
+# Outputs of the statistics' shape, and of normalized_shape; the others have the input's shape.
+_STATISTICS = ("mean", "rstd")
+_PARAMETER_GRADIENTS = ("grad_weight", "grad_bias")
+
+
+def _param_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:
+    """The dtype the kernels compute parameters and statistics in, for an output of `dtype`."""
+    return np.dtype(np.float64 if dtype == np.float64 else np.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# The call
+# ---------------------------------------------------------------------------------------------
+
+
+def call(function: Callable[..., Any], **arguments: Any) -> Any:
+    """``function(**arguments)``, a function of layernorm.functional called with at least one
+    dask array: the same results as lazy dask arrays, nothing computed."""
+    name = function.__name__
+    family = _FAMILY[name]
+    for target in ("out", "residual_out"):
+        if arguments.pop(target, None) is not None:
+            raise TypeError(
+                f"{name}() with dask arrays returns lazy dask arrays and cannot write into "
+                f"{target}=; write a result into an array with dask.array.store(result, target)"
+            )
+    arrays = {key: _as_array(arguments.pop(key)) for key in family.rows + family.stats}
+    params = {key: _as_param(arguments.pop(key)) for key in family.params}
+    options = arguments  # normalized_shape, eps, output_mask, ...
+    chunked = [arrays[key] for key in family.rows if isinstance(arrays[key], da.Array)]
+    input = chunked[0] if chunked else da.asarray(arrays[family.rows[0]])
+
+    axes = _normalized_axes(input.ndim, options["normalized_shape"], options.get("axis"))
+    if axes is None:
+        # the NumPy call's refusal of normalized_shape or axis, which no size changes
+        _checked(function, arrays, params, options, {key: (0,) * value.ndim for key, value in arrays.items()})
+        axes = normalized_axes(input.ndim, options["normalized_shape"], options.get("axis"))
+    _refuse_unknown_sizes(name, {**arrays, **params}, axes, family.params)
+    stats_shape = tuple(1 if a in axes else n for a, n in enumerate(input.shape))
+    arrays.update((key, _one_per_row(arrays[key], stats_shape)) for key in family.stats)
+    expected = {key: input.shape if key in family.rows else stats_shape for key in arrays}
+    mismatched = [key for key, value in arrays.items() if not _same_shape(value.shape, expected[key])]
+    # stand-ins without rows, but for arrays of other shapes than the input's, which the
+    # NumPy call is to refuse
+    shapes = {
+        key: tuple(0 if a not in axes or math.isnan(n) else int(n) for a, n in enumerate(value.shape))
+        if key not in mismatched else tuple(0 if math.isnan(n) else int(n) for n in value.shape)
+        for key, value in arrays.items()
+    }
+    results = _checked(function, arrays, params, options, shapes)
+    if mismatched:
+        key = mismatched[0]
+        raise ValueError(f"{name}(): {key} has shape {arrays[key].shape}, but the input's shape "
+                         f"{input.shape} wants {expected[key]}")
+    if len(family.outputs) == 1:
+        results = (results,)
+    metas = {
+        key: None if result is None else np.empty((0,) * result.ndim, result.dtype)
+        for key, result in zip(family.outputs, results)
+    }
+
+    chunks = input.chunks
+    if math.prod(input.shape[a] for a in axes) == 0:
+        # empty rows: the kernel's answer (mean 0, rstd NaN) needs no merging
+        chunks = tuple((n,) if a in axes else c for a, (n, c) in enumerate(zip(input.shape, chunks)))
+    stats_chunks = tuple((1,) if a in axes else c for a, c in enumerate(chunks))
+    aligned = {key: _chunked(value, chunks) for key, value in arrays.items() if key in family.rows}
+    aligned.update(
+        (key, _chunked(value, stats_chunks)) for key, value in arrays.items() if key in family.stats
+    )
+    param_chunks = tuple(chunks[a] for a in axes)
+    aligned.update((key, None if value is None else _chunked(value, param_chunks))
+                   for key, value in params.items())
+
+    graph = _Graph(name, family, axes, input.ndim, options, metas)
+    if all(len(chunks[a]) == 1 for a in axes):
+        outputs = graph.whole_rows(function, aligned)
+    elif family.kind == "norm":
+        outputs = graph.split_norm(aligned)
+    else:
+        outputs = graph.split_backward(aligned)
+    result = tuple(outputs[key] for key in family.outputs)
+    return result[0] if len(result) == 1 else result
+
+
+def _as_array(value: Any) -> Any:
+    """A dask array as it is; anything else as the NumPy array the kernels would make of it."""
+    return value if isinstance(value, da.Array) else np.asarray(_as_numpy(value))
+
+
+def _as_param(value: Any) -> Any:
+    """A parameter: a dask array or None as it is, anything else through _as_numpy (the
+    probe refuses what the kernels refuse, e.g. text, with their words)."""
+    return value if value is None or isinstance(value, da.Array) else _as_numpy(value)
+
+
+def _normalized_axes(ndim: int, normalized_shape: Any, axis: Any) -> Optional[Tuple[int, ...]]:
+    """The axes normalized over, from the number of normalized_shape's sizes (not the sizes,
+    which may be unknown), or None when normalized_shape and axis name none."""
+    try:
+        rank = 1 if isinstance(normalized_shape, (int, np.integer)) else len(normalized_shape)
+        return normalized_axes(ndim, (1,) * rank, axis)
+    except (TypeError, ValueError):
+        return None
+
+
+def _one_per_row(stats: Any, shape: Tuple[float, ...]) -> Any:
+    """Statistics in the shape native_layer_norm gives them: the kernels take one value per
+    row in any shape."""
+    if _same_shape(stats.shape, shape) or any(math.isnan(n) for n in stats.shape + shape):
+        return stats
+    return stats.reshape(shape) if stats.size == math.prod(shape) else stats
+
+
+def _same_shape(shape: Tuple[float, ...], other: Tuple[float, ...]) -> bool:
+    """Whether two shapes are equal, an unknown size (NaN) equal to any."""
+    return len(shape) == len(other) and all(
+        a == b or math.isnan(a) or math.isnan(b) for a, b in zip(shape, other)
+    )
+
+
+def _refuse_unknown_sizes(name: str, arrays: Dict[str, Any], axes: Tuple[int, ...],
+                          params: Sequence[str]) -> None:
+    """Raise ValueError when a dask array's size along a normalized axis is unknown (as after
+    boolean indexing): a row's length must be known before its chunks can be merged."""
+    for key, value in arrays.items():
+        if not isinstance(value, da.Array):
+            continue
+        along = range(value.ndim) if key in params else [a for a in axes if a < value.ndim]
+        unknown = [a for a in along if math.isnan(value.shape[a])]
+        if unknown:
+            raise ValueError(
+                f"{name}(): {key} has unknown chunk sizes along axis {unknown[0]}, which is "
+                f"normalized; call {key}.compute_chunk_sizes() first (unknown sizes are fine "
+                "along the other axes)"
+            )
+
+
+def _checked(function: Callable[..., Any], arrays: Dict[str, Any], params: Dict[str, Any],
+             options: Dict[str, Any], shapes: Dict[str, Tuple[int, ...]]) -> Any:
+    """The NumPy function's results on stand-ins of `shapes` (fewer rows than the arrays
+    have): its dtypes, or its refusal of these arguments.  A ValueError, whose message may
+    name sizes, comes from the stand-ins of the caller's sizes: the same check refuses them
+    before anything is computed."""
+    try:
+        return _probe(function, arrays, params, options, shapes)
+    except ValueError:
+        caller = {key: value.shape for key, value in arrays.items()}
+        if not any(math.isnan(n) for shape in caller.values() for n in shape):
+            _probe(function, arrays, params, options, caller)
+        raise
+
+
+def _probe(function: Callable[..., Any], arrays: Dict[str, Any], params: Dict[str, Any],
+           options: Dict[str, Any], shapes: Dict[str, Tuple[int, ...]]) -> Any:
+    """``function`` on zero-filled stand-ins of the arrays, of `shapes`, and of the dask
+    parameters (NumPy ones as they are); stand-ins take no memory."""
+    stand_ins = {
+        key: np.broadcast_to(np.zeros((), value.dtype), shapes[key]) for key, value in arrays.items()
+    }
+    stand_ins.update(
+        (key, np.zeros(value.shape, value.dtype) if isinstance(value, da.Array) else value)
+        for key, value in params.items()
+    )
+    return function(**stand_ins, **options)
+
+
+def _chunked(value: Any, chunks: Tuple[Tuple[float, ...], ...]) -> da.Array:
+    """`value` (a dask or NumPy array) as a dask array of these chunks."""
+    if not isinstance(value, da.Array):
+        return da.from_array(np.asarray(value), chunks=chunks)
+    return value if value.chunks == chunks else value.rechunk(chunks)
+
+
+# ---------------------------------------------------------------------------------------------
+# The graphs
+# ---------------------------------------------------------------------------------------------
+
+# The index of the stacked parameter gradients' first axis (the batch and normalized axes are
+# indexed by their numbers, as in the input).
+_STACKED = -1
+
+
+class _Graph:
+    """Builds a call's graph from its arguments, as dask arrays of matching chunks."""
+
+    def __init__(self, name: str, family: _Family, axes: Tuple[int, ...], ndim: int,
+                 options: Dict[str, Any], metas: Dict[str, Optional[np.ndarray]]) -> None:
+        self.name = name  # the function's, the prefix of every task name
+        self.family = family
+        self.axes = axes  # the normalized axes, in normalized_shape's order
+        self.index = tuple(range(ndim))  # the input's axes, as blockwise indexes them
+        self.batch = tuple(a for a in self.index if a not in axes)
+        self.options = options  # the arguments that are not arrays
+        self.metas = metas  # an empty array of each output's type; None for an output of None
+        self.gradients = tuple(key for key in _PARAMETER_GRADIENTS if metas.get(key) is not None)
+
+    def _blockwise(self, what: str, func: Callable[..., Any], *pairs: Any, **kwargs: Any) -> da.Array:
+        """A layer named after the function and `what` it makes, indexed like the input."""
+        return da.blockwise(func, self.index, *pairs, token=f"{self.name}-{what}", **kwargs)
+
+    def _pairs(self, arrays: Dict[str, Any], keys: Sequence[str]) -> list[Any]:
+        """blockwise's (array, index) pairs for these arguments; (None, None) for one absent."""
+        pairs: list[Any] = []
+        for key in keys:
+            value = arrays.get(key)
+            index = self.axes if key in self.family.params else self.index
+            pairs += (value, None if value is None else index)
+        return pairs
+
+    def _summed_gradients(self, func: Callable[..., Any], *pairs: Any) -> Dict[str, da.Array]:
+        """The parameter gradients: `func` makes each chunk's part of them (stacked, with the
+        batch axes first, of size 1), which are summed over the batch axes in a tree in
+        float64, then rounded to their dtype."""
+        parts = da.blockwise(
+            func, (_STACKED,) + self.batch + self.axes, *pairs,
+            new_axes={_STACKED: len(self.gradients)}, adjust_chunks={a: 1 for a in self.batch},
+            token=f"{self.name}-gradients", meta=np.empty((0,) * (1 + len(self.index))),
+        )
+        if self.batch:
+            parts = parts.sum(axis=tuple(range(1, 1 + len(self.batch))))
+        return {
+            key: parts[place].astype(self.metas[key].dtype)  # type: ignore[union-attr]
+            for place, key in enumerate(self.gradients)
+        }
+
+    # -- rows held whole ------------------------------------------------------------------
+
+    def whole_rows(self, function: Callable[..., Any], arrays: Dict[str, Any]) -> Dict[str, Any]:
+        """One task per chunk running the NumPy function; its parameter gradients summed."""
+        keys = tuple(key for key, value in arrays.items() if value is not None)
+        kernel = partial(_on_blocks, function, keys, self.options)
+        pairs = self._pairs(arrays, keys)
+        if len(self.family.outputs) == 1:
+            (key,) = self.family.outputs
+            return {key: da.blockwise(kernel, self.index, *pairs, token=self.name, meta=self.metas[key])}
+        results = da.blockwise(kernel, self.index, *pairs, token=self.name,
+                               meta=np.empty((0,) * len(self.index), object))
+        outputs: Dict[str, Any] = dict.fromkeys(self.metas)
+        for place, (key, meta) in enumerate(self.metas.items()):
+            if meta is not None and key not in self.gradients:
+                adjust = {a: 1 for a in self.axes} if key in _STATISTICS else None
+                outputs[key] = self._blockwise(key, operator.getitem, results, self.index, place, None,
+                                               adjust_chunks=adjust, meta=meta)
+        if self.gradients:
+            places = tuple(list(self.metas).index(key) for key in self.gradients)
+            outputs.update(self._summed_gradients(
+                partial(_stacked_gradients, places, len(self.batch)), results, self.index
+            ))
+        return outputs
+
+    # -- normalized axes split across chunks ----------------------------------------------
+
+    def split_norm(self, arrays: Dict[str, Any]) -> Dict[str, Any]:
+        """The forward on rows split across chunks: moments merged in a tree, then normalized."""
+        input = arrays[self.family.rows[0]]
+        meta = self.metas["output"]
+        assert meta is not None
+        one_per_row = {a: 1 for a in self.axes}
+        parts = self._blockwise(
+            "moment-parts", partial(_block_moments, axes=self.axes, centred=self.family.centred),
+            input, self.index, adjust_chunks=one_per_row, meta=_empty(self.index, _MOMENTS),
+        )
+        moments = da.reduction(
+            parts, _identity, _merged_moments, combine=_merged_moments, axis=self.axes,
+            keepdims=True, dtype=_MOMENTS, meta=_empty(self.index, _MOMENTS),
+            name=f"{self.name}-moments",
+        )
+        stats = self._blockwise("statistics", partial(_row_statistics, eps=float(self.options["eps"])),
+                                moments, self.index, meta=_empty(self.index, _STATS))
+        outputs: Dict[str, Any] = {
+            "output": self._blockwise(
+                "output",
+                partial(_normalized_block, axes=self.axes, centred=self.family.centred, dtype=meta.dtype),
+                input, self.index, stats, self.index, *self._pairs(arrays, ("weight", "bias")), meta=meta,
+            )
+        }
+        for key in _STATISTICS:
+            stat_meta = self.metas.get(key)
+            if stat_meta is not None:
+                outputs[key] = self._blockwise(key, partial(_statistic, key, stat_meta.dtype), stats,
+                                               self.index, meta=stat_meta)
+        return outputs
+
+    def split_backward(self, arrays: Dict[str, Any]) -> Dict[str, Any]:
+        """The gradients on rows split across chunks: the row sums grad_input needs merged in a
+        tree, then grad_input blockwise; parameter gradients summed over the batch axes."""
+        operands = self._pairs(arrays, ("input", "grad_output", "mean", "rstd", "weight"))
+        outputs: Dict[str, Any] = dict.fromkeys(self.metas)
+        meta = self.metas["grad_input"]
+        if meta is not None:
+            parts = self._blockwise(
+                "row-sum-parts", partial(_block_row_sums, axes=self.axes), *operands,
+                adjust_chunks={a: 1 for a in self.axes}, meta=_empty(self.index, _ROW_SUMS),
+            )
+            row_len = math.prod(arrays["input"].shape[a] for a in self.axes)
+            means = da.reduction(
+                parts, _identity, partial(_row_means, row_len=row_len), combine=_summed_fields,
+                axis=self.axes, keepdims=True, dtype=_ROW_SUMS, meta=_empty(self.index, _ROW_SUMS),
+                name=f"{self.name}-row-sums",
+            )
+            outputs["grad_input"] = self._blockwise(
+                "grad_input",
+                partial(_grad_input_block, axes=self.axes, centred=self.family.centred, dtype=meta.dtype),
+                *operands, means, self.index, meta=meta,
+            )
+        if self.gradients:
+            outputs.update(self._summed_gradients(
+                partial(_block_gradients, self.gradients, axes=self.axes), *operands
+            ))
+        return outputs
+
+
+def _empty(index: Tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
+    return np.empty((0,) * len(index), dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tasks: rows held whole
+# ---------------------------------------------------------------------------------------------
+
+
+def _on_blocks(function: Callable[..., Any], keys: Tuple[str, ...], options: Dict[str, Any],
+               *blocks: np.ndarray) -> Any:
+    """The NumPy function on one chunk of each array argument (named by `keys`)."""
+    return function(**dict(zip(keys, blocks)), **options)
+
+
+def _stacked_gradients(places: Tuple[int, ...], batch_ndim: int, results: Tuple[Any, ...]) -> np.ndarray:
+    """The chunk's parameter gradients (results[place] for each place) stacked, in float64,
+    with a size-1 axis for each batch axis between the stack's axis and theirs."""
+    first = results[places[0]]
+    stacked = np.stack([results[place] for place in places]).astype(np.float64)
+    return stacked.reshape((len(places),) + (1,) * batch_ndim + first.shape)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tasks: normalized axes split across chunks
+# ---------------------------------------------------------------------------------------------
+
+# A chunk's part of each row: its length, mean and sum of squared deviations from that mean.
+_MOMENTS = np.dtype([("count", np.float64), ("mean", np.float64), ("m2", np.float64)])
+# A row's statistics, in float64.
+_STATS = np.dtype([("mean", np.float64), ("rstd", np.float64)])
+# A chunk's part of the row sums backward needs (g = grad_output * weight), then their means.
+_ROW_SUMS = np.dtype([("g", np.float64), ("g_xhat", np.float64)])
+
+# Elements per slab: block functions work through a chunk slab by slab, so that their float64
+# intermediates (1 MiB each) stay in the core's cache instead of being chunk-sized arrays.
+_SLAB = 1 << 17
+
+
+class _Chunk:
+    """A chunk of `shape` worked through slab by slab, with the sums over its normalized axes
+    (one value per row) and over its batch axes (one value per column, as the parameters)."""
+
+    def __init__(self, shape: Tuple[int, ...], axes: Tuple[int, ...]) -> None:
+        self.shape = shape
+        self.axes = axes  # the normalized axes, in normalized_shape's order
+        self.batch = tuple(a for a in range(len(shape)) if a not in axes)
+        self.row_shape = tuple(1 if a in axes else n for a, n in enumerate(shape))
+        self.column_shape = tuple(n if a in axes else 1 for a, n in enumerate(shape))
+
+    def slabs(self) -> Iterator[Tuple[Tuple[slice, ...], Tuple[slice, ...], Tuple[slice, ...]]]:
+        """(slab, its rows, its columns): index tuples of slices (no axis dropped) into the
+        chunk, into an array of row_shape and into one of column_shape, for slabs of about
+        _SLAB elements cut along the chunk's leading axes."""
+        shape = self.shape
+        if not math.prod(shape):
+            return
+        axis = 0
+        while math.prod(shape[axis + 1 :]) > _SLAB and axis + 1 < len(shape):
+            axis += 1
+        step = max(1, _SLAB // math.prod(shape[axis + 1 :]))
+        whole = slice(None)
+        for lead in np.ndindex(*shape[:axis]):
+            for start in range(0, shape[axis], step):
+                slab = tuple(slice(i, i + 1) for i in lead) + (slice(start, start + step),)
+                slab += (whole,) * (len(shape) - len(slab))
+                yield (
+                    slab,
+                    tuple(whole if a in self.axes else i for a, i in enumerate(slab)),
+                    tuple(i if a in self.axes else whole for a, i in enumerate(slab)),
+                )
+
+    def row_sum(self, values: np.ndarray) -> np.ndarray:
+        return values.sum(axis=self.axes, keepdims=True)
+
+    def row_dot(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """sum(a * b) over the normalized axes, keeping them (einsum: no product array)."""
+        return np.expand_dims(np.einsum(a, self._all, b, self._all, self.batch), self.axes)
+
+    def column_sum(self, values: np.ndarray) -> np.ndarray:
+        return values.sum(axis=self.batch, keepdims=True)
+
+    def column_dot(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """sum(a * b) over the batch axes, keeping them."""
+        kept = tuple(sorted(self.axes))
+        return np.expand_dims(np.einsum(a, self._all, b, self._all, kept), self.batch)
+
+    @property
+    def _all(self) -> Tuple[int, ...]:
+        return tuple(range(len(self.shape)))
+
+    def param(self, value: Optional[np.ndarray], param_dtype: np.dtype[Any]) -> Optional[np.ndarray]:
+        """A chunk of a parameter (axes in normalized_shape's order) in the param dtype, as
+        the kernels read it, laid out in column_shape."""
+        if value is None:
+            return None
+        value = np.asarray(value, param_dtype).transpose(np.argsort(self.axes))
+        return value.reshape(self.column_shape)
+
+
+class _Scratch:
+    """Work arrays of a slab's shape, reused from slab to slab."""
+
+    def __init__(self, count: int, dtype: Any = np.float64) -> None:
+        self._buffers = [np.empty(_SLAB, dtype) for _ in range(count)]
+
+    def __call__(self, shape: Tuple[int, ...]) -> list[np.ndarray]:
+        size = math.prod(shape)
+        if size > self._buffers[0].size:
+            self._buffers = [np.empty(size, buffer.dtype) for buffer in self._buffers]
+        return [buffer[:size].reshape(shape) for buffer in self._buffers]
+
+
+def _block_moments(block: np.ndarray, *, axes: Tuple[int, ...], centred: bool) -> np.ndarray:
+    """_MOMENTS of the chunk's part of each row, in float64: each slab's two-pass moments (its
+    mean, then the squared deviations from it; RMSNorm: the squares) merged slab after slab.
+    The sums are taken about a shift, each row's first element in the chunk, so that the mean
+    of a row with a large offset is rounded once, at the end."""
+    chunk = _Chunk(block.shape, axes)
+    shift = np.zeros(chunk.row_shape)
+    if centred and block.size:
+        shift[...] = block[tuple(slice(0, 1) if a in axes else slice(None) for a in range(block.ndim))]
+    count, mean, m2 = np.zeros(chunk.row_shape), np.zeros(chunk.row_shape), np.zeros(chunk.row_shape)
+    scratch = _Scratch(1)
+    for slab, rows, _ in chunk.slabs():
+        (d,) = scratch(block[slab].shape)
+        np.subtract(block[slab], shift[rows], out=d)
+        slab_count = math.prod(d.shape[a] for a in axes)
+        slab_mean = 0.0
+        if centred:
+            slab_mean = chunk.row_sum(d) / slab_count
+            d -= slab_mean
+        # Chan et al.: the slab's moments merged into those of the slabs before it
+        total = count[rows] + slab_count
+        delta = slab_mean - mean[rows]
+        mean[rows] += delta * (slab_count / total)
+        m2[rows] += chunk.row_dot(d, d) + delta * delta * count[rows] * (slab_count / total)
+        count[rows] = total
+    moments = np.empty(chunk.row_shape, _MOMENTS)
+    moments["count"], moments["mean"], moments["m2"] = count, shift + mean, m2
+    return moments
+
+
+def _identity(parts: np.ndarray, axis: Tuple[int, ...], keepdims: bool) -> np.ndarray:
+    return parts
+
+
+def _merged_moments(parts: np.ndarray, axis: Tuple[int, ...], keepdims: bool = True) -> np.ndarray:
+    """The _MOMENTS of the union of the parts along `axis` (Chan et al.), the means taken
+    relative to the first part's so that rows with a large offset keep their last bits."""
+    count = parts["count"].sum(axis=axis, keepdims=True)
+    pivot = parts["mean"][tuple(slice(0, 1) if a in axis else slice(None) for a in range(parts.ndim))]
+    # (a group of empty parts, from chunks of size 0, keeps count 0 and the pivot's mean)
+    offset = (parts["count"] * (parts["mean"] - pivot)).sum(axis=axis, keepdims=True)
+    mean = pivot + offset / np.maximum(count, 1)
+    deviation = parts["mean"] - mean
+    m2 = (parts["m2"] + parts["count"] * deviation * deviation).sum(axis=axis, keepdims=True)
+    merged = np.empty(count.shape, _MOMENTS)
+    merged["count"], merged["mean"], merged["m2"] = count, mean, m2
+    return merged
+
+
+def _row_statistics(moments: np.ndarray, eps: float) -> np.ndarray:
+    """_STATS of each row from its _MOMENTS."""
+    stats = np.empty(moments.shape, _STATS)
+    stats["mean"] = moments["mean"]
+    stats["rstd"] = 1.0 / np.sqrt(moments["m2"] / moments["count"] + eps)
+    return stats
+
+
+def _statistic(field: str, dtype: np.dtype[Any], stats: np.ndarray) -> np.ndarray:
+    """One field of _STATS, rounded to `dtype`."""
+    return stats[field].astype(dtype)
+
+
+def _normalized_block(block: np.ndarray, stats: np.ndarray, weight: Optional[np.ndarray],
+                      bias: Optional[np.ndarray], *, axes: Tuple[int, ...], centred: bool,
+                      dtype: np.dtype[Any]) -> np.ndarray:
+    """(x - mean) * rstd * weight + bias on a chunk, as the kernels compute it from float64
+    statistics: in float32 for float16/float32 data, the mean in two float32 parts
+    (mean_hi + mean_lo) so that x - mean keeps its digits at any offset; in float64 for
+    float64 data."""
+    chunk = _Chunk(block.shape, axes)
+    compute = _param_dtype(dtype)
+    mean_hi = stats["mean"].astype(compute)
+    mean_lo = (stats["mean"] - mean_hi).astype(compute) if compute != np.float64 else None
+    rstd = stats["rstd"].astype(compute)
+    weight, bias = chunk.param(weight, compute), chunk.param(bias, compute)
+    output = np.empty(block.shape, dtype)
+    scratch = _Scratch(1, compute)
+    for slab, rows, columns in chunk.slabs():
+        # float16 data: computed in a float32 slab, then rounded into the output
+        y = output[slab] if dtype == compute else scratch(block[slab].shape)[0]
+        if centred:
+            np.subtract(block[slab], mean_hi[rows], out=y)
+            if mean_lo is not None:
+                y -= mean_lo[rows]
+            y *= rstd[rows]
+        else:
+            np.multiply(block[slab], rstd[rows], out=y)
+        if weight is not None:
+            y *= weight[columns]
+        if bias is not None:
+            y += bias[columns]
+        if dtype != compute:
+            output[slab] = y
+    return output
+
+
+def _backward_operands(chunk: _Chunk, input: np.ndarray, mean: Optional[np.ndarray],
+                       rstd: np.ndarray, weight: Optional[np.ndarray]) -> Tuple[Any, ...]:
+    """mean, rstd and weight (rounded to the param dtype first) in float64, laid out for the
+    chunk."""
+    weight = chunk.param(weight, _param_dtype(np.dtype(input.dtype)))
+    return (
+        None if mean is None else mean.astype(np.float64),
+        rstd.astype(np.float64),
+        None if weight is None else weight.astype(np.float64),
+    )
+
+
+def _xhat_and_g(scratch: _Scratch, slab: Tuple[slice, ...], rows: Tuple[slice, ...],
+                columns: Tuple[slice, ...], input: np.ndarray, grad_output: np.ndarray,
+                mean: Optional[np.ndarray], rstd: np.ndarray,
+                weight: Optional[np.ndarray]) -> Tuple[np.ndarray, np.ndarray]:
+    """xhat = (x - mean) * rstd and g = grad_output * weight on a slab, in float64."""
+    xhat, g = scratch(input[slab].shape)
+    if mean is None:
+        np.multiply(input[slab], rstd[rows], out=xhat)
+    else:
+        np.subtract(input[slab], mean[rows], out=xhat)
+        xhat *= rstd[rows]
+    np.copyto(g, grad_output[slab])
+    if weight is not None:
+        g *= weight[columns]
+    return xhat, g
+
+
+def _block_row_sums(input: np.ndarray, grad_output: np.ndarray, mean: Optional[np.ndarray],
+                    rstd: np.ndarray, weight: Optional[np.ndarray], *,
+                    axes: Tuple[int, ...]) -> np.ndarray:
+    """_ROW_SUMS of the chunk's part of each row: sum(g) and sum(g * xhat)."""
+    chunk = _Chunk(input.shape, axes)
+    mean, rstd, weight = _backward_operands(chunk, input, mean, rstd, weight)
+    g_sum, g_xhat_sum = np.zeros(chunk.row_shape), np.zeros(chunk.row_shape)
+    scratch = _Scratch(2)
+    for slab, rows, columns in chunk.slabs():
+        xhat, g = _xhat_and_g(scratch, slab, rows, columns, input, grad_output, mean, rstd, weight)
+        g_sum[rows] += chunk.row_sum(g)
+        g_xhat_sum[rows] += chunk.row_dot(g, xhat)
+    sums = np.empty(chunk.row_shape, _ROW_SUMS)
+    sums["g"], sums["g_xhat"] = g_sum, g_xhat_sum
+    return sums
+
+
+def _summed_fields(parts: np.ndarray, axis: Tuple[int, ...], keepdims: bool = True) -> np.ndarray:
+    """Each field of the parts summed along `axis`."""
+    sums = np.empty(tuple(1 if a in axis else n for a, n in enumerate(parts.shape)), parts.dtype)
+    for field in parts.dtype.names:
+        sums[field] = parts[field].sum(axis=axis, keepdims=True)
+    return sums
+
+
+def _row_means(parts: np.ndarray, axis: Tuple[int, ...], keepdims: bool, row_len: int) -> np.ndarray:
+    """The row sums' means: mean(g) and mean(g * xhat)."""
+    sums = _summed_fields(parts, axis)
+    for field in sums.dtype.names:
+        sums[field] /= row_len
+    return sums
+
+
+def _grad_input_block(input: np.ndarray, grad_output: np.ndarray, mean: Optional[np.ndarray],
+                      rstd: np.ndarray, weight: Optional[np.ndarray], means: np.ndarray, *,
+                      axes: Tuple[int, ...], centred: bool, dtype: np.dtype[Any]) -> np.ndarray:
+    """grad_input = rstd * (g - mean(g) - xhat * mean(g * xhat)) on a chunk (RMSNorm: without
+    mean(g)), in float64, rounded once to `dtype`."""
+    chunk = _Chunk(input.shape, axes)
+    mean, rstd, weight = _backward_operands(chunk, input, mean, rstd, weight)
+    mean_g, mean_g_xhat = means["g"], means["g_xhat"]
+    grad_input = np.empty(input.shape, dtype)
+    scratch = _Scratch(2)
+    for slab, rows, columns in chunk.slabs():
+        xhat, g = _xhat_and_g(scratch, slab, rows, columns, input, grad_output, mean, rstd, weight)
+        xhat *= mean_g_xhat[rows]
+        g -= xhat
+        if centred:
+            g -= mean_g[rows]
+        g *= rstd[rows]
+        grad_input[slab] = g
+    return grad_input
+
+
+def _block_gradients(which: Tuple[str, ...], input: np.ndarray, grad_output: np.ndarray,
+                     mean: Optional[np.ndarray], rstd: np.ndarray, weight: Optional[np.ndarray], *,
+                     axes: Tuple[int, ...]) -> np.ndarray:
+    """The chunk's part of the parameter gradients named in `which` (grad_weight: the sum of
+    grad_output * xhat over the batch axes; grad_bias: of grad_output), stacked, in float64,
+    with the batch axes (size 1) first and then the normalized ones in normalized_shape's
+    order."""
+    chunk = _Chunk(input.shape, axes)
+    mean, rstd, _ = _backward_operands(chunk, input, mean, rstd, None)
+    sums = {key: np.zeros(chunk.column_shape) for key in which}
+    scratch = _Scratch(2)
+    for slab, rows, columns in chunk.slabs():
+        xhat, dy = _xhat_and_g(scratch, slab, rows, columns, input, grad_output, mean, rstd, None)
+        if "grad_weight" in sums:
+            sums["grad_weight"][columns] += chunk.column_dot(dy, xhat)
+        if "grad_bias" in sums:
+            sums["grad_bias"][columns] += chunk.column_sum(dy)
+    stacked = np.stack([sums[key] for key in which])
+    return stacked.transpose((0,) + tuple(1 + a for a in chunk.batch + axes))
