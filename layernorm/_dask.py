@@ -132,11 +132,10 @@ def call(function: Callable[..., Any], **arguments: Any) -> Any:
         # empty rows: the kernel's answer (mean 0, rstd NaN) needs no merging
         chunks = tuple((n,) if a in axes else c for a, (n, c) in enumerate(zip(input.shape, chunks)))
     stats_chunks = tuple((1,) if a in axes else c for a, c in enumerate(chunks))
-    aligned = {key: _chunked(value, chunks) for key, value in arrays.items() if key in family.rows}
-    aligned.update(
-        (key, _chunked(value, stats_chunks)) for key, value in arrays.items() if key in family.stats
-    )
     param_chunks = tuple(chunks[a] for a in axes)
+    aligned: Dict[str, Optional[da.Array]] = {
+        key: _chunked(value, chunks if key in family.rows else stats_chunks) for key, value in arrays.items()
+    }
     aligned.update((key, None if value is None else _chunked(value, param_chunks))
                    for key, value in params.items())
 
@@ -635,9 +634,9 @@ def _block_row_sums(input: np.ndarray, grad_output: np.ndarray, mean: Optional[n
 
 
 def _summed_fields(parts: np.ndarray, axis: Tuple[int, ...], keepdims: bool = True) -> np.ndarray:
-    """Each field of the parts summed along `axis`."""
+    """The _ROW_SUMS of the union of the parts along `axis`."""
     sums = np.empty(tuple(1 if a in axis else n for a, n in enumerate(parts.shape)), parts.dtype)
-    for field in parts.dtype.names:
+    for field in _ROW_SUMS.names or ():
         sums[field] = parts[field].sum(axis=axis, keepdims=True)
     return sums
 
@@ -645,7 +644,7 @@ def _summed_fields(parts: np.ndarray, axis: Tuple[int, ...], keepdims: bool = Tr
 def _row_means(parts: np.ndarray, axis: Tuple[int, ...], keepdims: bool, row_len: int) -> np.ndarray:
     """The row sums' means: mean(g) and mean(g * xhat)."""
     sums = _summed_fields(parts, axis)
-    for field in sums.dtype.names:
+    for field in _ROW_SUMS.names or ():
         sums[field] /= row_len
     return sums
 
