@@ -97,31 +97,7 @@ def call(function: Callable[..., Any], **arguments: Any) -> Any:
     options = arguments  # normalized_shape, eps, output_mask, ...
     chunked = [arrays[key] for key in family.rows if isinstance(arrays[key], da.Array)]
     input = chunked[0] if chunked else da.asarray(arrays[family.rows[0]])
-
-    axes = _normalized_axes(input.ndim, options["normalized_shape"], options.get("axis"))
-    if axes is None:
-        # the NumPy call's refusal of normalized_shape or axis, which no size changes
-        _checked(function, arrays, params, options, {key: (0,) * value.ndim for key, value in arrays.items()})
-        axes = normalized_axes(input.ndim, options["normalized_shape"], options.get("axis"))
-    _refuse_unknown_sizes(name, {**arrays, **params}, axes, family.params)
-    stats_shape = tuple(1 if a in axes else n for a, n in enumerate(input.shape))
-    arrays.update((key, _one_per_row(arrays[key], stats_shape)) for key in family.stats)
-    expected = {key: input.shape if key in family.rows else stats_shape for key in arrays}
-    mismatched = [key for key, value in arrays.items() if not _same_shape(value.shape, expected[key])]
-    # stand-ins without rows, but for arrays of other shapes than the input's, which the
-    # NumPy call is to refuse
-    shapes = {
-        key: tuple(0 if a not in axes or math.isnan(n) else int(n) for a, n in enumerate(value.shape))
-        if key not in mismatched else tuple(0 if math.isnan(n) else int(n) for n in value.shape)
-        for key, value in arrays.items()
-    }
-    results = _checked(function, arrays, params, options, shapes)
-    if mismatched:
-        key = mismatched[0]
-        raise ValueError(f"{name}(): {key} has shape {arrays[key].shape}, but the input's shape "
-                         f"{input.shape} wants {expected[key]}")
-    if len(family.outputs) == 1:
-        results = (results,)
+    axes, results = _checked_call(function, family, input.shape, arrays, params, options)
     metas = {
         key: None if result is None else np.empty((0,) * result.ndim, result.dtype)
         for key, result in zip(family.outputs, results)
@@ -148,6 +124,38 @@ def call(function: Callable[..., Any], **arguments: Any) -> Any:
         outputs = graph.split_backward(aligned)
     result = tuple(outputs[key] for key in family.outputs)
     return result[0] if len(result) == 1 else result
+
+
+def _checked_call(function: Callable[..., Any], family: _Family, input_shape: Tuple[float, ...],
+                  arrays: Dict[str, Any], params: Dict[str, Any],
+                  options: Dict[str, Any]) -> Tuple[Tuple[int, ...], Tuple[Any, ...]]:
+    """(the normalized axes, the NumPy function's results on stand-ins without rows), or the
+    NumPy call's refusal of the arguments.  Statistics given in another shape of one value per
+    row are reshaped in `arrays` to the one native_layer_norm returns."""
+    name = function.__name__
+    axes = _normalized_axes(len(input_shape), options["normalized_shape"], options.get("axis"))
+    if axes is None:
+        # the NumPy call's refusal of normalized_shape or axis, which no size changes
+        _checked(function, arrays, params, options, {key: (0,) * value.ndim for key, value in arrays.items()})
+        axes = normalized_axes(len(input_shape), options["normalized_shape"], options.get("axis"))
+    _refuse_unknown_sizes(name, {**arrays, **params}, axes, family.params)
+    stats_shape = tuple(1 if a in axes else n for a, n in enumerate(input_shape))
+    arrays.update((key, _one_per_row(arrays[key], stats_shape)) for key in family.stats)
+    expected = {key: input_shape if key in family.rows else stats_shape for key in arrays}
+    mismatched = [key for key, value in arrays.items() if not _same_shape(value.shape, expected[key])]
+    # stand-ins without rows, but for arrays of other shapes than the input's, which the
+    # NumPy call is to refuse
+    shapes = {
+        key: tuple(0 if math.isnan(n) or (a not in axes and key not in mismatched) else int(n)
+                   for a, n in enumerate(value.shape))
+        for key, value in arrays.items()
+    }
+    results = _checked(function, arrays, params, options, shapes)
+    if mismatched:
+        key = mismatched[0]
+        raise ValueError(f"{name}(): {key} has shape {arrays[key].shape}, but the input's shape "
+                         f"{input_shape} wants {expected[key]}")
+    return axes, (results,) if len(family.outputs) == 1 else tuple(results)
 
 
 def _as_array(value: Any) -> Any:
@@ -492,29 +500,43 @@ class _Scratch:
 
 
 def _block_moments(block: np.ndarray, *, axes: Tuple[int, ...], centred: bool) -> np.ndarray:
-    """_MOMENTS of the chunk's part of each row, in float64: each slab's two-pass moments (its
-    mean, then the squared deviations from it; RMSNorm: the squares) merged slab after slab.
-    The sums are taken about a shift, each row's first element in the chunk, so that the mean
-    of a row with a large offset is rounded once, at the end."""
+    """_MOMENTS of the chunk's part of each row, in float64, slab by slab, each slab's moments
+    merged into those of the slabs before it (Chan et al.), all relative to a shift (each
+    row's first element in the chunk) so that the mean of a row with a large offset is rounded
+    once, at the end.  A slab's moments: float64 data two-pass (its mean, then the squared
+    deviations from it); float16/float32 data, as the kernels do, one pass about its first
+    element K, x - K being exact in float64: S1 = sum(x - K), S2 = sum((x - K) ** 2),
+    mean = K + S1 / n, M2 = S2 - S1 ** 2 / n, which loses at most log2(n + 1) of float64's 53
+    bits (K is one of the data, so S2 <= (n + 1) M2).  RMSNorm: the sum of squares."""
     chunk = _Chunk(block.shape, axes)
+    first = tuple(slice(0, 1) if a in axes else slice(None) for a in range(block.ndim))
     shift = np.zeros(chunk.row_shape)
     if centred and block.size:
-        shift[...] = block[tuple(slice(0, 1) if a in axes else slice(None) for a in range(block.ndim))]
+        shift[...] = block[first]
+    two_pass = block.dtype == np.float64
     count, mean, m2 = np.zeros(chunk.row_shape), np.zeros(chunk.row_shape), np.zeros(chunk.row_shape)
     scratch = _Scratch(1)
     for slab, rows, _ in chunk.slabs():
-        (d,) = scratch(block[slab].shape)
-        np.subtract(block[slab], shift[rows], out=d)
-        slab_count = math.prod(d.shape[a] for a in axes)
-        slab_mean = 0.0
-        if centred:
+        x = block[slab]
+        (d,) = scratch(x.shape)
+        slab_count = math.prod(x.shape[a] for a in axes)
+        if not centred:
+            np.copyto(d, x)
+            slab_mean, slab_m2 = 0.0, chunk.row_dot(d, d)
+        elif two_pass:
+            np.subtract(x, shift[rows], out=d)
             slab_mean = chunk.row_sum(d) / slab_count
             d -= slab_mean
-        # Chan et al.: the slab's moments merged into those of the slabs before it
+            slab_m2 = chunk.row_dot(d, d)
+        else:
+            np.subtract(x, x[first], out=d, dtype=np.float64)
+            s1 = chunk.row_sum(d)
+            slab_mean = (x[first] - shift[rows]) + s1 / slab_count
+            slab_m2 = chunk.row_dot(d, d) - s1 * (s1 / slab_count)
         total = count[rows] + slab_count
         delta = slab_mean - mean[rows]
         mean[rows] += delta * (slab_count / total)
-        m2[rows] += chunk.row_dot(d, d) + delta * delta * count[rows] * (slab_count / total)
+        m2[rows] += slab_m2 + delta * delta * count[rows] * (slab_count / total)
         count[rows] = total
     moments = np.empty(chunk.row_shape, _MOMENTS)
     moments["count"], moments["mean"], moments["m2"] = count, shift + mean, m2
