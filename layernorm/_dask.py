@@ -31,12 +31,12 @@ from __future__ import annotations
 import math
 import operator
 from functools import partial
-from typing import Any, Callable, Dict, Iterator, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, NamedTuple, Optional, Sequence, Tuple, TypeVar, cast
 
 import dask.array as da
 import numpy as np
 
-from ._reference import normalized_axes
+from ._reference import normalized_axes, rms_norm_default_eps
 from .functional import _as_numpy
 
 # ---------------------------------------------------------------------------------------------
@@ -47,7 +47,7 @@ from .functional import _as_numpy
 class _Family(NamedTuple):
     """Which arguments of a family function are arrays, what it computes, what it returns."""
 
-    kind: str  # "norm", or "backward" (the gradients of a norm)
+    kind: str  # "norm", "add" (the norm of input + residual) or "backward" (a norm's gradients)
     centred: bool  # LayerNorm (the mean taken out), not RMSNorm
     rows: Tuple[str, ...]  # arguments of the input's shape; the first dask one sets the chunks
     stats: Tuple[str, ...]  # statistics given: the input's shape with 1 on the normalized axes
@@ -55,15 +55,18 @@ class _Family(NamedTuple):
     outputs: Tuple[str, ...]  # what it returns, in order; a single name: an array, not a tuple
 
 
+_LAYER_NORM_PARAMS, _RMS_NORM_PARAMS = ("weight", "bias"), ("weight",)
 _FAMILY: Dict[str, _Family] = {
-    "layer_norm": _Family("norm", True, ("input",), (), ("weight", "bias"), ("output",)),
-    "native_layer_norm": _Family(
-        "norm", True, ("input",), (), ("weight", "bias"), ("output", "mean", "rstd")
-    ),
-    "layer_norm_backward": _Family(
-        "backward", True, ("input", "grad_output"), ("mean", "rstd"), ("weight", "bias"),
-        ("grad_input", "grad_weight", "grad_bias"),
-    ),
+    "layer_norm": _Family("norm", True, ("input",), (), _LAYER_NORM_PARAMS, ("output",)),
+    "native_layer_norm": _Family("norm", True, ("input",), (), _LAYER_NORM_PARAMS, ("output", "mean", "rstd")),
+    "layer_norm_backward": _Family("backward", True, ("input", "grad_output"), ("mean", "rstd"),
+                                   _LAYER_NORM_PARAMS, ("grad_input", "grad_weight", "grad_bias")),
+    "add_layer_norm": _Family("add", True, ("input", "residual"), (), _LAYER_NORM_PARAMS, ("output", "sum")),
+    "rms_norm": _Family("norm", False, ("input",), (), _RMS_NORM_PARAMS, ("output",)),
+    "native_rms_norm": _Family("norm", False, ("input",), (), _RMS_NORM_PARAMS, ("output", "rstd")),
+    "rms_norm_backward": _Family("backward", False, ("input", "grad_output"), ("rstd",), _RMS_NORM_PARAMS,
+                                 ("grad_input", "grad_weight")),
+    "add_rms_norm": _Family("add", False, ("input", "residual"), (), _RMS_NORM_PARAMS, ("output", "sum")),
 }
 
 # Outputs of the statistics' shape, and of normalized_shape; the others have the input's shape.
@@ -80,10 +83,13 @@ def _param_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:
 # The call
 # ---------------------------------------------------------------------------------------------
 
+_Result = TypeVar("_Result")
 
-def call(function: Callable[..., Any], **arguments: Any) -> Any:
+
+def call(function: Callable[..., _Result], **arguments: Any) -> _Result:
     """``function(**arguments)``, a function of layernorm.functional called with at least one
-    dask array: the same results as lazy dask arrays, nothing computed."""
+    dask array: the same results as lazy dask arrays, nothing computed (typed as the function's
+    NumPy results, which they stand for)."""
     name = function.__name__
     family = _FAMILY[name]
     for target in ("out", "residual_out"):
@@ -118,12 +124,12 @@ def call(function: Callable[..., Any], **arguments: Any) -> Any:
     graph = _Graph(name, family, axes, input.ndim, options, metas)
     if all(len(chunks[a]) == 1 for a in axes):
         outputs = graph.whole_rows(function, aligned)
-    elif family.kind == "norm":
-        outputs = graph.split_norm(aligned)
-    else:
+    elif family.kind == "backward":
         outputs = graph.split_backward(aligned)
+    else:
+        outputs = graph.split_norm(aligned)
     result = tuple(outputs[key] for key in family.outputs)
-    return result[0] if len(result) == 1 else result
+    return cast(_Result, result[0] if len(result) == 1 else result)
 
 
 def _checked_call(function: Callable[..., Any], family: _Family, input_shape: Tuple[float, ...],
@@ -327,10 +333,18 @@ class _Graph:
     # -- normalized axes split across chunks ----------------------------------------------
 
     def split_norm(self, arrays: Dict[str, Any]) -> Dict[str, Any]:
-        """The forward on rows split across chunks: moments merged in a tree, then normalized."""
-        input = arrays[self.family.rows[0]]
+        """The forward on rows split across chunks: moments merged in a tree, then normalized
+        (the fused adds: the norm of input + residual, NumPy's sum of each pair of chunks)."""
+        input = arrays["input"]
         meta = self.metas["output"]
         assert meta is not None
+        outputs: Dict[str, Any] = {}
+        if self.family.kind == "add":
+            input = outputs["sum"] = self._blockwise("sum", np.add, input, self.index, arrays["residual"],
+                                                     self.index, meta=self.metas["sum"])
+        eps = self.options["eps"]
+        if eps is None:  # RMSNorm's default, torch's rule
+            eps = rms_norm_default_eps(meta.dtype)
         one_per_row = {a: 1 for a in self.axes}
         parts = self._blockwise(
             "moment-parts", partial(_block_moments, axes=self.axes, centred=self.family.centred),
@@ -341,15 +355,13 @@ class _Graph:
             keepdims=True, dtype=_MOMENTS, meta=_empty(self.index, _MOMENTS),
             name=f"{self.name}-moments",
         )
-        stats = self._blockwise("statistics", partial(_row_statistics, eps=float(self.options["eps"])),
+        stats = self._blockwise("statistics", partial(_row_statistics, eps=float(eps)),
                                 moments, self.index, meta=_empty(self.index, _STATS))
-        outputs: Dict[str, Any] = {
-            "output": self._blockwise(
-                "output",
-                partial(_normalized_block, axes=self.axes, centred=self.family.centred, dtype=meta.dtype),
-                input, self.index, stats, self.index, *self._pairs(arrays, ("weight", "bias")), meta=meta,
-            )
-        }
+        outputs["output"] = self._blockwise(
+            "output",
+            partial(_normalized_block, axes=self.axes, centred=self.family.centred, dtype=meta.dtype),
+            input, self.index, stats, self.index, *self._pairs(arrays, ("weight", "bias")), meta=meta,
+        )
         for key in _STATISTICS:
             stat_meta = self.metas.get(key)
             if stat_meta is not None:
@@ -459,14 +471,16 @@ class _Chunk:
                 )
 
     def row_sum(self, values: np.ndarray) -> np.ndarray:
-        return values.sum(axis=self.axes, keepdims=True)
+        total: np.ndarray = values.sum(axis=self.axes, keepdims=True)
+        return total
 
     def row_dot(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """sum(a * b) over the normalized axes, keeping them (einsum: no product array)."""
         return np.expand_dims(np.einsum(a, self._all, b, self._all, self.batch), self.axes)
 
     def column_sum(self, values: np.ndarray) -> np.ndarray:
-        return values.sum(axis=self.batch, keepdims=True)
+        total: np.ndarray = values.sum(axis=self.batch, keepdims=True)
+        return total
 
     def column_dot(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """sum(a * b) over the batch axes, keeping them."""

@@ -297,6 +297,11 @@ def rms_norm(
         ``input / sqrt(mean(input ** 2) + eps) * weight``, of the input's dtype.
     """
     if not (type(input) is _ndarray and (weight is None or type(weight) is _ndarray)):
+        if _holds_dask_array(input, weight):
+            from . import _dask
+
+            return _dask.call(rms_norm, input=input, normalized_shape=normalized_shape, weight=weight,
+                              eps=eps, axis=axis, out=out)
         input, weight = _as_numpy(input), _as_numpy(weight)
     try:
         return _core.rms_norm(input, normalized_shape, weight, eps, axis=axis, out=out)
@@ -327,6 +332,11 @@ def native_rms_norm(
         normalized axes and dtype float32 (float64 for float64 input).
     """
     if not (type(input) is _ndarray and (weight is None or type(weight) is _ndarray)):
+        if _holds_dask_array(input, weight):
+            from . import _dask
+
+            return _dask.call(native_rms_norm, input=input, normalized_shape=normalized_shape,
+                              weight=weight, eps=eps, axis=axis)
         input, weight = _as_numpy(input), _as_numpy(weight)
     try:
         return _core.native_rms_norm(input, normalized_shape, weight, eps, axis=axis)
@@ -370,6 +380,12 @@ def rms_norm_backward(
         and type(rstd) is _ndarray
         and (weight is None or type(weight) is _ndarray)
     ):
+        if _holds_dask_array(grad_output, input, rstd, weight):
+            from . import _dask
+
+            return _dask.call(rms_norm_backward, grad_output=grad_output, input=input,
+                              normalized_shape=normalized_shape, rstd=rstd, weight=weight,
+                              output_mask=output_mask, axis=axis)
         grad_output, input, rstd, weight = map(_as_numpy, (grad_output, input, rstd, weight))
     try:
         return _core.rms_norm_backward(grad_output, input, normalized_shape, rstd, weight, output_mask, axis=axis)
@@ -425,6 +441,12 @@ def add_layer_norm(
         and (weight is None or type(weight) is _ndarray)
         and (bias is None or type(bias) is _ndarray)
     ):
+        if _holds_dask_array(input, residual, weight, bias):
+            from . import _dask
+
+            return _dask.call(add_layer_norm, input=input, residual=residual,
+                              normalized_shape=normalized_shape, weight=weight, bias=bias, eps=eps,
+                              axis=axis, out=out, residual_out=residual_out)
         input, residual, weight, bias = map(_as_numpy, (input, residual, weight, bias))
     try:
         return _core.add_layer_norm(
@@ -450,6 +472,12 @@ def add_rms_norm(
         and type(residual) is _ndarray
         and (weight is None or type(weight) is _ndarray)
     ):
+        if _holds_dask_array(input, residual, weight):
+            from . import _dask
+
+            return _dask.call(add_rms_norm, input=input, residual=residual,
+                              normalized_shape=normalized_shape, weight=weight, eps=eps, axis=axis,
+                              out=out, residual_out=residual_out)
         input, residual, weight = map(_as_numpy, (input, residual, weight))
     try:
         return _core.add_rms_norm(

@@ -11,7 +11,7 @@ import math
 import operator
 from collections import OrderedDict
 from collections.abc import Mapping
-from typing import Any, ClassVar, Iterable, NamedTuple, Optional, SupportsIndex, Tuple, TypeVar, cast
+from typing import Any, Callable, ClassVar, Iterable, NamedTuple, Optional, SupportsIndex, Tuple, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -30,6 +30,9 @@ from .functional import (
     layer_norm,
     layer_norm_backward,
     native_layer_norm,
+    native_rms_norm,
+    rms_norm,
+    rms_norm_backward,
 )
 
 __all__ = ["LayerNorm", "NormModule", "RMSNorm"]
@@ -217,7 +220,7 @@ class NormModule:
 
     _KIND: ClassVar[str]
     _PARAMETERS: ClassVar[Tuple[Tuple[str, str, float], ...]]
-    _FUNCTIONS: ClassVar[Tuple[Any, Any, Any]]
+    _FUNCTIONS: ClassVar[Tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]]
 
     normalized_shape: tuple[int, ...]
     axis: Optional[int | tuple[int, ...]]
@@ -281,14 +284,15 @@ class NormModule:
 
     forward = __call__
 
-    def _lazy_call(self, input: Any, params: Tuple[Any, ...]) -> Any:
+    def _lazy_call(self, input: Any, params: Tuple[Any, ...]) -> _FloatArray:
         """The forward on a dask array: a lazy output, computed with the parameters' values of
         now (copied: a later in-place update must not change it).  In training mode the lazy
         statistics are kept for backward."""
         values = tuple(None if param is None else param.copy() for param in params)
         forward, with_stats, _ = self._FUNCTIONS
         if not self.training:
-            return forward(input, self.normalized_shape, *values, self.eps, axis=self.axis)
+            output: _FloatArray = forward(input, self.normalized_shape, *values, self.eps, axis=self.axis)
+            return output
         try:
             output, *stats = with_stats(input, self.normalized_shape, *values, self.eps, axis=self.axis)
         except BaseException:
@@ -698,6 +702,7 @@ class RMSNorm(NormModule):
 
     _KIND = "RMSNorm"
     _PARAMETERS = (("weight", "weight_grad", 1.0),)
+    _FUNCTIONS = (rms_norm, native_rms_norm, rms_norm_backward)
 
     def __init__(
         self,
@@ -712,9 +717,12 @@ class RMSNorm(NormModule):
         super().__init__(normalized_shape, eps, elementwise_affine, device, dtype, ("weight",), axis)
 
     def __call__(self, input: npt.ArrayLike) -> _FloatArray:
-        """Normalize `input` (any array-like); return a new array of its dtype."""
+        """Normalize `input` (any array-like); return a new array of its dtype (for a dask array,
+        a lazy dask array of its chunks)."""
         params = (weight,) = (self.weight,)
         if not (type(input) is _ndarray and (weight is None or type(weight) is _ndarray)):
+            if _holds_dask_array(input):
+                return self._lazy_call(input, params)
             input, weight = _as_numpy(input), _as_numpy(weight)
         if not self.training:
             try:
