@@ -18,8 +18,9 @@ results give the outputs' dtypes), then builds one of two graphs:
                 M2 = sum(M2_b + n_b * (mean_b - mean) ** 2)          (Chan et al.)
       rstd = 1 / sqrt(M2 / n + eps),  y = (x - mean) * rstd * weight + bias
 
-  RMSNorm is the same with every mean 0 (M2 is then the sum of squares).  Backward merges the
-  row sums it needs the same way: with g = grad_output * weight and xhat = (x - mean) * rstd,
+  RMSNorm is the same with every mean 0 (M2 is then the sum of squares); the fused adds
+  normalize NumPy's sum of each pair of chunks.  Backward merges the row sums it needs the same
+  way: with g = grad_output * weight and xhat = (x - mean) * rstd,
   grad_input = rstd * (g - mean(g) - xhat * mean(g * xhat)) (RMSNorm: no mean(g)).
 
 Every function a task runs is a module-level function of NumPy arrays, so graphs pickle (for
@@ -74,9 +75,14 @@ _STATISTICS = ("mean", "rstd")
 _PARAMETER_GRADIENTS = ("grad_weight", "grad_bias")
 
 
+def _is_float64(dtype: np.dtype[Any]) -> bool:
+    """Whether `dtype` is float64, in either byte order."""
+    return dtype.kind == "f" and dtype.itemsize == 8
+
+
 def _param_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:
-    """The dtype the kernels compute parameters and statistics in, for an output of `dtype`."""
-    return np.dtype(np.float64 if dtype == np.float64 else np.float32)
+    """The dtype the kernels compute parameters and statistics in, for data of `dtype`."""
+    return np.dtype(np.float64 if _is_float64(dtype) else np.float32)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -527,7 +533,7 @@ def _block_moments(block: np.ndarray, *, axes: Tuple[int, ...], centred: bool) -
     shift = np.zeros(chunk.row_shape)
     if centred and block.size:
         shift[...] = block[first]
-    two_pass = block.dtype == np.float64
+    two_pass = _is_float64(block.dtype)
     count, mean, m2 = np.zeros(chunk.row_shape), np.zeros(chunk.row_shape), np.zeros(chunk.row_shape)
     scratch = _Scratch(1)
     for slab, rows, _ in chunk.slabs():
@@ -627,7 +633,7 @@ def _backward_operands(chunk: _Chunk, input: np.ndarray, mean: Optional[np.ndarr
                        rstd: np.ndarray, weight: Optional[np.ndarray]) -> Tuple[Any, ...]:
     """mean, rstd and weight (rounded to the param dtype first) in float64, laid out for the
     chunk."""
-    weight = chunk.param(weight, _param_dtype(np.dtype(input.dtype)))
+    weight = chunk.param(weight, _param_dtype(input.dtype))
     return (
         None if mean is None else mean.astype(np.float64),
         rstd.astype(np.float64),

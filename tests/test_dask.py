@@ -362,6 +362,17 @@ def test_chunks_of_size_zero_along_a_normalized_axis_count_for_nothing():
     assert_stats_within_tolerance(stats, LAYER_NORM, args.x, layout, args.weight, args.bias)
 
 
+@pytest.mark.parametrize("layout", [WHOLE, SPLIT], ids=["whole", "split"])
+def test_byte_swapped_chunks_are_read_as_their_values(layout):
+    args = make_args(layout, np.float64)
+    swapped = args._replace(x=args.x.astype(">f8"), dy=args.dy.astype(">f8"))
+    for name in ("native_layer_norm", "layer_norm_backward", "native_rms_norm"):
+        expected = call(name, args)
+        for g, e in zip(computed(call(name, swapped.lazy())), expected):
+            assert g.dtype == e.dtype
+            assert_close(g, e, 1e-13)
+
+
 def test_bfloat16_chunks_work_as_float16_ones():
     ml_dtypes = pytest.importorskip("ml_dtypes", reason="ml_dtypes is not installed: NumPy has no bfloat16")
     x = make_input((6, 64), np.float32, seed=7).astype(ml_dtypes.bfloat16)
