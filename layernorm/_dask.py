@@ -439,8 +439,10 @@ _STATS = np.dtype([("mean", np.float64), ("rstd", np.float64)])
 _ROW_SUMS = np.dtype([("g", np.float64), ("g_xhat", np.float64)])
 
 # Elements per slab: block functions work through a chunk slab by slab, so that their float64
-# intermediates (1 MiB each) stay in the core's cache instead of being chunk-sized arrays.
-_SLAB = 1 << 17
+# intermediates (512 KiB each) stay in a core's cache instead of being chunk-sized arrays, also
+# with dask's other threads' beside them (2 threads on 2 cores, 64 x 4194304 float32 in 64 MiB
+# chunks, layer_norm(x).compute(): 1.09 s with 2 ** 16, 1.20 s with 2 ** 15, 1.64 s with 2 ** 17).
+_SLAB = 1 << 16
 
 
 class _Chunk:
