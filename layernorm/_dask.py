@@ -484,7 +484,8 @@ class _Chunk:
 
     def row_dot(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """sum(a * b) over the normalized axes, keeping them (einsum: no product array)."""
-        return np.expand_dims(np.einsum(a, self._all, b, self._all, self.batch), self.axes)
+        kept = tuple(1 if k in self.axes else n for k, n in enumerate(a.shape))
+        return np.einsum(a, self._all, b, self._all, self.batch).reshape(kept)
 
     def column_sum(self, values: np.ndarray) -> np.ndarray:
         total: np.ndarray = values.sum(axis=self.batch, keepdims=True)
@@ -492,8 +493,8 @@ class _Chunk:
 
     def column_dot(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """sum(a * b) over the batch axes, keeping them."""
-        kept = tuple(sorted(self.axes))
-        return np.expand_dims(np.einsum(a, self._all, b, self._all, kept), self.batch)
+        kept = tuple(n if k in self.axes else 1 for k, n in enumerate(a.shape))
+        return np.einsum(a, self._all, b, self._all, tuple(sorted(self.axes))).reshape(kept)
 
     @property
     def _all(self) -> Tuple[int, ...]:
@@ -522,47 +523,55 @@ class _Scratch:
 
 
 def _block_moments(block: np.ndarray, *, axes: Tuple[int, ...], centred: bool) -> np.ndarray:
-    """_MOMENTS of the chunk's part of each row, in float64, slab by slab, each slab's moments
-    merged into those of the slabs before it (Chan et al.), all relative to a shift (each
-    row's first element in the chunk) so that the mean of a row with a large offset is rounded
-    once, at the end.  A slab's moments: float64 data two-pass (its mean, then the squared
-    deviations from it); float16/float32 data, as the kernels do, one pass about its first
-    element K, x - K being exact in float64: S1 = sum(x - K), S2 = sum((x - K) ** 2),
+    """_MOMENTS of the chunk's part of each row, in float64, about a shift K, each row's first
+    element in the chunk (RMSNorm: 0), so that the mean of a row with a large offset is rounded
+    once, at the end.  float64 data: each slab's two-pass moments (its mean, then the squared
+    deviations from it) merged slab after slab (Chan et al.).  Other data, as the kernels do,
+    one pass, x - K being exact in float64: S1 = sum(x - K), S2 = sum((x - K) ** 2),
     mean = K + S1 / n, M2 = S2 - S1 ** 2 / n, which loses at most log2(n + 1) of float64's 53
-    bits (K is one of the data, so S2 <= (n + 1) M2).  RMSNorm: the sum of squares."""
+    bits (K is one of the data, so S2 <= (n + 1) M2), far below float32's 24."""
     chunk = _Chunk(block.shape, axes)
-    first = tuple(slice(0, 1) if a in axes else slice(None) for a in range(block.ndim))
+    count = math.prod(block.shape[a] for a in axes)
     shift = np.zeros(chunk.row_shape)
     if centred and block.size:
-        shift[...] = block[first]
-    two_pass = _is_float64(block.dtype)
-    count, mean, m2 = np.zeros(chunk.row_shape), np.zeros(chunk.row_shape), np.zeros(chunk.row_shape)
-    scratch = _Scratch(1)
-    for slab, rows, _ in chunk.slabs():
-        x = block[slab]
-        (d,) = scratch(x.shape)
-        slab_count = math.prod(x.shape[a] for a in axes)
-        if not centred:
-            np.copyto(d, x)
-            slab_mean, slab_m2 = 0.0, chunk.row_dot(d, d)
-        elif two_pass:
-            np.subtract(x, shift[rows], out=d)
-            slab_mean = chunk.row_sum(d) / slab_count
-            d -= slab_mean
-            slab_m2 = chunk.row_dot(d, d)
-        else:
-            np.subtract(x, x[first], out=d, dtype=np.float64)
-            s1 = chunk.row_sum(d)
-            slab_mean = (x[first] - shift[rows]) + s1 / slab_count
-            slab_m2 = chunk.row_dot(d, d) - s1 * (s1 / slab_count)
-        total = count[rows] + slab_count
-        delta = slab_mean - mean[rows]
-        mean[rows] += delta * (slab_count / total)
-        m2[rows] += slab_m2 + delta * delta * count[rows] * (slab_count / total)
-        count[rows] = total
+        shift[...] = block[tuple(slice(0, 1) if a in axes else slice(None) for a in range(block.ndim))]
+    if centred and _is_float64(block.dtype):
+        mean, m2 = _two_pass_moments(block, chunk, shift)
+    else:
+        s1, s2 = np.zeros(chunk.row_shape), np.zeros(chunk.row_shape)
+        scratch = _Scratch(1)
+        for slab, rows, _ in chunk.slabs():
+            (d,) = scratch(block[slab].shape)
+            np.copyto(d, block[slab])
+            if centred:
+                d -= shift[rows]
+                s1[rows] += chunk.row_sum(d)
+            s2[rows] += chunk.row_dot(d, d)
+        mean = s1 / max(count, 1)
+        m2 = s2 - s1 * mean
     moments = np.empty(chunk.row_shape, _MOMENTS)
     moments["count"], moments["mean"], moments["m2"] = count, shift + mean, m2
     return moments
+
+
+def _two_pass_moments(block: np.ndarray, chunk: _Chunk,
+                      shift: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """(mean - shift, M2) of each row's part in the chunk: each slab's two-pass moments merged
+    into those of the slabs before it (Chan et al.)."""
+    count, mean, m2 = np.zeros(chunk.row_shape), np.zeros(chunk.row_shape), np.zeros(chunk.row_shape)
+    scratch = _Scratch(1)
+    for slab, rows, _ in chunk.slabs():
+        (d,) = scratch(block[slab].shape)
+        np.subtract(block[slab], shift[rows], out=d)
+        slab_count = math.prod(d.shape[a] for a in chunk.axes)
+        slab_mean = chunk.row_sum(d) / slab_count
+        d -= slab_mean
+        total = count[rows] + slab_count
+        delta = slab_mean - mean[rows]
+        mean[rows] += delta * (slab_count / total)
+        m2[rows] += chunk.row_dot(d, d) + delta * delta * count[rows] * (slab_count / total)
+        count[rows] = total
+    return mean, m2
 
 
 def _identity(parts: np.ndarray, axis: Tuple[int, ...], keepdims: bool) -> np.ndarray:
