@@ -388,7 +388,7 @@ class _Graph:
             )
             row_len = math.prod(arrays["input"].shape[a] for a in self.axes)
             means = da.reduction(
-                parts, _identity, partial(_row_means, row_len=row_len), combine=_summed_fields,
+                parts, _identity, partial(_row_means, row_len=row_len), combine=_merged_row_sums,
                 axis=self.axes, keepdims=True, dtype=_ROW_SUMS, meta=_empty(self.index, _ROW_SUMS),
                 name=f"{self.name}-row-sums",
             )
@@ -686,7 +686,7 @@ def _block_row_sums(input: np.ndarray, grad_output: np.ndarray, mean: Optional[n
     return sums
 
 
-def _summed_fields(parts: np.ndarray, axis: Tuple[int, ...], keepdims: bool = True) -> np.ndarray:
+def _merged_row_sums(parts: np.ndarray, axis: Tuple[int, ...], keepdims: bool = True) -> np.ndarray:
     """The _ROW_SUMS of the union of the parts along `axis`."""
     sums = np.empty(tuple(1 if a in axis else n for a, n in enumerate(parts.shape)), parts.dtype)
     for field in _ROW_SUMS.names or ():
@@ -696,7 +696,7 @@ def _summed_fields(parts: np.ndarray, axis: Tuple[int, ...], keepdims: bool = Tr
 
 def _row_means(parts: np.ndarray, axis: Tuple[int, ...], keepdims: bool, row_len: int) -> np.ndarray:
     """The row sums' means: mean(g) and mean(g * xhat)."""
-    sums = _summed_fields(parts, axis)
+    sums = _merged_row_sums(parts, axis)
     for field in _ROW_SUMS.names or ():
         sums[field] /= row_len
     return sums
