@@ -485,7 +485,8 @@ class _Chunk:
     def row_dot(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """sum(a * b) over the normalized axes, keeping them (einsum: no product array)."""
         kept = tuple(1 if k in self.axes else n for k, n in enumerate(a.shape))
-        return np.einsum(a, self._all, b, self._all, self.batch).reshape(kept)
+        total: np.ndarray = np.einsum(a, self._all, b, self._all, self.batch)
+        return total.reshape(kept)
 
     def column_sum(self, values: np.ndarray) -> np.ndarray:
         total: np.ndarray = values.sum(axis=self.batch, keepdims=True)
@@ -494,7 +495,8 @@ class _Chunk:
     def column_dot(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """sum(a * b) over the batch axes, keeping them."""
         kept = tuple(n if k in self.axes else 1 for k, n in enumerate(a.shape))
-        return np.einsum(a, self._all, b, self._all, tuple(sorted(self.axes))).reshape(kept)
+        total: np.ndarray = np.einsum(a, self._all, b, self._all, tuple(sorted(self.axes)))
+        return total.reshape(kept)
 
     @property
     def _all(self) -> Tuple[int, ...]:
