@@ -2198,6 +2198,284 @@ rms_saved_backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, Py
 }
 
 /* ------------------------------------------------------------------------ */
+/* Python-facing functions: rows split across arrays (private)               */
+/* ------------------------------------------------------------------------ */
+
+/* layernorm._dask's chunks of an array whose normalized axes are cut into parts: each part's
+   moments (merged there), then each part normalized with the merged statistics.  In NumPy
+   terms, for a part x of each row (float64 results of the statistics' shape):
+
+       m2 = ((x - x.mean()) ** 2).sum()       # RMSNorm: (x ** 2).sum(), and no mean
+       output = (x - mean) * rstd * weight + bias
+
+   as ln_part_moments and ln_part_normalize compute them.  normalized_shape is the part's. */
+
+/* The arguments of one part call, as the Python-facing functions received them. */
+typedef struct {
+    PyObject *input, *normalized_shape, *axis;
+    PyObject *const *stats;   /* normalize: the kind's n_stats statistics */
+    PyObject *const *params;  /* normalize: the kind's n_params parameters */
+} part_objs;
+
+/* New reference: (mean, m2) for a centred kind, m2 alone for RMSNorm, or NULL with an
+   exception set. */
+static PyObject *
+part_moments(module_state *state, const norm_kind *kind, const char *what, const part_objs *objs)
+{
+    PyObject *result = NULL;
+    PyArrayObject *input = NULL, *mean = NULL, *m2 = NULL;
+    kernel_call call = {0};
+    shape_t ns;
+    norm_axes ax;
+    npy_intp rows;
+
+    if (parse_normalized_shape(objs->normalized_shape, &ns) < 0) {
+        goto done;
+    }
+    input = as_array(objs->input);
+    if (!input) {
+        goto done;
+    }
+    const int dtype = kernel_dtype(state, input, what);
+    if (dtype < 0 || resolve_axes(state, objs->axis, input, &ns, &ax) < 0 || batch_size(input, &ax, &rows) < 0) {
+        goto done;
+    }
+    if (kind->n_stats == 2) {
+        mean = stats_array(what, "mean", input, &ax, NPY_DOUBLE);
+        if (!mean) {
+            goto done;
+        }
+    }
+    m2 = stats_array(what, "m2", input, &ax, NPY_DOUBLE);
+    if (!m2) {
+        goto done;
+    }
+    call_init(&call, input, &ax);
+    enum { INPUT, MEAN, M2 };
+    call_add(&call, input, "the input", 0, 0);
+    call_add(&call, mean, "the mean", 1, 1);
+    call_add(&call, m2, "m2", 1, 1);
+    if (call_prepare(what, &call) < 0) {
+        goto done;
+    }
+    const ln_part_moments_args args = {
+        .kind = kind->kernel,
+        .dtype = (ln_dtype)dtype,
+        .extent = call.extent,
+        .input = call_array_at(&call, INPUT),
+        .mean = call_array_at(&call, MEAN),
+        .m2 = call_array_at(&call, M2),
+    };
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = ln_part_moments(&args);
+    Py_END_ALLOW_THREADS
+    if (status < 0) {
+        PyErr_Format(PyExc_MemoryError, "%s: the kernel could not allocate its scratch memory for %zd "
+                     "rows of %zd elements",
+                     what, (Py_ssize_t)rows, (Py_ssize_t)ns.size);
+        goto done;
+    }
+    if (call_finish(&call) < 0) {
+        goto done;
+    }
+    if (mean) {
+        result = PyTuple_Pack(2, (PyObject *)mean, (PyObject *)m2);
+    }
+    else {
+        Py_INCREF(m2);
+        result = (PyObject *)m2;
+    }
+done:
+    call_release(&call);
+    Py_XDECREF(input);
+    Py_XDECREF(mean);
+    Py_XDECREF(m2);
+    return result;
+}
+
+/* New reference: the part normalized with the statistics given (float64 values, one per row,
+   any shape), or NULL with an exception set. */
+static PyObject *
+part_normalize(module_state *state, const norm_kind *kind, const char *what, const part_objs *objs)
+{
+    PyObject *result = NULL;
+    PyArrayObject *input = NULL, *output = NULL;
+    PyArrayObject *params[2] = {NULL, NULL}, *stats[2] = {NULL, NULL};
+    kernel_call call = {0};
+    shape_t ns;
+    norm_axes ax;
+    npy_intp rows;
+
+    if (parse_normalized_shape(objs->normalized_shape, &ns) < 0) {
+        goto done;
+    }
+    input = as_array(objs->input);
+    if (!input) {
+        goto done;
+    }
+    const int dtype = kernel_dtype(state, input, what);
+    if (dtype < 0) {
+        goto done;
+    }
+    for (int p = 0; p < kind->n_params; p++) {
+        if (param_array(state, what, objs->params[p], param_names[p], &ns, param_type_num[dtype], &params[p]) < 0) {
+            goto done;
+        }
+    }
+    if (resolve_axes(state, objs->axis, input, &ns, &ax) < 0 || batch_size(input, &ax, &rows) < 0) {
+        goto done;
+    }
+    const int first_stat = 2 - kind->n_stats;  /* index into (mean, rstd) */
+    for (int s = first_stat; s < 2; s++) {
+        stats[s] = stats_input(state, objs->stats[s - first_stat], kind, stat_names[s], rows);
+        if (!stats[s]) {
+            goto done;
+        }
+        Py_SETREF(stats[s], stats_shaped(what, stat_names[s], stats[s], input, &ax, NPY_DOUBLE));
+        if (!stats[s]) {
+            goto done;
+        }
+    }
+    output = new_result(what, "the output", input, &ax, element_type_num(state, dtype));
+    if (!output) {
+        goto done;
+    }
+    call_init(&call, input, &ax);
+    enum { INPUT, OUTPUT, MEAN, RSTD };
+    call_add(&call, input, "the input", 0, 0);
+    call_add(&call, output, "the output", 1, 0);
+    call_add(&call, stats[0], "the mean", 0, 1);
+    call_add(&call, stats[1], "the rstd", 0, 1);
+    if (call_prepare(what, &call) < 0) {
+        goto done;
+    }
+    const ln_part_normalize_args args = {
+        .kind = kind->kernel,
+        .dtype = (ln_dtype)dtype,
+        .extent = call.extent,
+        .input = call_array_at(&call, INPUT),
+        .output = call_array_at(&call, OUTPUT),
+        .weight = params[0] ? PyArray_DATA(params[0]) : NULL,
+        .bias = params[1] ? PyArray_DATA(params[1]) : NULL,
+        .mean = call_array_at(&call, MEAN),
+        .rstd = call_array_at(&call, RSTD),
+    };
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = ln_part_normalize(&args);
+    Py_END_ALLOW_THREADS
+    if (status < 0) {
+        PyErr_Format(PyExc_MemoryError, "%s: the kernel could not allocate its scratch memory for %zd "
+                     "rows of %zd elements",
+                     what, (Py_ssize_t)rows, (Py_ssize_t)ns.size);
+        goto done;
+    }
+    if (call_finish(&call) < 0) {
+        goto done;
+    }
+    Py_INCREF(output);
+    result = (PyObject *)output;
+done:
+    call_release(&call);
+    Py_XDECREF(input);
+    Py_XDECREF(output);
+    for (int i = 0; i < 2; i++) {
+        Py_XDECREF(params[i]);
+        Py_XDECREF(stats[i]);
+    }
+    return result;
+}
+
+PyDoc_STRVAR(layer_norm_part_moments_doc,
+"_layer_norm_part_moments($module, input, normalized_shape, *, axis=None)\n"
+"--\n"
+"\n"
+"(mean, m2) of each row's part in input, float64: its mean and the sum of its squared\n"
+"deviations from it, as layer_norm takes them (private: for layernorm._dask).\n");
+
+static PyObject *
+layer_norm_part_moments(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    enum { INPUT, NORMALIZED_SHAPE, AXIS, N };
+    static const keyword_id keywords[N] = {KW_INPUT, KW_NORMALIZED_SHAPE, KW_AXIS};
+    module_state *state = get_state(module);
+    PyObject *v[N];
+    if (parse_args(state, "_layer_norm_part_moments", args, nargs, kwnames, keywords, N, AXIS, 2, v) < 0) {
+        return NULL;
+    }
+    const part_objs objs = {.input = v[INPUT], .normalized_shape = v[NORMALIZED_SHAPE], .axis = v[AXIS]};
+    return part_moments(state, &layer_norm_kind, "_layer_norm_part_moments", &objs);
+}
+
+PyDoc_STRVAR(layer_norm_part_normalize_doc,
+"_layer_norm_part_normalize($module, input, normalized_shape, mean, rstd, weight=None, bias=None,\n"
+"                           *, axis=None)\n"
+"--\n"
+"\n"
+"(input - mean) * rstd * weight + bias with the rows' statistics given (float64), as\n"
+"layer_norm computes it from its own (private: for layernorm._dask).\n");
+
+static PyObject *
+layer_norm_part_normalize(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    enum { INPUT, NORMALIZED_SHAPE, MEAN, RSTD, WEIGHT, BIAS, AXIS, N };
+    static const keyword_id keywords[N] = {KW_INPUT, KW_NORMALIZED_SHAPE, KW_MEAN, KW_RSTD,
+                                           KW_WEIGHT, KW_BIAS, KW_AXIS};
+    module_state *state = get_state(module);
+    PyObject *v[N];
+    if (parse_args(state, "_layer_norm_part_normalize", args, nargs, kwnames, keywords, N, AXIS, 4, v) < 0) {
+        return NULL;
+    }
+    const part_objs objs = {.input = v[INPUT], .normalized_shape = v[NORMALIZED_SHAPE], .axis = v[AXIS],
+                            .stats = &v[MEAN], .params = &v[WEIGHT]};
+    return part_normalize(state, &layer_norm_kind, "_layer_norm_part_normalize", &objs);
+}
+
+PyDoc_STRVAR(rms_norm_part_moments_doc,
+"_rms_norm_part_moments($module, input, normalized_shape, *, axis=None)\n"
+"--\n"
+"\n"
+"The sum of squares of each row's part in input, float64, as rms_norm takes it (private:\n"
+"for layernorm._dask).\n");
+
+static PyObject *
+rms_norm_part_moments(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    enum { INPUT, NORMALIZED_SHAPE, AXIS, N };
+    static const keyword_id keywords[N] = {KW_INPUT, KW_NORMALIZED_SHAPE, KW_AXIS};
+    module_state *state = get_state(module);
+    PyObject *v[N];
+    if (parse_args(state, "_rms_norm_part_moments", args, nargs, kwnames, keywords, N, AXIS, 2, v) < 0) {
+        return NULL;
+    }
+    const part_objs objs = {.input = v[INPUT], .normalized_shape = v[NORMALIZED_SHAPE], .axis = v[AXIS]};
+    return part_moments(state, &rms_norm_kind, "_rms_norm_part_moments", &objs);
+}
+
+PyDoc_STRVAR(rms_norm_part_normalize_doc,
+"_rms_norm_part_normalize($module, input, normalized_shape, rstd, weight=None, *, axis=None)\n"
+"--\n"
+"\n"
+"input * rstd * weight with the rows' rstd given (float64), as rms_norm computes it from\n"
+"its own (private: for layernorm._dask).\n");
+
+static PyObject *
+rms_norm_part_normalize(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    enum { INPUT, NORMALIZED_SHAPE, RSTD, WEIGHT, AXIS, N };
+    static const keyword_id keywords[N] = {KW_INPUT, KW_NORMALIZED_SHAPE, KW_RSTD, KW_WEIGHT, KW_AXIS};
+    module_state *state = get_state(module);
+    PyObject *v[N];
+    if (parse_args(state, "_rms_norm_part_normalize", args, nargs, kwnames, keywords, N, AXIS, 3, v) < 0) {
+        return NULL;
+    }
+    const part_objs objs = {.input = v[INPUT], .normalized_shape = v[NORMALIZED_SHAPE], .axis = v[AXIS],
+                            .stats = &v[RSTD], .params = &v[WEIGHT]};
+    return part_normalize(state, &rms_norm_kind, "_rms_norm_part_normalize", &objs);
+}
+
+/* ------------------------------------------------------------------------ */
 /* Python-facing functions: threads and SIMD level                           */
 /* ------------------------------------------------------------------------ */
 
@@ -2349,6 +2627,10 @@ static PyMethodDef layernorm_methods[] = {
     {"rms_norm_backward", (PyCFunction)(void (*)(void))rms_norm_backward, METH_FASTCALL | METH_KEYWORDS, rms_norm_backward_doc},
     {"rms_training_forward", (PyCFunction)(void (*)(void))rms_training_forward, METH_FASTCALL | METH_KEYWORDS, rms_training_forward_doc},
     {"rms_saved_backward", (PyCFunction)(void (*)(void))rms_saved_backward, METH_FASTCALL | METH_KEYWORDS, rms_saved_backward_doc},
+    {"_layer_norm_part_moments", (PyCFunction)(void (*)(void))layer_norm_part_moments, METH_FASTCALL | METH_KEYWORDS, layer_norm_part_moments_doc},
+    {"_layer_norm_part_normalize", (PyCFunction)(void (*)(void))layer_norm_part_normalize, METH_FASTCALL | METH_KEYWORDS, layer_norm_part_normalize_doc},
+    {"_rms_norm_part_moments", (PyCFunction)(void (*)(void))rms_norm_part_moments, METH_FASTCALL | METH_KEYWORDS, rms_norm_part_moments_doc},
+    {"_rms_norm_part_normalize", (PyCFunction)(void (*)(void))rms_norm_part_normalize, METH_FASTCALL | METH_KEYWORDS, rms_norm_part_normalize_doc},
     {"set_num_threads", set_num_threads, METH_O, set_num_threads_doc},
     {"get_num_threads", get_num_threads, METH_NOARGS, get_num_threads_doc},
     {"simd_level", simd_level, METH_NOARGS, simd_level_doc},

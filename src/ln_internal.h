@@ -265,12 +265,17 @@ static inline void ln_tile_of(const ln_extent *extent, ptrdiff_t t, ptrdiff_t *b
     *count = (int)(extent->rows - *row < LN_TILE_ROWS ? extent->rows - *row : LN_TILE_ROWS);
 }
 
-/* Whether forward writes its float32/float64 output with non-temporal stores. */
+/* Whether a forward over extent writes its float32/float64 output with non-temporal stores. */
+static inline int ln_output_streams(ln_dtype dtype, const ln_extent *extent)
+{
+    const ptrdiff_t row_bytes = extent->row_len * (ptrdiff_t)ln_dtype_size(dtype);
+    return row_bytes >= LN_STREAM_MIN_BYTES ||
+           (extent->row_len > LN_CHUNK && row_bytes * ln_rows_of(extent) >= LN_STREAM_MIN_OUTPUT_BYTES);
+}
+
 static inline int ln_forward_streams(const ln_forward_args *a)
 {
-    const ptrdiff_t row_bytes = a->extent.row_len * (ptrdiff_t)ln_dtype_size(a->dtype);
-    return row_bytes >= LN_STREAM_MIN_BYTES ||
-           (a->extent.row_len > LN_CHUNK && row_bytes * ln_rows_of(&a->extent) >= LN_STREAM_MIN_OUTPUT_BYTES);
+    return ln_output_streams(a->dtype, &a->extent);
 }
 
 /* Whether backward writes dx with non-temporal stores (see LN_BACKWARD_STREAM_MIN_BYTES). */

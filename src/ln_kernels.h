@@ -87,6 +87,46 @@ typedef struct {
 int ln_forward(const ln_forward_args *args);
 int ln_backward(const ln_backward_args *args);
 
+/*
+ * Rows split across arrays (a chunked array whose normalized axes are cut into parts): the
+ * caller takes each part's moments, merges them across the parts (ln_merge's formulas) into
+ * each row's mean and rstd, then normalizes each part with them.  In NumPy terms, for a part
+ * x_p of each row:
+ *
+ *   moments:    n_p = x_p.size,  mean_p = x_p.mean(),  m2_p = ((x_p - mean_p) ** 2).sum()
+ *               (RMSNorm: mean_p = 0, m2_p the sum of squares)
+ *   normalize:  y_p = (x_p - mean) * rstd * weight_p + bias_p
+ *
+ * computed as ln_forward computes a whole row's (its chunks' one-pass moments merged left to
+ * right; its normalize arithmetic), so the bits are the same at every level and thread count
+ * and whatever the layout.  Statistics are float64 whatever the dtype; their arrays are walked
+ * as ln_forward's (elem_step 0).
+ */
+typedef struct {
+    ln_norm_kind kind;
+    ln_dtype dtype;
+    ln_extent extent;        /* the part: blocks x rows x its row_len */
+    ln_array input;
+    ln_array mean;           /* out: float64, one per row; always absent for RMS */
+    ln_array m2;             /* out: float64, one per row */
+} ln_part_moments_args;
+
+typedef struct {
+    ln_norm_kind kind;
+    ln_dtype dtype;
+    ln_extent extent;
+    ln_array input;
+    ln_array output;         /* may be input's own memory, element for element */
+    const void *weight;      /* the part's row_len params, contiguous, or NULL for ones */
+    const void *bias;        /* likewise, or NULL for zeros; NULL for RMS */
+    ln_array mean;           /* in: float64, one per row; always absent for RMS (the mean is 0) */
+    ln_array rstd;           /* in: float64, one per row */
+} ln_part_normalize_args;
+
+/* Both return 0, or -1 when scratch memory could not be allocated. */
+int ln_part_moments(const ln_part_moments_args *args);
+int ln_part_normalize(const ln_part_normalize_args *args);
+
 /* SIMD dispatch: the best level this CPU runs is chosen on first use. */
 ln_simd_level ln_simd_best(void);            /* what the CPU and the build allow */
 ln_simd_level ln_simd_get(void);             /* what is in use now */
