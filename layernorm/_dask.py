@@ -37,6 +37,7 @@ from typing import Any, Callable, Dict, Iterator, NamedTuple, Optional, Sequence
 import dask.array as da
 import numpy as np
 
+from . import _layernorm as _core
 from ._reference import normalized_axes, rms_norm_default_eps
 from .functional import _as_numpy
 
@@ -365,7 +366,7 @@ class _Graph:
                                 moments, self.index, meta=_empty(self.index, _STATS))
         outputs["output"] = self._blockwise(
             "output",
-            partial(_normalized_block, axes=self.axes, centred=self.family.centred, dtype=meta.dtype),
+            partial(_normalized_block, axes=self.axes, centred=self.family.centred),
             input, self.index, stats, self.index, *self._pairs(arrays, ("weight", "bias")), meta=meta,
         )
         for key in _STATISTICS:
@@ -525,55 +526,18 @@ class _Scratch:
 
 
 def _block_moments(block: np.ndarray, *, axes: Tuple[int, ...], centred: bool) -> np.ndarray:
-    """_MOMENTS of the chunk's part of each row, in float64, about a shift K, each row's first
-    element in the chunk (RMSNorm: 0), so that the mean of a row with a large offset is rounded
-    once, at the end.  float64 data: each slab's two-pass moments (its mean, then the squared
-    deviations from it) merged slab after slab (Chan et al.).  Other data, as the kernels do,
-    one pass, x - K being exact in float64: S1 = sum(x - K), S2 = sum((x - K) ** 2),
-    mean = K + S1 / n, M2 = S2 - S1 ** 2 / n, which loses at most log2(n + 1) of float64's 53
-    bits (K is one of the data, so S2 <= (n + 1) M2), far below float32's 24."""
-    chunk = _Chunk(block.shape, axes)
-    count = math.prod(block.shape[a] for a in axes)
-    shift = np.zeros(chunk.row_shape)
-    if centred and block.size:
-        shift[...] = block[tuple(slice(0, 1) if a in axes else slice(None) for a in range(block.ndim))]
-    if centred and _is_float64(block.dtype):
-        mean, m2 = _two_pass_moments(block, chunk, shift)
+    """_MOMENTS of the chunk's part of each row, in float64, as the kernels take a whole row's
+    (its chunks' one-pass moments about their first element, merged in order): one read of the
+    chunk.  RMSNorm's mean is 0 and its M2 the sum of squares."""
+    sizes = tuple(block.shape[a] for a in axes)
+    moments = np.empty(tuple(1 if a in axes else n for a, n in enumerate(block.shape)), _MOMENTS)
+    moments["count"] = math.prod(sizes)
+    if centred:
+        moments["mean"], moments["m2"] = _core._layer_norm_part_moments(block, sizes, axis=axes)
     else:
-        s1, s2 = np.zeros(chunk.row_shape), np.zeros(chunk.row_shape)
-        scratch = _Scratch(1)
-        for slab, rows, _ in chunk.slabs():
-            (d,) = scratch(block[slab].shape)
-            np.copyto(d, block[slab])
-            if centred:
-                d -= shift[rows]
-                s1[rows] += chunk.row_sum(d)
-            s2[rows] += chunk.row_dot(d, d)
-        mean = s1 / max(count, 1)
-        m2 = s2 - s1 * mean
-    moments = np.empty(chunk.row_shape, _MOMENTS)
-    moments["count"], moments["mean"], moments["m2"] = count, shift + mean, m2
+        moments["mean"] = 0.0
+        moments["m2"] = _core._rms_norm_part_moments(block, sizes, axis=axes)
     return moments
-
-
-def _two_pass_moments(block: np.ndarray, chunk: _Chunk,
-                      shift: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-    """(mean - shift, M2) of each row's part in the chunk: each slab's two-pass moments merged
-    into those of the slabs before it (Chan et al.)."""
-    count, mean, m2 = np.zeros(chunk.row_shape), np.zeros(chunk.row_shape), np.zeros(chunk.row_shape)
-    scratch = _Scratch(1)
-    for slab, rows, _ in chunk.slabs():
-        (d,) = scratch(block[slab].shape)
-        np.subtract(block[slab], shift[rows], out=d)
-        slab_count = math.prod(d.shape[a] for a in chunk.axes)
-        slab_mean = chunk.row_sum(d) / slab_count
-        d -= slab_mean
-        total = count[rows] + slab_count
-        delta = slab_mean - mean[rows]
-        mean[rows] += delta * (slab_count / total)
-        m2[rows] += chunk.row_dot(d, d) + delta * delta * count[rows] * (slab_count / total)
-        count[rows] = total
-    return mean, m2
 
 
 def _identity(parts: np.ndarray, axis: Tuple[int, ...], keepdims: bool) -> np.ndarray:
@@ -609,37 +573,14 @@ def _statistic(field: str, dtype: np.dtype[Any], stats: np.ndarray) -> np.ndarra
 
 
 def _normalized_block(block: np.ndarray, stats: np.ndarray, weight: Optional[np.ndarray],
-                      bias: Optional[np.ndarray], *, axes: Tuple[int, ...], centred: bool,
-                      dtype: np.dtype[Any]) -> np.ndarray:
-    """(x - mean) * rstd * weight + bias on a chunk, as the kernels compute it from float64
-    statistics: in float32 for float16/float32 data, the mean in two float32 parts
-    (mean_hi + mean_lo) so that x - mean keeps its digits at any offset; in float64 for
-    float64 data."""
-    chunk = _Chunk(block.shape, axes)
-    compute = _param_dtype(dtype)
-    mean_hi = stats["mean"].astype(compute)
-    mean_lo = (stats["mean"] - mean_hi).astype(compute) if compute != np.float64 else None
-    rstd = stats["rstd"].astype(compute)
-    weight, bias = chunk.param(weight, compute), chunk.param(bias, compute)
-    output = np.empty(block.shape, dtype)
-    scratch = _Scratch(1, compute)
-    for slab, rows, columns in chunk.slabs():
-        # float16 data: computed in a float32 slab, then rounded into the output
-        y = output[slab] if dtype == compute else scratch(block[slab].shape)[0]
-        if centred:
-            np.subtract(block[slab], mean_hi[rows], out=y)
-            if mean_lo is not None:
-                y -= mean_lo[rows]
-            y *= rstd[rows]
-        else:
-            np.multiply(block[slab], rstd[rows], out=y)
-        if weight is not None:
-            y *= weight[columns]
-        if bias is not None:
-            y += bias[columns]
-        if dtype != compute:
-            output[slab] = y
-    return output
+                      bias: Optional[np.ndarray], *, axes: Tuple[int, ...], centred: bool) -> np.ndarray:
+    """(x - mean) * rstd * weight + bias on a chunk, as the kernels compute a row from its
+    float64 statistics: one read of the chunk and one write of the output."""
+    sizes = tuple(block.shape[a] for a in axes)
+    if centred:
+        return _core._layer_norm_part_normalize(block, sizes, stats["mean"], stats["rstd"], weight, bias,
+                                                axis=axes)
+    return _core._rms_norm_part_normalize(block, sizes, stats["rstd"], weight, axis=axes)
 
 
 def _backward_operands(chunk: _Chunk, input: np.ndarray, mean: Optional[np.ndarray],
