@@ -153,6 +153,35 @@ def rms_saved_backward(
 ) -> Tuple[Optional[_FloatArray], Optional[_FloatArray]]:
     """rms_norm_backward from what rms_training_forward saved."""
 
+# Private: layernorm._dask's chunks of rows split along the normalized axes (float64 statistics).
+def _layer_norm_part_moments(
+    input: npt.ArrayLike, normalized_shape: _Shape, *, axis: _Axis = None
+) -> Tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """(mean, m2) of each row's part: its mean and sum of squared deviations from it."""
+
+def _layer_norm_part_normalize(
+    input: npt.ArrayLike,
+    normalized_shape: _Shape,
+    mean: npt.ArrayLike,
+    rstd: npt.ArrayLike,
+    weight: Optional[npt.ArrayLike] = None,
+    bias: Optional[npt.ArrayLike] = None,
+    *,
+    axis: _Axis = None,
+) -> _FloatArray: ...
+def _rms_norm_part_moments(
+    input: npt.ArrayLike, normalized_shape: _Shape, *, axis: _Axis = None
+) -> npt.NDArray[np.float64]:
+    """The sum of squares of each row's part."""
+
+def _rms_norm_part_normalize(
+    input: npt.ArrayLike,
+    normalized_shape: _Shape,
+    rstd: npt.ArrayLike,
+    weight: Optional[npt.ArrayLike] = None,
+    *,
+    axis: _Axis = None,
+) -> _FloatArray: ...
 def set_num_threads(n: SupportsIndex, /) -> None: ...
 def get_num_threads() -> int: ...
 def simd_level() -> _SimdLevel: ...

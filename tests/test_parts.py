@@ -1,0 +1,183 @@
+"""The kernel layer's entry points for rows split across arrays (layernorm._dask's chunks cut
+along the normalized axes), called directly: each part's float64 moments, and a part
+normalized with float64 statistics given.
+
+    mean, m2 = _layer_norm_part_moments(x, sizes, axis=axes)   # m2: sum((x - mean) ** 2)
+    m2 = _rms_norm_part_moments(x, sizes, axis=axes)           # the sum of squares
+    y = _layer_norm_part_normalize(x, sizes, mean, rstd, weight, bias, axis=axes)
+    y = _rms_norm_part_normalize(x, sizes, rstd, weight, axis=axes)
+
+held to the float64 reference (layernorm._reference) over dtype x layout x kind; a whole row
+as its one part gives layer_norm's bits; every SIMD level and layout gives the same bits.
+"""
+
+import numpy as np
+import pytest
+
+import layernorm
+from layernorm import _layernorm as core
+from tests.helpers import (FLOAT_DTYPES, KINDS, assert_matches_reference, assert_within, dtype_id,
+                           layout, make_input, make_params, param_dtype)
+
+# (shape, axes): rows of one chunk, of several (LN_CHUNK is 2048) and shorter than a group; a
+# row along axis 0 (elements a row apart: the strided route); two normalized axes out of order
+CASES = [
+    ((5, 700), (1,)),
+    ((3, 5000), (1,)),
+    ((17, 9), (1,)),
+    ((4100, 3), (0,)),
+    ((3, 40, 6), (2, 0)),
+]
+CASE_IDS = [f"{'x'.join(map(str, shape))}-axis{''.join(map(str, axes))}" for shape, axes in CASES]
+PART_LAYOUTS = ("C", "fortran", "transposed", "step_sliced", "negative_strides", "byte_swapped", "unaligned",
+                "column_slice")
+LEVELS = layernorm.available_simd_levels()
+# Relative error of the moments: float16 data's sums go in float32 over blocks of 8 groups
+# (ln_rows.h), the others' in float64.
+MOMENTS_REL_TOL = {np.dtype(np.float16): 1e-6, np.dtype(np.float32): 1e-12, np.dtype(np.float64): 1e-12}
+
+
+def sizes_of(shape, axes):
+    return tuple(shape[a] for a in axes)
+
+
+def moments(kind, x, axes):
+    """(mean, m2) of each row's part; RMSNorm's mean is 0."""
+    sizes = sizes_of(np.shape(x), axes)
+    if kind.centred:
+        return core._layer_norm_part_moments(x, sizes, axis=axes)
+    return np.zeros(1), core._rms_norm_part_moments(x, sizes, axis=axes)
+
+
+def normalize(kind, x, axes, mean, rstd, weight=None, bias=None):
+    sizes = sizes_of(np.shape(x), axes)
+    if kind.centred:
+        return core._layer_norm_part_normalize(x, sizes, mean, rstd, weight, bias, axis=axes)
+    return core._rms_norm_part_normalize(x, sizes, rstd, weight, axis=axes)
+
+
+def rstd_of(m2, count, eps):
+    """The kernels' rstd from a row's moments (a one-pass M2 a rounding below 0 is 0)."""
+    return 1.0 / np.sqrt(np.maximum(m2, 0.0) / count + eps)
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=str)
+@pytest.mark.parametrize("name", PART_LAYOUTS)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("shape, axes", CASES, ids=CASE_IDS)
+def test_moments_match_the_reference(shape, axes, dtype, name, kind):
+    base = make_input(shape, dtype, offset=3.0)
+    mean, m2 = moments(kind, layout(name, base), axes)
+    exact = base.astype(np.float64)
+    centre = exact.mean(axis=axes, keepdims=True) if kind.centred else np.zeros(1)
+    expected_m2 = ((exact - centre) ** 2).sum(axis=axes, keepdims=True)
+    stats_shape = tuple(1 if a in axes else n for a, n in enumerate(shape))
+    assert m2.dtype == np.float64 and m2.shape == stats_shape
+    tol = MOMENTS_REL_TOL[np.dtype(dtype)]
+    assert_within(m2, expected_m2, tol * expected_m2, "m2")
+    if kind.centred:
+        assert mean.dtype == np.float64 and mean.shape == stats_shape
+        spread = np.sqrt(expected_m2 / np.prod(sizes_of(shape, axes)))
+        assert_within(mean, centre, tol * (np.abs(centre) + spread), "mean")
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=str)
+@pytest.mark.parametrize("name", PART_LAYOUTS)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("shape, axes", CASES, ids=CASE_IDS)
+def test_normalize_with_the_reference_statistics_matches_the_reference(shape, axes, dtype, name, kind):
+    base = make_input(shape, dtype, offset=3.0)
+    sizes = sizes_of(shape, axes)
+    weight, bias = make_params(sizes, param_dtype(dtype), "weight+bias")
+    bias = bias if kind.centred else None
+    eps = kind.eps_value(base)
+    _, *stats = kind.reference(base, sizes, weight, bias, eps, axis=axes)
+    mean, rstd = stats if kind.centred else (None, stats[0])
+    out = normalize(kind, layout(name, base), axes, mean, rstd, weight, bias)
+    assert out.dtype == np.dtype(dtype) and out.shape == shape
+    assert_matches_reference(out, base, sizes, weight, bias, eps, centred=kind.centred, axis=axes)
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=str)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("row_len", [16, 700, 5000])
+def test_a_whole_row_as_its_one_part_gives_the_forward_bits(row_len, dtype, kind):
+    """(rows shorter than a group take a two-pass path of their own in the forward)"""
+    x = make_input((6, row_len), dtype, offset=-2.0)
+    weight, bias = make_params((row_len,), param_dtype(dtype), "weight+bias")
+    bias = bias if kind.centred else None
+    eps = kind.eps_value(x)
+    mean, m2 = moments(kind, x, (1,))
+    out = normalize(kind, x, (1,), mean, rstd_of(m2, row_len, eps), weight, bias)
+    np.testing.assert_array_equal(out, kind.forward(x, row_len, weight, bias, eps))
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=str)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("shape, axes", CASES, ids=CASE_IDS)
+def test_every_simd_level_and_layout_gives_the_same_bits(shape, axes, dtype, kind):
+    base = make_input(shape, dtype, offset=3.0)
+    sizes = sizes_of(shape, axes)
+    weight, bias = make_params(sizes, param_dtype(dtype), "weight+bias")
+    bias = bias if kind.centred else None
+    results = {}
+    level = layernorm.simd_level()
+    try:
+        for name in LEVELS:
+            layernorm.set_simd_level(name)
+            for arrangement in ("C", "transposed", "step_sliced"):
+                x = layout(arrangement, base)
+                mean, m2 = moments(kind, x, axes)
+                out = normalize(kind, x, axes, mean, rstd_of(m2, np.prod(sizes), 1e-5), weight, bias)
+                results[name, arrangement] = [a.tobytes() for a in (mean, m2, np.ascontiguousarray(out))]
+    finally:
+        layernorm.set_simd_level(level)
+    first = results[LEVELS[0], "C"]
+    for key, bits in results.items():
+        assert bits == first, f"{key} differs from {LEVELS[0]}, C"
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=str)
+def test_parts_without_elements_or_rows(kind):
+    x = np.zeros((4, 0), np.float32)
+    mean, m2 = moments(kind, x, (1,))
+    assert m2.shape == (4, 1) and not m2.any() and not np.any(mean)
+    out = normalize(kind, x, (1,), np.zeros((4, 1)), np.ones((4, 1)))
+    assert out.shape == (4, 0)
+    assert moments(kind, np.zeros((0, 5), np.float64), (1,))[1].shape == (0, 1)
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=str)
+def test_normalize_writes_a_new_array_and_leaves_its_arguments(kind):
+    x = make_input((3, 100), np.float32)
+    kept = x.copy()
+    mean, m2 = moments(kind, x, (1,))
+    out = normalize(kind, x, (1,), mean, rstd_of(m2, 100, 1e-5))
+    assert not np.shares_memory(out, x)
+    np.testing.assert_array_equal(x, kept)
+
+
+def test_statistics_of_another_number_of_rows_are_refused():
+    x = make_input((3, 100), np.float32)
+    with pytest.raises(ValueError, match="one value per normalized row"):
+        core._layer_norm_part_normalize(x, (100,), np.zeros(2), np.ones(3), axis=(1,))
+    with pytest.raises(ValueError, match="one value per normalized row"):
+        core._rms_norm_part_normalize(x, (100,), np.ones(4), axis=(1,))
+
+
+def test_parameters_of_another_size_than_the_part_are_refused():
+    x = make_input((3, 100), np.float32)
+    with pytest.raises(ValueError, match="same shape as normalized_shape"):
+        core._layer_norm_part_normalize(x, (100,), np.zeros(3), np.ones(3), np.ones(99, np.float32), axis=(1,))
+
+
+def test_sizes_that_are_not_the_parts_are_refused():
+    with pytest.raises(ValueError):
+        core._layer_norm_part_moments(make_input((3, 100), np.float32), (99,), axis=(1,))
+
+
+def test_inputs_the_kernels_do_not_take_are_refused():
+    with pytest.raises(core.UnsupportedDTypeError):
+        core._rms_norm_part_moments(np.ones((3, 4), np.int32), (4,))
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        core._layer_norm_part_moments(np.ones((3, 4)), (4,), eps=1.0)
