@@ -11,9 +11,9 @@
  *
  * The cases cover both norm kinds, both routes through the kernels (rows of adjacent
  * elements; channels-first, transposed and gathered rows, one lane a row), outputs laid out
- * unlike their inputs, statistics broadcast in backward, and the fused residual add, in place
- * too.  An output's whole buffer is hashed, gaps between its elements included, so a stray
- * write shows.
+ * unlike their inputs, statistics broadcast in backward, the fused residual add, in place
+ * too, and the entry points for rows split across arrays.  An output's whole buffer is
+ * hashed, gaps between its elements included, so a stray write shows.
  *
  * Inputs are made with exact double arithmetic only (no libm calls, whose last bits may
  * differ between architectures) and rounded once to the element type.
@@ -73,6 +73,9 @@ typedef struct {
     int output_over_input;  /* forward: the output written over the input (or over the sum
                                when that is written over the input) */
     stats_walk stats_in;    /* backward: the statistics each row reads */
+    int parts;              /* forward by the part entry points: ln_part_moments (its float64
+                               mean and m2 are outputs), then ln_part_normalize with the rstd
+                               of those moments */
 } variant;
 
 #define LN LN_NORM_LAYER
@@ -100,6 +103,9 @@ static const variant variants[] = {
     {.name = "add-fwd-reversed", .bias = 1, .stats = 1, .row_pad = 3, .reversed = 1, .residual = 1},
     {.name = "add-fwd-in-place", .weight = 1, .residual = 1, .sum_over_input = 1, .output_over_input = 1},
     {.name = "rms-add-fwd", .kind = RMS, .weight = 1, .stats = 1, .residual = 1},
+    {.name = "part-fwd", .weight = 1, .bias = 1, .parts = 1},
+    {.name = "part-fwd-reversed", .row_pad = 3, .reversed = 1, .parts = 1},
+    {.name = "rms-part-fwd", .kind = RMS, .weight = 1, .parts = 1},
     /* rows one lane each (the shapes in `tile_shapes`) */
     {.name = "cf-fwd", .weight = 1, .bias = 1, .stats = 1, .in = CHANNELS_FIRST, .out = CHANNELS_FIRST},
     {.name = "cf-fwd-plain", .in = CHANNELS_FIRST, .out = CHANNELS_FIRST},
@@ -121,6 +127,8 @@ static const variant variants[] = {
      .residual = 1},
     {.name = "cf-add-fwd-to-rows", .weight = 1, .bias = 1, .in = CHANNELS_FIRST, .out = ROWS, .residual = 1},
     {.name = "rows-add-fwd-to-cf", .weight = 1, .stats = 1, .in = ROWS, .out = CHANNELS_FIRST, .residual = 1},
+    {.name = "cf-part-fwd", .weight = 1, .bias = 1, .in = CHANNELS_FIRST, .out = CHANNELS_FIRST, .parts = 1},
+    {.name = "rms-spread-part-fwd", .kind = RMS, .weight = 1, .in = SPREAD, .out = SPREAD, .parts = 1},
     {.name = "cf-bwd", .backward = 1, .weight = 1, .grad_input = 1, .grad_params = 1, .in = CHANNELS_FIRST,
      .out = CHANNELS_FIRST},
     {.name = "cf-bwd-params", .backward = 1, .grad_params = 1, .in = CHANNELS_FIRST, .out = CHANNELS_FIRST},
@@ -513,6 +521,13 @@ static ln_array stats_array(const test_case *c, const buffer *b, stats_walk walk
     return (ln_array){b->data, {walk == OWN_STATS ? c->extent.rows * size : 0, walk == ROW_0_STATS ? 0 : size, 0}};
 }
 
+/* The kernel's view of a float64 statistic of each row in b (the part entry points'). */
+static ln_array part_stats_array(const test_case *c, const buffer *b)
+{
+    const ptrdiff_t size = (ptrdiff_t)sizeof(double);
+    return b->data ? (ln_array){b->data, {c->extent.rows * size, size, 0}} : (ln_array){0};
+}
+
 /* outputs[at], or an absent buffer for at -1. */
 static const buffer *output_at(const test_case *c, int at)
 {
@@ -590,6 +605,13 @@ static void case_setup(test_case *c, const variant *v, ln_dtype dtype, ln_extent
     }
     const size_t size = element_size(dtype), psize = param_size(dtype);
     const size_t rows = (size_t)(extent.blocks * extent.rows);
+    if (v->parts) {
+        c->output_at = add_output(c, c->out.count, size);
+        c->mean_at = v->kind == LN_NORM_LAYER ? add_output(c, rows, sizeof(double)) : -1;
+        c->rstd_at = add_output(c, rows, sizeof(double));  /* m2, from which rstd is made */
+        c->rstd = new_buffer(c, rows, sizeof(double));
+        return;
+    }
     if (!v->backward) {
         if (!v->output_over_input) {
             c->output_at = add_output(c, c->out.count, size);
@@ -654,6 +676,42 @@ static uint64_t hash_buffer(uint64_t hash, const buffer *b)
     return fnv1a(hash, b->data, b->count * b->size);
 }
 
+/* A parts case: each row's moments, then the row normalized with the rstd they give
+   (correctly rounded float64 operations, the same on every architecture).  Returns 0, or -1
+   when an entry point fails. */
+static int run_parts(const test_case *c)
+{
+    const variant *v = c->variant;
+    const buffer *mean = output_at(c, c->mean_at), *m2 = output_at(c, c->rstd_at);
+    const ln_part_moments_args moments = {
+        .kind = v->kind,
+        .dtype = c->dtype,
+        .extent = c->extent,
+        .input = element_array(c, &c->x, &c->in),
+        .mean = part_stats_array(c, mean),
+        .m2 = part_stats_array(c, m2),
+    };
+    if (ln_part_moments(&moments) != 0) {
+        return -1;
+    }
+    for (size_t r = 0; r < c->rstd.count; r++) {
+        const double m2_r = ((const double *)m2->data)[r];
+        ((double *)c->rstd.data)[r] = 1.0 / sqrt((m2_r > 0.0 ? m2_r : 0.0) / (double)c->extent.row_len + EPS);
+    }
+    const ln_part_normalize_args normalize = {
+        .kind = v->kind,
+        .dtype = c->dtype,
+        .extent = c->extent,
+        .input = moments.input,
+        .output = element_array(c, output_at(c, c->output_at), &c->out),
+        .weight = c->weight.data,
+        .bias = c->bias.data,
+        .mean = moments.mean,
+        .rstd = part_stats_array(c, &c->rstd),
+    };
+    return ln_part_normalize(&normalize);
+}
+
 /* Runs the case once at the level and thread count in use; returns the kernel's status
    and sets *hash to the hash of the outputs (and of x, when written over), NaNs
    canonicalized. */
@@ -667,7 +725,10 @@ static int run_case(const test_case *c, uint64_t *hash)
         memcpy(c->x.data, c->x_made.data, c->x.count * c->x.size);
     }
     int status;
-    if (v->backward) {
+    if (v->parts) {
+        status = run_parts(c);
+    }
+    else if (v->backward) {
         const ln_backward_args args = backward_args(c);
         status = ln_backward(&args);
     }
@@ -699,7 +760,10 @@ static void run_everywhere(const test_case *c)
             ln_threads_set(thread_counts[t]);
             if (run_case(c, &hash) != 0) {
                 fail(c->name, "%s returned an error at level %s, %d threads",
-                     c->variant->backward ? "ln_backward" : "ln_forward", level_name, thread_counts[t]);
+                     c->variant->parts      ? "ln_part_moments or ln_part_normalize"
+                     : c->variant->backward ? "ln_backward"
+                                            : "ln_forward",
+                     level_name, thread_counts[t]);
             }
             printf("%s %s t%d %016llx\n", c->name, level_name, thread_counts[t], (unsigned long long)hash);
         }
