@@ -182,6 +182,51 @@ def _rms_norm_part_normalize(
     *,
     axis: _Axis = None,
 ) -> _FloatArray: ...
+def _layer_norm_part_grad_sums(
+    grad_output: npt.ArrayLike,
+    input: npt.ArrayLike,
+    normalized_shape: _Shape,
+    mean: npt.ArrayLike,
+    rstd: npt.ArrayLike,
+    weight: Optional[npt.ArrayLike] = None,
+    *,
+    axis: _Axis = None,
+) -> Tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """(g_sum, g_xhat_sum) of each row's part, g = grad_output * weight."""
+
+def _layer_norm_part_grad_input(
+    grad_output: npt.ArrayLike,
+    input: npt.ArrayLike,
+    normalized_shape: _Shape,
+    mean: npt.ArrayLike,
+    rstd: npt.ArrayLike,
+    g_mean: npt.ArrayLike,
+    g_xhat_mean: npt.ArrayLike,
+    weight: Optional[npt.ArrayLike] = None,
+    *,
+    axis: _Axis = None,
+) -> _FloatArray: ...
+def _rms_norm_part_grad_sums(
+    grad_output: npt.ArrayLike,
+    input: npt.ArrayLike,
+    normalized_shape: _Shape,
+    rstd: npt.ArrayLike,
+    weight: Optional[npt.ArrayLike] = None,
+    *,
+    axis: _Axis = None,
+) -> npt.NDArray[np.float64]:
+    """g_xhat_sum of each row's part."""
+
+def _rms_norm_part_grad_input(
+    grad_output: npt.ArrayLike,
+    input: npt.ArrayLike,
+    normalized_shape: _Shape,
+    rstd: npt.ArrayLike,
+    g_xhat_mean: npt.ArrayLike,
+    weight: Optional[npt.ArrayLike] = None,
+    *,
+    axis: _Axis = None,
+) -> _FloatArray: ...
 def set_num_threads(n: SupportsIndex, /) -> None: ...
 def get_num_threads() -> int: ...
 def simd_level() -> _SimdLevel: ...

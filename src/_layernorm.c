@@ -70,6 +70,8 @@ typedef enum {
     KW_AXIS,
     KW_RESIDUAL,
     KW_RESIDUAL_OUT,
+    KW_G_MEAN,
+    KW_G_XHAT_MEAN,
     KW_COUNT
 } keyword_id;
 
@@ -88,6 +90,8 @@ static const char *const keyword_text[KW_COUNT] = {
     [KW_AXIS] = "axis",
     [KW_RESIDUAL] = "residual",
     [KW_RESIDUAL_OUT] = "residual_out",
+    [KW_G_MEAN] = "g_mean",
+    [KW_G_XHAT_MEAN] = "g_xhat_mean",
 };
 
 /* Every Python object the module holds.  There are no others: the kernel layer's state (thread
@@ -973,7 +977,7 @@ private_input(PyObject *input_obj, PyArrayObject *input)
 /* Layouts: the arrays of one kernel call and how the kernel walks them      */
 /* ------------------------------------------------------------------------ */
 
-#define MAX_CALL_ARRAYS 6
+#define MAX_CALL_ARRAYS 7
 
 _Static_assert(sizeof(npy_intp) == sizeof(ptrdiff_t), "strides are handed to the kernel layer as they are");
 
@@ -2202,13 +2206,17 @@ rms_saved_backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs, Py
 /* ------------------------------------------------------------------------ */
 
 /* layernorm._dask's chunks of an array whose normalized axes are cut into parts: each part's
-   moments (merged there), then each part normalized with the merged statistics.  In NumPy
-   terms, for a part x of each row (float64 results of the statistics' shape):
+   moments (merged there), then each part normalized with the merged statistics; backward, each
+   part's row sums (added up there), then its grad_input from their means.  In NumPy terms, for
+   a part x of each row (float64 results of the statistics' shape), g = grad_output * weight and
+   xhat = (x - mean) * rstd:
 
        m2 = ((x - x.mean()) ** 2).sum()       # RMSNorm: (x ** 2).sum(), and no mean
        output = (x - mean) * rstd * weight + bias
+       g_sum, g_xhat_sum = g.sum(), (g * xhat).sum()                 # RMSNorm: no g_sum
+       grad_input = rstd * (g - g_mean - xhat * g_xhat_mean)         # RMSNorm: no g_mean
 
-   as ln_part_moments and ln_part_normalize compute them.  normalized_shape is the part's. */
+   as the ln_part_* entry points compute them.  normalized_shape is the part's. */
 
 /* The arguments of one part call, as the Python-facing functions received them. */
 typedef struct {
@@ -2475,6 +2483,252 @@ rms_norm_part_normalize(PyObject *module, PyObject *const *args, Py_ssize_t narg
     return part_normalize(state, &rms_norm_kind, "_rms_norm_part_normalize", &objs);
 }
 
+/* The arguments of one part backward call: the statistics (the kind's n_stats) and, for
+   grad_input, the row means of g and g * xhat (the kind's n_stats: RMSNorm has no mean(g)). */
+typedef struct {
+    PyObject *grad_output, *input, *normalized_shape, *axis;
+    PyObject *const *stats;
+    PyObject *const *row_means;  /* NULL: the row sums are wanted, not grad_input */
+    PyObject *weight;
+} part_backward_objs;
+
+static const char *const row_sum_names[] = {"g_sum", "g_xhat_sum"};
+static const char *const row_mean_names[] = {"g_mean", "g_xhat_mean"};
+
+/* New reference: with row_means, grad_input; without, the part's row sums (g_sum, g_xhat_sum)
+   for a centred kind, g_xhat_sum alone for RMSNorm.  NULL with an exception set. */
+static PyObject *
+part_backward(module_state *state, const norm_kind *kind, const char *what, const part_backward_objs *objs)
+{
+    PyObject *result = NULL;
+    PyArrayObject *input = NULL, *grad_out = NULL, *weight = NULL, *grad_input = NULL;
+    PyArrayObject *stats[2] = {NULL, NULL}, *rows_g[2] = {NULL, NULL};
+    kernel_call call = {0};
+    shape_t ns;
+    norm_axes ax;
+    npy_intp rows;
+
+    if (parse_normalized_shape(objs->normalized_shape, &ns) < 0) {
+        goto done;
+    }
+    input = as_array(objs->input);
+    if (!input) {
+        goto done;
+    }
+    const int dtype = kernel_dtype(state, input, what);
+    if (dtype < 0 || param_array(state, what, objs->weight, "weight", &ns, param_type_num[dtype], &weight) < 0 ||
+        resolve_axes(state, objs->axis, input, &ns, &ax) < 0 || batch_size(input, &ax, &rows) < 0) {
+        goto done;
+    }
+    grad_out = as_array(objs->grad_output);
+    if (!grad_out) {
+        goto done;
+    }
+    if (!PyArray_SAMESHAPE(grad_out, input)) {
+        PyErr_Format(PyExc_ValueError, "%s: grad_output must have the input's shape", what);
+        goto done;
+    }
+    if (PyArray_TYPE(grad_out) != PyArray_TYPE(input)) {
+        Py_SETREF(grad_out, (PyArrayObject *)PyArray_FromArray(grad_out, PyArray_DescrFromType(PyArray_TYPE(input)),
+                                                               NPY_ARRAY_ALIGNED | NPY_ARRAY_FORCECAST));
+        if (!grad_out) {
+            allocation_failed(what, "grad_output in the input's dtype", PyArray_NDIM(input), PyArray_DIMS(input),
+                              PyArray_TYPE(input));
+            goto done;
+        }
+    }
+    const int first_stat = 2 - kind->n_stats;  /* index into (mean, rstd) and the row sums */
+    for (int s = first_stat; s < 2; s++) {
+        stats[s] = stats_input(state, objs->stats[s - first_stat], kind, stat_names[s], rows);
+        if (!stats[s]) {
+            goto done;
+        }
+        Py_SETREF(stats[s], stats_shaped(what, stat_names[s], stats[s], input, &ax, NPY_DOUBLE));
+        if (!stats[s]) {
+            goto done;
+        }
+        if (objs->row_means) {
+            rows_g[s] = stats_input(state, objs->row_means[s - first_stat], kind, row_mean_names[s], rows);
+            if (!rows_g[s]) {
+                goto done;
+            }
+            Py_SETREF(rows_g[s], stats_shaped(what, row_mean_names[s], rows_g[s], input, &ax, NPY_DOUBLE));
+        }
+        else {
+            rows_g[s] = stats_array(what, row_sum_names[s], input, &ax, NPY_DOUBLE);
+        }
+        if (!rows_g[s]) {
+            goto done;
+        }
+    }
+    if (objs->row_means) {
+        grad_input = new_result(what, "grad_input", input, &ax, element_type_num(state, dtype));
+        if (!grad_input) {
+            goto done;
+        }
+    }
+    call_init(&call, input, &ax);
+    enum { GRAD_OUTPUT, INPUT, MEAN, RSTD, G, G_XHAT, GRAD_INPUT };
+    call_add(&call, grad_out, "grad_output", 0, 0);
+    call_add(&call, input, "the input", 0, 0);
+    call_add(&call, stats[0], "the mean", 0, 1);
+    call_add(&call, stats[1], "the rstd", 0, 1);
+    call_add(&call, rows_g[0], "the sums of g", !objs->row_means, 1);
+    call_add(&call, rows_g[1], "the sums of g * xhat", !objs->row_means, 1);
+    call_add(&call, grad_input, "grad_input", 1, 0);
+    if (call_prepare(what, &call) < 0) {
+        goto done;
+    }
+    const ln_part_backward_args args = {
+        .kind = kind->kernel,
+        .dtype = (ln_dtype)dtype,
+        .extent = call.extent,
+        .grad_output = call_array_at(&call, GRAD_OUTPUT),
+        .input = call_array_at(&call, INPUT),
+        .weight = weight ? PyArray_DATA(weight) : NULL,
+        .mean = call_array_at(&call, MEAN),
+        .rstd = call_array_at(&call, RSTD),
+        .g = call_array_at(&call, G),
+        .g_xhat = call_array_at(&call, G_XHAT),
+        .grad_input = call_array_at(&call, GRAD_INPUT),
+    };
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = objs->row_means ? ln_part_grad_input(&args) : ln_part_grad_sums(&args);
+    Py_END_ALLOW_THREADS
+    if (status < 0) {
+        PyErr_Format(PyExc_MemoryError, "%s: the kernel could not allocate its scratch memory for %zd "
+                     "rows of %zd elements",
+                     what, (Py_ssize_t)rows, (Py_ssize_t)ns.size);
+        goto done;
+    }
+    if (call_finish(&call) < 0) {
+        goto done;
+    }
+    if (grad_input) {
+        Py_INCREF(grad_input);
+        result = (PyObject *)grad_input;
+    }
+    else if (rows_g[0]) {
+        result = PyTuple_Pack(2, (PyObject *)rows_g[0], (PyObject *)rows_g[1]);
+    }
+    else {
+        Py_INCREF(rows_g[1]);
+        result = (PyObject *)rows_g[1];
+    }
+done:
+    call_release(&call);
+    Py_XDECREF(input);
+    Py_XDECREF(grad_out);
+    Py_XDECREF(weight);
+    Py_XDECREF(grad_input);
+    for (int i = 0; i < 2; i++) {
+        Py_XDECREF(stats[i]);
+        Py_XDECREF(rows_g[i]);
+    }
+    return result;
+}
+
+PyDoc_STRVAR(layer_norm_part_grad_sums_doc,
+"_layer_norm_part_grad_sums($module, grad_output, input, normalized_shape, mean, rstd,\n"
+"                           weight=None, *, axis=None)\n"
+"--\n"
+"\n"
+"(g_sum, g_xhat_sum) of each row's part, float64: the sums of g = grad_output * weight and of\n"
+"g * xhat that layer_norm_backward takes (private: for layernorm._dask).\n");
+
+static PyObject *
+layer_norm_part_grad_sums(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    enum { GRAD_OUTPUT, INPUT, NORMALIZED_SHAPE, MEAN, RSTD, WEIGHT, AXIS, N };
+    static const keyword_id keywords[N] = {KW_GRAD_OUTPUT, KW_INPUT, KW_NORMALIZED_SHAPE, KW_MEAN, KW_RSTD,
+                                           KW_WEIGHT, KW_AXIS};
+    module_state *state = get_state(module);
+    PyObject *v[N];
+    if (parse_args(state, "_layer_norm_part_grad_sums", args, nargs, kwnames, keywords, N, AXIS, 5, v) < 0) {
+        return NULL;
+    }
+    const part_backward_objs objs = {.grad_output = v[GRAD_OUTPUT], .input = v[INPUT],
+                                     .normalized_shape = v[NORMALIZED_SHAPE], .axis = v[AXIS],
+                                     .stats = &v[MEAN], .weight = v[WEIGHT]};
+    return part_backward(state, &layer_norm_kind, "_layer_norm_part_grad_sums", &objs);
+}
+
+PyDoc_STRVAR(layer_norm_part_grad_input_doc,
+"_layer_norm_part_grad_input($module, grad_output, input, normalized_shape, mean, rstd, g_mean,\n"
+"                            g_xhat_mean, weight=None, *, axis=None)\n"
+"--\n"
+"\n"
+"rstd * (g - g_mean - xhat * g_xhat_mean) on the part, with the rows' means of g and g * xhat\n"
+"given (float64), as layer_norm_backward computes grad_input (private: for layernorm._dask).\n");
+
+static PyObject *
+layer_norm_part_grad_input(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    enum { GRAD_OUTPUT, INPUT, NORMALIZED_SHAPE, MEAN, RSTD, G_MEAN, G_XHAT_MEAN, WEIGHT, AXIS, N };
+    static const keyword_id keywords[N] = {KW_GRAD_OUTPUT, KW_INPUT, KW_NORMALIZED_SHAPE, KW_MEAN, KW_RSTD,
+                                           KW_G_MEAN, KW_G_XHAT_MEAN, KW_WEIGHT, KW_AXIS};
+    module_state *state = get_state(module);
+    PyObject *v[N];
+    if (parse_args(state, "_layer_norm_part_grad_input", args, nargs, kwnames, keywords, N, AXIS, 7, v) < 0) {
+        return NULL;
+    }
+    const part_backward_objs objs = {.grad_output = v[GRAD_OUTPUT], .input = v[INPUT],
+                                     .normalized_shape = v[NORMALIZED_SHAPE], .axis = v[AXIS],
+                                     .stats = &v[MEAN], .row_means = &v[G_MEAN], .weight = v[WEIGHT]};
+    return part_backward(state, &layer_norm_kind, "_layer_norm_part_grad_input", &objs);
+}
+
+PyDoc_STRVAR(rms_norm_part_grad_sums_doc,
+"_rms_norm_part_grad_sums($module, grad_output, input, normalized_shape, rstd, weight=None, *,\n"
+"                         axis=None)\n"
+"--\n"
+"\n"
+"g_xhat_sum of each row's part, float64: the sum of g * xhat that rms_norm_backward takes\n"
+"(private: for layernorm._dask).\n");
+
+static PyObject *
+rms_norm_part_grad_sums(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    enum { GRAD_OUTPUT, INPUT, NORMALIZED_SHAPE, RSTD, WEIGHT, AXIS, N };
+    static const keyword_id keywords[N] = {KW_GRAD_OUTPUT, KW_INPUT, KW_NORMALIZED_SHAPE, KW_RSTD, KW_WEIGHT,
+                                           KW_AXIS};
+    module_state *state = get_state(module);
+    PyObject *v[N];
+    if (parse_args(state, "_rms_norm_part_grad_sums", args, nargs, kwnames, keywords, N, AXIS, 4, v) < 0) {
+        return NULL;
+    }
+    const part_backward_objs objs = {.grad_output = v[GRAD_OUTPUT], .input = v[INPUT],
+                                     .normalized_shape = v[NORMALIZED_SHAPE], .axis = v[AXIS],
+                                     .stats = &v[RSTD], .weight = v[WEIGHT]};
+    return part_backward(state, &rms_norm_kind, "_rms_norm_part_grad_sums", &objs);
+}
+
+PyDoc_STRVAR(rms_norm_part_grad_input_doc,
+"_rms_norm_part_grad_input($module, grad_output, input, normalized_shape, rstd, g_xhat_mean,\n"
+"                          weight=None, *, axis=None)\n"
+"--\n"
+"\n"
+"rstd * (g - xhat * g_xhat_mean) on the part, with the rows' means of g * xhat given (float64),\n"
+"as rms_norm_backward computes grad_input (private: for layernorm._dask).\n");
+
+static PyObject *
+rms_norm_part_grad_input(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    enum { GRAD_OUTPUT, INPUT, NORMALIZED_SHAPE, RSTD, G_XHAT_MEAN, WEIGHT, AXIS, N };
+    static const keyword_id keywords[N] = {KW_GRAD_OUTPUT, KW_INPUT, KW_NORMALIZED_SHAPE, KW_RSTD,
+                                           KW_G_XHAT_MEAN, KW_WEIGHT, KW_AXIS};
+    module_state *state = get_state(module);
+    PyObject *v[N];
+    if (parse_args(state, "_rms_norm_part_grad_input", args, nargs, kwnames, keywords, N, AXIS, 5, v) < 0) {
+        return NULL;
+    }
+    const part_backward_objs objs = {.grad_output = v[GRAD_OUTPUT], .input = v[INPUT],
+                                     .normalized_shape = v[NORMALIZED_SHAPE], .axis = v[AXIS],
+                                     .stats = &v[RSTD], .row_means = &v[G_XHAT_MEAN], .weight = v[WEIGHT]};
+    return part_backward(state, &rms_norm_kind, "_rms_norm_part_grad_input", &objs);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Python-facing functions: threads and SIMD level                           */
 /* ------------------------------------------------------------------------ */
@@ -2631,6 +2885,10 @@ static PyMethodDef layernorm_methods[] = {
     {"_layer_norm_part_normalize", (PyCFunction)(void (*)(void))layer_norm_part_normalize, METH_FASTCALL | METH_KEYWORDS, layer_norm_part_normalize_doc},
     {"_rms_norm_part_moments", (PyCFunction)(void (*)(void))rms_norm_part_moments, METH_FASTCALL | METH_KEYWORDS, rms_norm_part_moments_doc},
     {"_rms_norm_part_normalize", (PyCFunction)(void (*)(void))rms_norm_part_normalize, METH_FASTCALL | METH_KEYWORDS, rms_norm_part_normalize_doc},
+    {"_layer_norm_part_grad_sums", (PyCFunction)(void (*)(void))layer_norm_part_grad_sums, METH_FASTCALL | METH_KEYWORDS, layer_norm_part_grad_sums_doc},
+    {"_layer_norm_part_grad_input", (PyCFunction)(void (*)(void))layer_norm_part_grad_input, METH_FASTCALL | METH_KEYWORDS, layer_norm_part_grad_input_doc},
+    {"_rms_norm_part_grad_sums", (PyCFunction)(void (*)(void))rms_norm_part_grad_sums, METH_FASTCALL | METH_KEYWORDS, rms_norm_part_grad_sums_doc},
+    {"_rms_norm_part_grad_input", (PyCFunction)(void (*)(void))rms_norm_part_grad_input, METH_FASTCALL | METH_KEYWORDS, rms_norm_part_grad_input_doc},
     {"set_num_threads", set_num_threads, METH_O, set_num_threads_doc},
     {"get_num_threads", get_num_threads, METH_NOARGS, get_num_threads_doc},
     {"simd_level", simd_level, METH_NOARGS, simd_level_doc},

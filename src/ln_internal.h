@@ -278,13 +278,18 @@ static inline int ln_forward_streams(const ln_forward_args *a)
     return ln_output_streams(a->dtype, &a->extent);
 }
 
-/* Whether backward writes dx with non-temporal stores (see LN_BACKWARD_STREAM_MIN_BYTES). */
+/* Whether a backward over extent writes dx, of dtype, with non-temporal stores (see
+   LN_BACKWARD_STREAM_MIN_BYTES). */
+static inline int ln_dx_streams(ln_dtype dtype, const ln_extent *extent, const ln_array *grad_input)
+{
+    const ptrdiff_t row_bytes = extent->row_len * (dtype == LN_F64 ? 8 : dtype == LN_F32 ? 4 : 0);
+    return grad_input->data && row_bytes > 0 && row_bytes % 16 == 0 && ln_rows_aligned(grad_input, extent, 16) &&
+           row_bytes * ln_rows_of(extent) >= LN_BACKWARD_STREAM_MIN_BYTES;
+}
+
 static inline int ln_backward_streams_dx(const ln_backward_args *a)
 {
-    const ptrdiff_t row_bytes = a->extent.row_len * (a->dtype == LN_F64 ? 8 : a->dtype == LN_F32 ? 4 : 0);
-    return a->grad_input.data && row_bytes > 0 && row_bytes % 16 == 0 &&
-           ln_rows_aligned(&a->grad_input, &a->extent, 16) &&
-           row_bytes * ln_rows_of(&a->extent) >= LN_BACKWARD_STREAM_MIN_BYTES;
+    return ln_dx_streams(a->dtype, &a->extent, &a->grad_input);
 }
 
 /* One statistic of row r as a float64, from an array of dtype's param type. */

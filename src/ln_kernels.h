@@ -123,9 +123,38 @@ typedef struct {
     ln_array rstd;           /* in: float64, one per row */
 } ln_part_normalize_args;
 
-/* Both return 0, or -1 when scratch memory could not be allocated. */
+/* Each returns 0, or -1 when scratch memory could not be allocated. */
 int ln_part_moments(const ln_part_moments_args *args);
 int ln_part_normalize(const ln_part_normalize_args *args);
+
+/*
+ * Backward of rows split across arrays: each part's row sums, which the caller adds up across
+ * the parts and divides by the row's length, then each part's grad_input from those means.
+ * With g = grad_output * weight and xhat = (x - mean) * rstd over a part of each row:
+ *
+ *   sums:        g_sum = g.sum(),  g_xhat_sum = (g * xhat).sum()      (RMSNorm: no g_sum)
+ *   grad_input:  dx = rstd * (g - g_mean - xhat * g_xhat_mean)         (RMSNorm: no g_mean)
+ *
+ * computed as ln_backward computes a few huge rows' (LN_CHUNK-element span sums added in
+ * order; its dx arithmetic): the same bits at every level, thread count and layout.
+ */
+typedef struct {
+    ln_norm_kind kind;
+    ln_dtype dtype;
+    ln_extent extent;        /* the part: blocks x rows x its row_len */
+    ln_array grad_output;
+    ln_array input;
+    const void *weight;      /* the part's row_len params, contiguous, or NULL for ones */
+    ln_array mean;           /* in: float64, one per row; always absent for RMS */
+    ln_array rstd;           /* in: float64, one per row */
+    ln_array g;              /* float64, one per row, absent for RMS: ln_part_grad_sums writes
+                                the part's g_sum, ln_part_grad_input reads the row's g_mean */
+    ln_array g_xhat;         /* likewise: g_xhat_sum out, g_xhat_mean in */
+    ln_array grad_input;     /* ln_part_grad_input: out */
+} ln_part_backward_args;
+
+int ln_part_grad_sums(const ln_part_backward_args *args);
+int ln_part_grad_input(const ln_part_backward_args *args);
 
 /* SIMD dispatch: the best level this CPU runs is chosen on first use. */
 ln_simd_level ln_simd_best(void);            /* what the CPU and the build allow */
