@@ -22,6 +22,9 @@ results give the outputs' dtypes), then builds one of two graphs:
   normalize NumPy's sum of each pair of chunks.  Backward merges the row sums it needs the same
   way: with g = grad_output * weight and xhat = (x - mean) * rstd,
   grad_input = rstd * (g - mean(g) - xhat * mean(g * xhat)) (RMSNorm: no mean(g)).
+  Each chunk's moments, its normalized values, its row sums and its grad_input come from the
+  kernel layer's private part entry points (_layernorm._layer_norm_part_moments, ...), one
+  read of the chunk each; the merges happen here, in float64.
 
 Every function a task runs is a module-level function of NumPy arrays, so graphs pickle (for
 dask.distributed); task names are dask's tokens of everything a result depends on.
@@ -74,16 +77,6 @@ _FAMILY: Dict[str, _Family] = {
 # Outputs of the statistics' shape, and of normalized_shape; the others have the input's shape.
 _STATISTICS = ("mean", "rstd")
 _PARAMETER_GRADIENTS = ("grad_weight", "grad_bias")
-
-
-def _is_float64(dtype: np.dtype[Any]) -> bool:
-    """Whether `dtype` is float64, in either byte order."""
-    return dtype.kind == "f" and dtype.itemsize == 8
-
-
-def _param_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:
-    """The dtype the kernels compute parameters and statistics in, for data of `dtype`."""
-    return np.dtype(np.float64 if _is_float64(dtype) else np.float32)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -395,7 +388,7 @@ class _Graph:
             )
             outputs["grad_input"] = self._blockwise(
                 "grad_input",
-                partial(_grad_input_block, axes=self.axes, centred=self.family.centred, dtype=meta.dtype),
+                partial(_grad_input_block, axes=self.axes),
                 *operands, means, self.index, meta=meta,
             )
         if self.gradients:
@@ -439,16 +432,17 @@ _STATS = np.dtype([("mean", np.float64), ("rstd", np.float64)])
 # A chunk's part of the row sums backward needs (g = grad_output * weight), then their means.
 _ROW_SUMS = np.dtype([("g", np.float64), ("g_xhat", np.float64)])
 
-# Elements per slab: block functions work through a chunk slab by slab, so that their float64
-# intermediates (512 KiB each) stay in a core's cache instead of being chunk-sized arrays, also
-# with dask's other threads' beside them (2 threads on 2 cores, 64 x 4194304 float32 in 64 MiB
-# chunks, layer_norm(x).compute(): 1.09 s with 2 ** 16, 1.20 s with 2 ** 15, 1.64 s with 2 ** 17).
+# Elements per slab: the parameter gradients work through a chunk slab by slab, so that their
+# float64 intermediates (512 KiB each) stay in a core's cache instead of being chunk-sized
+# arrays, also with dask's other threads' beside them (measured on the forward's former NumPy
+# slabs: 2 threads on 2 cores, 64 x 4194304 float32 in 64 MiB chunks, 1.09 s with 2 ** 16,
+# 1.20 s with 2 ** 15, 1.64 s with 2 ** 17).
 _SLAB = 1 << 16
 
 
 class _Chunk:
-    """A chunk of `shape` worked through slab by slab, with the sums over its normalized axes
-    (one value per row) and over its batch axes (one value per column, as the parameters)."""
+    """A chunk of `shape` worked through slab by slab, with the sums over its batch axes (one
+    value per column, as the parameters)."""
 
     def __init__(self, shape: Tuple[int, ...], axes: Tuple[int, ...]) -> None:
         self.shape = shape
@@ -479,16 +473,6 @@ class _Chunk:
                     tuple(i if a in self.axes else whole for a, i in enumerate(slab)),
                 )
 
-    def row_sum(self, values: np.ndarray) -> np.ndarray:
-        total: np.ndarray = values.sum(axis=self.axes, keepdims=True)
-        return total
-
-    def row_dot(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        """sum(a * b) over the normalized axes, keeping them (einsum: no product array)."""
-        kept = tuple(1 if k in self.axes else n for k, n in enumerate(a.shape))
-        total: np.ndarray = np.einsum(a, self._all, b, self._all, self.batch)
-        return total.reshape(kept)
-
     def column_sum(self, values: np.ndarray) -> np.ndarray:
         total: np.ndarray = values.sum(axis=self.batch, keepdims=True)
         return total
@@ -502,15 +486,6 @@ class _Chunk:
     @property
     def _all(self) -> Tuple[int, ...]:
         return tuple(range(len(self.shape)))
-
-    def param(self, value: Optional[np.ndarray], param_dtype: np.dtype[Any]) -> Optional[np.ndarray]:
-        """A chunk of a parameter (axes in normalized_shape's order) in the param dtype, as
-        the kernels read it, laid out in column_shape."""
-        if value is None:
-            return None
-        value = np.asarray(value, param_dtype).transpose(np.argsort(self.axes))
-        return value.reshape(self.column_shape)
-
 
 class _Scratch:
     """Work arrays of a slab's shape, reused from slab to slab."""
@@ -583,49 +558,33 @@ def _normalized_block(block: np.ndarray, stats: np.ndarray, weight: Optional[np.
     return _core._rms_norm_part_normalize(block, sizes, stats["rstd"], weight, axis=axes)
 
 
-def _backward_operands(chunk: _Chunk, input: np.ndarray, mean: Optional[np.ndarray],
-                       rstd: np.ndarray, weight: Optional[np.ndarray]) -> Tuple[Any, ...]:
-    """mean, rstd and weight (rounded to the param dtype first) in float64, laid out for the
-    chunk."""
-    weight = chunk.param(weight, _param_dtype(input.dtype))
-    return (
-        None if mean is None else mean.astype(np.float64),
-        rstd.astype(np.float64),
-        None if weight is None else weight.astype(np.float64),
-    )
-
-
-def _xhat_and_g(scratch: _Scratch, slab: Tuple[slice, ...], rows: Tuple[slice, ...],
-                columns: Tuple[slice, ...], input: np.ndarray, grad_output: np.ndarray,
-                mean: Optional[np.ndarray], rstd: np.ndarray,
-                weight: Optional[np.ndarray]) -> Tuple[np.ndarray, np.ndarray]:
-    """xhat = (x - mean) * rstd and g = grad_output * weight on a slab, in float64."""
-    xhat, g = scratch(input[slab].shape)
+def _xhat_and_dy(scratch: _Scratch, slab: Tuple[slice, ...], rows: Tuple[slice, ...], input: np.ndarray,
+                 grad_output: np.ndarray, mean: Optional[np.ndarray],
+                 rstd: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """xhat = (x - mean) * rstd and grad_output on a slab, in float64."""
+    xhat, dy = scratch(input[slab].shape)
     if mean is None:
         np.multiply(input[slab], rstd[rows], out=xhat)
     else:
         np.subtract(input[slab], mean[rows], out=xhat)
         xhat *= rstd[rows]
-    np.copyto(g, grad_output[slab])
-    if weight is not None:
-        g *= weight[columns]
-    return xhat, g
+    np.copyto(dy, grad_output[slab])
+    return xhat, dy
 
 
 def _block_row_sums(input: np.ndarray, grad_output: np.ndarray, mean: Optional[np.ndarray],
                     rstd: np.ndarray, weight: Optional[np.ndarray], *,
                     axes: Tuple[int, ...]) -> np.ndarray:
-    """_ROW_SUMS of the chunk's part of each row: sum(g) and sum(g * xhat)."""
-    chunk = _Chunk(input.shape, axes)
-    mean, rstd, weight = _backward_operands(chunk, input, mean, rstd, weight)
-    g_sum, g_xhat_sum = np.zeros(chunk.row_shape), np.zeros(chunk.row_shape)
-    scratch = _Scratch(2)
-    for slab, rows, columns in chunk.slabs():
-        xhat, g = _xhat_and_g(scratch, slab, rows, columns, input, grad_output, mean, rstd, weight)
-        g_sum[rows] += chunk.row_sum(g)
-        g_xhat_sum[rows] += chunk.row_dot(g, xhat)
-    sums = np.empty(chunk.row_shape, _ROW_SUMS)
-    sums["g"], sums["g_xhat"] = g_sum, g_xhat_sum
+    """_ROW_SUMS of the chunk's part of each row, sum(g) and sum(g * xhat), as the kernels sum
+    a row's (RMSNorm, without a mean: no sum(g))."""
+    sizes = tuple(input.shape[a] for a in axes)
+    sums = np.empty(tuple(1 if a in axes else n for a, n in enumerate(input.shape)), _ROW_SUMS)
+    if mean is None:
+        sums["g"] = 0.0
+        sums["g_xhat"] = _core._rms_norm_part_grad_sums(grad_output, input, sizes, rstd, weight, axis=axes)
+    else:
+        sums["g"], sums["g_xhat"] = _core._layer_norm_part_grad_sums(grad_output, input, sizes, mean, rstd, weight,
+                                                                     axis=axes)
     return sums
 
 
@@ -647,23 +606,14 @@ def _row_means(parts: np.ndarray, axis: Tuple[int, ...], keepdims: bool, row_len
 
 def _grad_input_block(input: np.ndarray, grad_output: np.ndarray, mean: Optional[np.ndarray],
                       rstd: np.ndarray, weight: Optional[np.ndarray], means: np.ndarray, *,
-                      axes: Tuple[int, ...], centred: bool, dtype: np.dtype[Any]) -> np.ndarray:
-    """grad_input = rstd * (g - mean(g) - xhat * mean(g * xhat)) on a chunk (RMSNorm: without
-    mean(g)), in float64, rounded once to `dtype`."""
-    chunk = _Chunk(input.shape, axes)
-    mean, rstd, weight = _backward_operands(chunk, input, mean, rstd, weight)
-    mean_g, mean_g_xhat = means["g"], means["g_xhat"]
-    grad_input = np.empty(input.shape, dtype)
-    scratch = _Scratch(2)
-    for slab, rows, columns in chunk.slabs():
-        xhat, g = _xhat_and_g(scratch, slab, rows, columns, input, grad_output, mean, rstd, weight)
-        xhat *= mean_g_xhat[rows]
-        g -= xhat
-        if centred:
-            g -= mean_g[rows]
-        g *= rstd[rows]
-        grad_input[slab] = g
-    return grad_input
+                      axes: Tuple[int, ...]) -> np.ndarray:
+    """grad_input = rstd * (g - mean(g) - xhat * mean(g * xhat)) on a chunk (RMSNorm, without a
+    mean: without mean(g)), as the kernels compute it from the row means given."""
+    sizes = tuple(input.shape[a] for a in axes)
+    if mean is None:
+        return _core._rms_norm_part_grad_input(grad_output, input, sizes, rstd, means["g_xhat"], weight, axis=axes)
+    return _core._layer_norm_part_grad_input(grad_output, input, sizes, mean, rstd, means["g"], means["g_xhat"],
+                                             weight, axis=axes)
 
 
 def _block_gradients(which: Tuple[str, ...], input: np.ndarray, grad_output: np.ndarray,
@@ -674,11 +624,12 @@ def _block_gradients(which: Tuple[str, ...], input: np.ndarray, grad_output: np.
     with the batch axes (size 1) first and then the normalized ones in normalized_shape's
     order."""
     chunk = _Chunk(input.shape, axes)
-    mean, rstd, _ = _backward_operands(chunk, input, mean, rstd, None)
+    mean = None if mean is None else mean.astype(np.float64)
+    rstd = rstd.astype(np.float64)
     sums = {key: np.zeros(chunk.column_shape) for key in which}
     scratch = _Scratch(2)
     for slab, rows, columns in chunk.slabs():
-        xhat, dy = _xhat_and_g(scratch, slab, rows, columns, input, grad_output, mean, rstd, None)
+        xhat, dy = _xhat_and_dy(scratch, slab, rows, input, grad_output, mean, rstd)
         if "grad_weight" in sums:
             sums["grad_weight"][columns] += chunk.column_dot(dy, xhat)
         if "grad_bias" in sums:

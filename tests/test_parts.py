@@ -1,11 +1,15 @@
 """The kernel layer's entry points for rows split across arrays (layernorm._dask's chunks cut
-along the normalized axes), called directly: each part's float64 moments, and a part
-normalized with float64 statistics given.
+along the normalized axes), called directly: each part's float64 moments, a part normalized
+with float64 statistics given, backward's row sums of a part and its grad_input from the
+rows' means of them.
 
     mean, m2 = _layer_norm_part_moments(x, sizes, axis=axes)   # m2: sum((x - mean) ** 2)
     m2 = _rms_norm_part_moments(x, sizes, axis=axes)           # the sum of squares
     y = _layer_norm_part_normalize(x, sizes, mean, rstd, weight, bias, axis=axes)
     y = _rms_norm_part_normalize(x, sizes, rstd, weight, axis=axes)
+    g_sum, g_xhat_sum = _layer_norm_part_grad_sums(dy, x, sizes, mean, rstd, weight, axis=axes)
+    dx = _layer_norm_part_grad_input(dy, x, sizes, mean, rstd, g_mean, g_xhat_mean, weight, axis=axes)
+    (RMSNorm: no mean, no g_sum, no g_mean)
 
 held to the float64 reference (layernorm._reference) over dtype x layout x kind; a whole row
 as its one part gives layer_norm's bits; every SIMD level and layout gives the same bits.
@@ -16,8 +20,8 @@ import pytest
 
 import layernorm
 from layernorm import _layernorm as core
-from tests.helpers import (FLOAT_DTYPES, KINDS, assert_matches_reference, assert_within, dtype_id,
-                           layout, make_input, make_params, param_dtype)
+from tests.helpers import (FLOAT_DTYPES, KINDS, assert_close, assert_matches_reference, assert_within, dtype_id,
+                           grad_input_scale, layout, make_input, make_params, param_dtype)
 
 # (shape, axes): rows of one chunk, of several (LN_CHUNK is 2048) and shorter than a group; a
 # row along axis 0 (elements a row apart: the strided route); two normalized axes out of order
@@ -54,6 +58,40 @@ def normalize(kind, x, axes, mean, rstd, weight=None, bias=None):
     if kind.centred:
         return core._layer_norm_part_normalize(x, sizes, mean, rstd, weight, bias, axis=axes)
     return core._rms_norm_part_normalize(x, sizes, rstd, weight, axis=axes)
+
+
+def grad_sums(kind, dy, x, axes, mean, rstd, weight=None):
+    """(g_sum, g_xhat_sum) of each row's part; RMSNorm's g_sum is 0."""
+    sizes = sizes_of(np.shape(x), axes)
+    if kind.centred:
+        return core._layer_norm_part_grad_sums(dy, x, sizes, mean, rstd, weight, axis=axes)
+    return np.zeros(1), core._rms_norm_part_grad_sums(dy, x, sizes, rstd, weight, axis=axes)
+
+
+def grad_input(kind, dy, x, axes, mean, rstd, g_mean, g_xhat_mean, weight=None):
+    sizes = sizes_of(np.shape(x), axes)
+    if kind.centred:
+        return core._layer_norm_part_grad_input(dy, x, sizes, mean, rstd, g_mean, g_xhat_mean, weight, axis=axes)
+    return core._rms_norm_part_grad_input(dy, x, sizes, rstd, g_xhat_mean, weight, axis=axes)
+
+
+def backward_data(shape, axes, dtype, kind):
+    """(x, dy, weight, mean, rstd): the statistics as native() returns them (mean None for
+    RMSNorm)."""
+    x = make_input(shape, dtype, offset=3.0)
+    dy = make_input(shape, dtype, seed=5)
+    sizes = sizes_of(shape, axes)
+    weight, _ = make_params(sizes, param_dtype(dtype), "weight")
+    stats = kind.native(x, sizes, weight, axis=axes)[1:]
+    mean, rstd = stats if kind.centred else (None, stats[0])
+    return x, dy, weight, mean, rstd
+
+
+# Relative error of backward's row sums: float16/float32 data's products are summed in float32
+# over blocks of 8 groups (ln_rows.h), float64 data's in float64.
+SUMS_REL_TOL = {np.dtype(np.float16): 1e-6, np.dtype(np.float32): 1e-6, np.dtype(np.float64): 1e-12}
+# grad_input against the float64 reference, as tests/test_backward_values.py holds it
+GRAD_RTOL = {np.dtype(np.float16): 2e-3, np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-9}
 
 
 def rstd_of(m2, count, eps):
@@ -130,6 +168,69 @@ def test_every_simd_level_and_layout_gives_the_same_bits(shape, axes, dtype, kin
                 mean, m2 = moments(kind, x, axes)
                 out = normalize(kind, x, axes, mean, rstd_of(m2, np.prod(sizes), 1e-5), weight, bias)
                 results[name, arrangement] = [a.tobytes() for a in (mean, m2, np.ascontiguousarray(out))]
+    finally:
+        layernorm.set_simd_level(level)
+    first = results[LEVELS[0], "C"]
+    for key, bits in results.items():
+        assert bits == first, f"{key} differs from {LEVELS[0]}, C"
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=str)
+@pytest.mark.parametrize("name", PART_LAYOUTS)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("shape, axes", CASES, ids=CASE_IDS)
+def test_grad_sums_match_the_reference(shape, axes, dtype, name, kind):
+    x, dy, weight, mean, rstd = backward_data(shape, axes, dtype, kind)
+    g_sum, g_xhat_sum = grad_sums(kind, layout(name, dy), layout(name, x), axes, mean, rstd, weight)
+    normalized = np.moveaxis(x.astype(np.float64), axes, range(-len(axes), 0))
+    g = np.moveaxis(dy.astype(np.float64), axes, range(-len(axes), 0)) * weight.astype(np.float64)
+    row_mean = 0.0 if mean is None else np.moveaxis(mean.astype(np.float64), axes, range(-len(axes), 0))
+    xhat = (normalized - row_mean) * np.moveaxis(rstd.astype(np.float64), axes, range(-len(axes), 0))
+    summed = tuple(range(-len(axes), 0))
+    tol = SUMS_REL_TOL[np.dtype(dtype)]
+    expected = np.moveaxis((g * xhat).sum(axis=summed, keepdims=True), range(-len(axes), 0), axes)
+    scale = np.moveaxis(np.abs(g * xhat).sum(axis=summed, keepdims=True), range(-len(axes), 0), axes)
+    assert g_xhat_sum.dtype == np.float64 and g_xhat_sum.shape == expected.shape
+    assert_within(g_xhat_sum, expected, tol * scale, "g_xhat_sum")
+    if kind.centred:
+        expected = np.moveaxis(g.sum(axis=summed, keepdims=True), range(-len(axes), 0), axes)
+        scale = np.moveaxis(np.abs(g).sum(axis=summed, keepdims=True), range(-len(axes), 0), axes)
+        assert_within(g_sum, expected, tol * scale, "g_sum")
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=str)
+@pytest.mark.parametrize("name", PART_LAYOUTS)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("shape, axes", CASES, ids=CASE_IDS)
+def test_grad_input_from_the_row_means_matches_the_reference(shape, axes, dtype, name, kind):
+    x, dy, weight, mean, rstd = backward_data(shape, axes, dtype, kind)
+    count = np.prod(sizes_of(shape, axes))
+    g_sum, g_xhat_sum = grad_sums(kind, dy, x, axes, mean, rstd, weight)
+    dx = grad_input(kind, layout(name, dy), layout(name, x), axes, mean, rstd, g_sum / count, g_xhat_sum / count,
+                    weight)
+    stats = (mean, rstd) if kind.centred else (rstd,)
+    expected = kind.reference_backward(dy, x, sizes_of(shape, axes), stats, weight, axis=axes)[0]
+    assert dx.dtype == np.dtype(dtype) and dx.shape == shape
+    scale = grad_input_scale(dy, x, sizes_of(shape, axes), weight, centred=kind.centred, axis=axes)
+    assert_close(dx, expected, GRAD_RTOL[np.dtype(dtype)], "grad_input", scale=scale)
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=str)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("shape, axes", CASES, ids=CASE_IDS)
+def test_backward_every_simd_level_and_layout_gives_the_same_bits(shape, axes, dtype, kind):
+    x, dy, weight, mean, rstd = backward_data(shape, axes, dtype, kind)
+    count = np.prod(sizes_of(shape, axes))
+    results = {}
+    level = layernorm.simd_level()
+    try:
+        for name in LEVELS:
+            layernorm.set_simd_level(name)
+            for arrangement in ("C", "transposed", "step_sliced"):
+                args = (layout(arrangement, dy), layout(arrangement, x), axes, mean, rstd)
+                g_sum, g_xhat_sum = grad_sums(kind, *args, weight)
+                dx = grad_input(kind, *args, g_sum / count, g_xhat_sum / count, weight)
+                results[name, arrangement] = [a.tobytes() for a in (g_sum, g_xhat_sum, np.ascontiguousarray(dx))]
     finally:
         layernorm.set_simd_level(level)
     first = results[LEVELS[0], "C"]
