@@ -73,9 +73,10 @@ typedef struct {
     int output_over_input;  /* forward: the output written over the input (or over the sum
                                when that is written over the input) */
     stats_walk stats_in;    /* backward: the statistics each row reads */
-    int parts;              /* forward by the part entry points: ln_part_moments (its float64
+    int parts;              /* by the part entry points.  Forward: ln_part_moments (its float64
                                mean and m2 are outputs), then ln_part_normalize with the rstd
-                               of those moments */
+                               of those moments.  Backward: ln_part_grad_sums (outputs), then
+                               ln_part_grad_input with the means of those sums */
 } variant;
 
 #define LN LN_NORM_LAYER
@@ -106,6 +107,9 @@ static const variant variants[] = {
     {.name = "part-fwd", .weight = 1, .bias = 1, .parts = 1},
     {.name = "part-fwd-reversed", .row_pad = 3, .reversed = 1, .parts = 1},
     {.name = "rms-part-fwd", .kind = RMS, .weight = 1, .parts = 1},
+    {.name = "part-bwd", .backward = 1, .weight = 1, .grad_input = 1, .parts = 1},
+    {.name = "rms-part-bwd-reversed", .kind = RMS, .backward = 1, .grad_input = 1, .row_pad = 5, .reversed = 1,
+     .parts = 1},
     /* rows one lane each (the shapes in `tile_shapes`) */
     {.name = "cf-fwd", .weight = 1, .bias = 1, .stats = 1, .in = CHANNELS_FIRST, .out = CHANNELS_FIRST},
     {.name = "cf-fwd-plain", .in = CHANNELS_FIRST, .out = CHANNELS_FIRST},
@@ -129,6 +133,8 @@ static const variant variants[] = {
     {.name = "rows-add-fwd-to-cf", .weight = 1, .stats = 1, .in = ROWS, .out = CHANNELS_FIRST, .residual = 1},
     {.name = "cf-part-fwd", .weight = 1, .bias = 1, .in = CHANNELS_FIRST, .out = CHANNELS_FIRST, .parts = 1},
     {.name = "rms-spread-part-fwd", .kind = RMS, .weight = 1, .in = SPREAD, .out = SPREAD, .parts = 1},
+    {.name = "cf-part-bwd", .backward = 1, .weight = 1, .grad_input = 1, .in = CHANNELS_FIRST, .out = CHANNELS_FIRST,
+     .parts = 1},
     {.name = "cf-bwd", .backward = 1, .weight = 1, .grad_input = 1, .grad_params = 1, .in = CHANNELS_FIRST,
      .out = CHANNELS_FIRST},
     {.name = "cf-bwd-params", .backward = 1, .grad_params = 1, .in = CHANNELS_FIRST, .out = CHANNELS_FIRST},
@@ -314,6 +320,11 @@ static void store_param(ln_dtype dtype, void *base, ptrdiff_t i, double value)
     }
 }
 
+static double load_param(ln_dtype dtype, const void *base, ptrdiff_t i)
+{
+    return dtype == LN_F64 ? ((const double *)base)[i] : (double)((const float *)base)[i];
+}
+
 /* Where a layout puts element j of row `row` of block `block`: offset
    first + block * block_step + row * row_step + j * elem_step, in elements. */
 typedef struct {
@@ -447,6 +458,7 @@ typedef struct {
     buffer x_made;          /* x as made, put back before each run that writes over it */
     buffer weight, bias;    /* row_len params, or data NULL */
     buffer mean, rstd;      /* backward: rows params from forward at the scalar level */
+    buffer part_mean, part_rstd;  /* backward parts: mean and rstd as float64 */
     buffer outputs[4];      /* what a run writes (besides x), in the order the hash covers */
     int output_count;
     int output_at, mean_at, rstd_at, sum_at;  /* forward: their indices in outputs, or -1 */
@@ -605,7 +617,7 @@ static void case_setup(test_case *c, const variant *v, ln_dtype dtype, ln_extent
     }
     const size_t size = element_size(dtype), psize = param_size(dtype);
     const size_t rows = (size_t)(extent.blocks * extent.rows);
-    if (v->parts) {
+    if (v->parts && !v->backward) {
         c->output_at = add_output(c, c->out.count, size);
         c->mean_at = v->kind == LN_NORM_LAYER ? add_output(c, rows, sizeof(double)) : -1;
         c->rstd_at = add_output(c, rows, sizeof(double));  /* m2, from which rstd is made */
@@ -649,6 +661,19 @@ static void case_setup(test_case *c, const variant *v, ln_dtype dtype, ln_extent
         fail(c->name, "ln_forward returned an error making the statistics for backward");
     }
     free(y.data);
+    if (v->parts) {
+        /* the statistics as float64, the g and g * xhat sums, their means, and dx */
+        c->part_mean = new_buffer(c, rows, sizeof(double));
+        c->part_rstd = new_buffer(c, rows, sizeof(double));
+        for (size_t r = 0; r < rows; r++) {
+            ((double *)c->part_mean.data)[r] = c->mean.data ? load_param(dtype, c->mean.data, (ptrdiff_t)r) : 0.0;
+            ((double *)c->part_rstd.data)[r] = load_param(dtype, c->rstd.data, (ptrdiff_t)r);
+        }
+        c->mean_at = v->kind == LN_NORM_LAYER ? add_output(c, rows, sizeof(double)) : -1;
+        c->rstd_at = add_output(c, rows, sizeof(double));  /* the sums of g * xhat */
+        c->output_at = add_output(c, c->out.count, size);
+        return;
+    }
     if (v->grad_input) {
         add_output(c, c->out.count, size);
     }
@@ -663,7 +688,8 @@ static void case_setup(test_case *c, const variant *v, ln_dtype dtype, ln_extent
 static void case_free(test_case *c)
 {
     buffer *const owned[] = {&c->x, &c->dy, &c->residual, &c->x_made, &c->weight, &c->bias, &c->mean, &c->rstd,
-                             &c->outputs[0], &c->outputs[1], &c->outputs[2], &c->outputs[3]};
+                             &c->part_mean, &c->part_rstd, &c->outputs[0], &c->outputs[1], &c->outputs[2],
+                             &c->outputs[3]};
     for (size_t k = 0; k < sizeof owned / sizeof owned[0]; k++) {
         free(owned[k]->data);
     }
@@ -712,6 +738,46 @@ static int run_parts(const test_case *c)
     return ln_part_normalize(&normalize);
 }
 
+/* A backward parts case: each row's sums of g and g * xhat, then dx from their means.
+   Returns 0, or -1 when an entry point fails. */
+static int run_backward_parts(const test_case *c)
+{
+    const variant *v = c->variant;
+    const buffer *g = output_at(c, c->mean_at), *g_xhat = output_at(c, c->rstd_at);
+    ln_part_backward_args args = {
+        .kind = v->kind,
+        .dtype = c->dtype,
+        .extent = c->extent,
+        .grad_output = element_array(c, &c->dy, &c->in),
+        .input = element_array(c, &c->x, &c->in),
+        .weight = c->weight.data,
+        .mean = v->kind == LN_NORM_LAYER ? part_stats_array(c, &c->part_mean) : (ln_array){0},
+        .rstd = part_stats_array(c, &c->part_rstd),
+        .g = part_stats_array(c, g),
+        .g_xhat = part_stats_array(c, g_xhat),
+    };
+    if (ln_part_grad_sums(&args) != 0) {
+        return -1;
+    }
+    /* the means, in a buffer of their own: the sums stay as hashed */
+    const size_t rows = c->part_rstd.count;
+    double *means = malloc(2 * rows * sizeof(double) + 1);
+    if (!means) {
+        return -1;
+    }
+    for (size_t r = 0; r < rows; r++) {
+        means[r] = g->data ? ((const double *)g->data)[r] / (double)c->extent.row_len : 0.0;
+        means[rows + r] = ((const double *)g_xhat->data)[r] / (double)c->extent.row_len;
+    }
+    const buffer g_means = {means, rows, sizeof(double)}, g_xhat_means = {means + rows, rows, sizeof(double)};
+    args.g = g->data ? part_stats_array(c, &g_means) : (ln_array){0};
+    args.g_xhat = part_stats_array(c, &g_xhat_means);
+    args.grad_input = element_array(c, output_at(c, c->output_at), &c->out);
+    const int status = ln_part_grad_input(&args);
+    free(means);
+    return status;
+}
+
 /* Runs the case once at the level and thread count in use; returns the kernel's status
    and sets *hash to the hash of the outputs (and of x, when written over), NaNs
    canonicalized. */
@@ -726,7 +792,7 @@ static int run_case(const test_case *c, uint64_t *hash)
     }
     int status;
     if (v->parts) {
-        status = run_parts(c);
+        status = v->backward ? run_backward_parts(c) : run_parts(c);
     }
     else if (v->backward) {
         const ln_backward_args args = backward_args(c);
@@ -760,7 +826,7 @@ static void run_everywhere(const test_case *c)
             ln_threads_set(thread_counts[t]);
             if (run_case(c, &hash) != 0) {
                 fail(c->name, "%s returned an error at level %s, %d threads",
-                     c->variant->parts      ? "ln_part_moments or ln_part_normalize"
+                     c->variant->parts      ? "a part entry point"
                      : c->variant->backward ? "ln_backward"
                                             : "ln_forward",
                      level_name, thread_counts[t]);
