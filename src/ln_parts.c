@@ -3,11 +3,12 @@
  * each part normalized with statistics given, and backward's row sums and grad_input.
  *
  * A part's rows are cut into LN_CHUNK-element chunks from the row start, as ln_forward cuts a
- * whole row; the tasks are (row, chunk) pairs, so a few long rows keep every thread busy as
- * well as many short ones.  A row's chunk moments are merged left to right, whichever thread
- * took each.  Rows whose elements are not adjacent (the strided layouts) have each chunk
- * gathered into a buffer first (and the normalized chunk scattered back), so that the level's
- * chunk kernels see the same values in the same order: the bits do not depend on the layout.
+ * whole row (and ln_backward a few huge ones); the tasks are (row, chunk) pairs, so a few long
+ * rows keep every thread busy as well as many short ones.  A row's chunk moments are merged,
+ * and its chunk sums added, left to right, whichever thread took each.  Rows whose elements
+ * are not adjacent (the strided layouts) have each chunk gathered into a buffer first (and
+ * the chunk written scattered back), so that the level's kernels see the same values in the
+ * same order: the bits do not depend on the layout.
  */
 #include <stdlib.h>
 #include <string.h>
