@@ -488,15 +488,15 @@ class _Chunk:
         return tuple(range(len(self.shape)))
 
 class _Scratch:
-    """Work arrays of a slab's shape, reused from slab to slab."""
+    """float64 work arrays of a slab's shape, reused from slab to slab."""
 
-    def __init__(self, count: int, dtype: Any = np.float64) -> None:
-        self._buffers = [np.empty(_SLAB, dtype) for _ in range(count)]
+    def __init__(self, count: int) -> None:
+        self._buffers = [np.empty(_SLAB) for _ in range(count)]
 
     def __call__(self, shape: Tuple[int, ...]) -> list[np.ndarray]:
         size = math.prod(shape)
         if size > self._buffers[0].size:
-            self._buffers = [np.empty(size, buffer.dtype) for buffer in self._buffers]
+            self._buffers = [np.empty(size) for _ in self._buffers]
         return [buffer[:size].reshape(shape) for buffer in self._buffers]
 
 
