@@ -30,6 +30,7 @@
 #define LN_INTERNAL_H
 
 #include <assert.h>
+#include <float.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -65,6 +66,15 @@ typedef struct {
 typedef void (*ln_normalize_fn)(const void *x, void *y, ptrdiff_t n, double mean, double rstd,
                                 const void *weight, const void *bias);
 
+/* The range of rstd whose rows the row kernels normalize: float16/bfloat16/float32 rows take
+   float(rstd) * w_j in float32, so rstd outside [low, high] leaves float32's normal range
+   for some weight, float64 rows the same in float64; low > 0, so a row whose squares
+   overflowed (rstd 0) or whose moments are not finite (rstd NaN) is outside.  One call's,
+   from its weight and bias (the levels' rstd_bounds); empty where those hold NaN or Inf. */
+typedef struct {
+    double low, high;
+} ln_rstd_bounds;
+
 /* The rows that make backward pass 2 together, at one span's first column. */
 typedef struct {
     int count;                          /* rows in use, 1..LN_GRAD_ROWS */
@@ -82,9 +92,11 @@ typedef struct {
    route's tiles, block by block (ln_tile_of). */
 typedef struct {
     /* contiguous route, forward over rows [begin, end) of a call without a residual */
-    void (*forward_rows)(const ln_forward_args *a, ptrdiff_t begin, ptrdiff_t end);
+    void (*forward_rows)(const ln_forward_args *a, const ln_rstd_bounds *bounds, ptrdiff_t begin,
+                         ptrdiff_t end);
     /* strided route, forward over tiles [begin, end), residual included */
-    void (*forward_tiles)(const ln_forward_args *a, ptrdiff_t begin, ptrdiff_t end);
+    void (*forward_tiles)(const ln_forward_args *a, const ln_rstd_bounds *bounds, ptrdiff_t begin,
+                          ptrdiff_t end);
     /* moments of 1 <= n <= LN_CHUNK elements */
     ln_moments (*chunk_moments)(const void *x, ptrdiff_t n);
     /* 1 <= n <= LN_NORMALIZE_SPAN elements, output by ordinary or by non-temporal stores */
@@ -113,6 +125,8 @@ typedef struct {
        elements x_step and residual_step bytes apart */
     void (*add_row)(const void *x, ptrdiff_t x_step, const void *residual, ptrdiff_t residual_step, void *sum,
                     ptrdiff_t n);
+    /* the call's rstd bounds, from its weight and bias */
+    ln_rstd_bounds (*rstd_bounds)(const ln_forward_args *a);
 } ln_dtype_kernels;
 
 /* One SIMD level's kernels, the only export of its translation unit. */
@@ -156,6 +170,15 @@ double *ln_scratch_take(size_t count, int *kept);
 void ln_scratch_give(double *data, int kept);
 
 /* ------------------------------------------------------------------------ */
+/* Rows the row kernels cannot carry (ln_exact.c)                            */
+/* ------------------------------------------------------------------------ */
+
+/* Row r forward (statistics and output) by float64 arithmetic on the row scaled by a power
+   of two, reading the row from `source` (the input, or the residual sum); fast_mean is the
+   row kernels' mean, kept for a row holding NaN or Inf. */
+void ln_forward_exact_row(const ln_forward_args *a, const ln_array *source, ptrdiff_t r, double fast_mean);
+
+/* ------------------------------------------------------------------------ */
 /* Helpers of drivers and levels alike                                       */
 /* ------------------------------------------------------------------------ */
 
@@ -169,20 +192,27 @@ static inline ln_moments ln_merge(ln_moments a, ln_moments b)
 }
 
 /* Whether a row's moments are finite: a NaN or an Inf in the row makes the whole row NaN,
-   as in torch.  RMSNorm's moments are about 0 (mean 0, m2 the sum of squares), so its m2
-   tells. */
-static inline int ln_moments_finite(ln_norm_kind kind, ln_moments m)
+   as in torch, and squares that overflowed make an m2 of Inf or NaN (Inf - Inf); either
+   way the row's rstd is NaN and the row goes to ln_forward_exact_row. */
+static inline int ln_moments_finite(ln_moments m)
 {
-    return isfinite(kind == LN_NORM_RMS ? m.m2 : m.mean);
+    return isfinite(m.mean) && isfinite(m.m2);
 }
 
-static inline double ln_rstd_of(ln_norm_kind kind, ln_moments m, double eps)
+static inline double ln_rstd_of(ln_moments m, double eps)
 {
-    if (!ln_moments_finite(kind, m)) {
+    if (!ln_moments_finite(m)) {
         return NAN;
     }
     const double var = m.m2 > 0.0 ? m.m2 / m.n : 0.0;
     return 1.0 / sqrt(var + eps);
+}
+
+/* Whether a row needs ln_forward_exact_row: its rstd is outside the call's bounds, which
+   includes rows whose moments overflowed or hold NaN or Inf. */
+static inline int ln_row_needs_exact(double rstd, const ln_rstd_bounds *bounds)
+{
+    return !(bounds->low <= rstd && rstd <= bounds->high);
 }
 
 /* The fixed reduction tree over the 16 accumulation lanes. */
