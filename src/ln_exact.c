@@ -15,6 +15,13 @@
  * xhat = (x - mean) * rstd).  A row holding NaN or Inf has NaN rstd and output, as in torch.
  * Every NaN written here is the one quiet NaN, and a call whose weight or bias holds NaN or
  * Inf sends all its rows here, so the forward writes no other NaN.
+ *
+ * Backward, for a row whose float32 products or float64 rstd**2 overflow, or which holds NaN
+ * or Inf (ln_grad_row_needs_exact), in float64 with rstd applied last, so that no product
+ * holds more than one large factor:
+ *
+ *     xhat = (x - mean) * rstd,  g = dy * w,  g_mean = mean(g),  gx_mean = mean(g * xhat)
+ *     dx = ((g - g_mean) - xhat * gx_mean) * rstd,  dweight += dy * xhat,  dbias += dy
  */
 #include "ln_internal.h"
 
@@ -81,5 +88,45 @@ void ln_forward_exact_row(const ln_forward_args *a, const ln_array *source, ptrd
         const double w = a->weight ? ln_load1_param_as_f64(dtype, a->weight, i) : 1.0;
         const double out = xhat * w + (bias ? ln_load1_param_as_f64(dtype, bias, i) : 0.0);
         ln_store1_from_f64(dtype, y + i * y_step, 0, isnan(out) ? NAN : out);
+    }
+}
+
+void ln_backward_exact_row(const ln_backward_args *a, ptrdiff_t r, double *dweight, double *dbias)
+{
+    const ln_dtype dtype = a->dtype;
+    const ptrdiff_t n = a->extent.row_len;
+    const ptrdiff_t dy_step = a->grad_output.walk.elem_step, x_step = a->input.walk.elem_step;
+    const char *dy = ln_row_address(&a->grad_output, &a->extent, r);
+    const char *x = ln_row_address(&a->input, &a->extent, r);
+    const double mean = a->kind == LN_NORM_LAYER ? ln_load_stat(dtype, &a->mean, &a->extent, r) : 0.0;
+    const double rstd = ln_load_stat(dtype, &a->rstd, &a->extent, r);
+    assert(n >= 1);
+
+    double g_sum = 0.0, gx_sum = 0.0;
+    for (ptrdiff_t i = 0; i < n; i++) {
+        const double xhat = (ln_element(dtype, x, x_step, i) - mean) * rstd;
+        const double w = a->weight ? ln_load1_param_as_f64(dtype, a->weight, i) : 1.0;
+        const double g = ln_element(dtype, dy, dy_step, i) * w;
+        g_sum += g;
+        gx_sum += g * xhat;
+        if (dweight) {
+            dweight[i] += ln_element(dtype, dy, dy_step, i) * xhat;
+        }
+        if (dbias) {
+            dbias[i] += ln_element(dtype, dy, dy_step, i);
+        }
+    }
+    if (!a->grad_input.data) {
+        return;
+    }
+    const double g_mean = a->kind == LN_NORM_LAYER ? g_sum / (double)n : 0.0, gx_mean = gx_sum / (double)n;
+    const ptrdiff_t dx_step = a->grad_input.walk.elem_step;
+    char *dx = ln_row_address(&a->grad_input, &a->extent, r);
+    for (ptrdiff_t i = 0; i < n; i++) {
+        const double xhat = (ln_element(dtype, x, x_step, i) - mean) * rstd;
+        const double w = a->weight ? ln_load1_param_as_f64(dtype, a->weight, i) : 1.0;
+        const double g = ln_element(dtype, dy, dy_step, i) * w;
+        const double value = ((g - g_mean) - xhat * gx_mean) * rstd;
+        ln_store1_from_f64(dtype, dx + i * dx_step, 0, isnan(value) ? NAN : value);
     }
 }

@@ -178,6 +178,10 @@ void ln_scratch_give(double *data, int kept);
    row kernels' mean, kept for a row holding NaN or Inf. */
 void ln_forward_exact_row(const ln_forward_args *a, const ln_array *source, ptrdiff_t r, double fast_mean);
 
+/* Row r backward (dx, and dy * xhat and dy added into the float64 column sums dweight and
+   dbias, each may be NULL) in float64 with rstd applied last. */
+void ln_backward_exact_row(const ln_backward_args *a, ptrdiff_t r, double *dweight, double *dbias);
+
 /* ------------------------------------------------------------------------ */
 /* Helpers of drivers and levels alike                                       */
 /* ------------------------------------------------------------------------ */
@@ -213,6 +217,23 @@ static inline double ln_rstd_of(ln_moments m, double eps)
 static inline int ln_row_needs_exact(double rstd, const ln_rstd_bounds *bounds)
 {
     return !(bounds->low <= rstd && rstd <= bounds->high);
+}
+
+/* Whether a row's backward needs ln_backward_exact_row, given its rstd and pass 1's means
+   of g and g * xhat: pass 2's per-row factors rstd, -rstd**2 * gx_mean and -rstd * g_mean
+   are not finite, or not 0 yet below the normal range, in the compute type (float32 for
+   float16/bfloat16/float32 data).  So it is where pass 1's float32 products overflowed,
+   rstd**2 overflows or underflows, or the row, its dy or its statistics hold NaN or Inf. */
+static inline int ln_grad_row_needs_exact(ln_dtype dtype, double rstd, double g_mean, double gx_mean)
+{
+    const double factors[3] = {rstd, -rstd * rstd * gx_mean, -rstd * g_mean};
+    int normal = 1;
+    for (int i = 0; i < 3; i++) {
+        const double factor = dtype == LN_F64 ? factors[i] : (double)(float)factors[i];
+        const double normal_min = dtype == LN_F64 ? DBL_MIN : (double)FLT_MIN;
+        normal &= factors[i] == 0.0 || (isfinite(factor) && fabs(factor) >= normal_min);
+    }
+    return !normal;
 }
 
 /* The fixed reduction tree over the 16 accumulation lanes. */

@@ -1046,7 +1046,7 @@ static LN_ALWAYS_INLINE void backward_short_rows(ln_norm_kind kind, ln_dtype dty
         for (ptrdiff_t k = 0; k < rows; k++) {
             char *dx = ln_row_address(&a->grad_input, &a->extent, block + k);
             for (ptrdiff_t i = 0; i < n; i++) {
-                ln_store1_from_f64(dtype, dx, i, dx_t[i][k]);
+                ln_store1_from_f64(dtype, dx, i, isnan(dx_t[i][k]) ? NAN : dx_t[i][k]);  /* the one quiet NaN */
             }
         }
     }
@@ -1080,23 +1080,31 @@ static LN_ALWAYS_INLINE void backward_rows(ln_norm_kind kind, ln_dtype dtype, co
     }
     const int stream_dx = ln_backward_streams_dx(a);
     for (ptrdiff_t first = begin; first < end; first += LN_GRAD_ROWS) {
-        ln_grad_rows group = {.count = (int)(end - first < LN_GRAD_ROWS ? end - first : LN_GRAD_ROWS),
-                              .stream_dx = stream_dx};
-        for (int k = 0; k < group.count; k++) {
-            const ptrdiff_t r = first + k;
+        const ptrdiff_t last = end - first < LN_GRAD_ROWS ? end : first + LN_GRAD_ROWS;
+        ln_grad_rows group = {.count = 0, .stream_dx = stream_dx};
+        for (ptrdiff_t r = first; r < last; r++) {
+            const int k = group.count;
             group.dy[k] = ln_row_address(&a->grad_output, &a->extent, r);
             group.x[k] = ln_row_address(&a->input, &a->extent, r);
             group.dx[k] = a->grad_input.data ? ln_row_address(&a->grad_input, &a->extent, r) : NULL;
             group.mean[k] = has_mean ? ln_load_stat(dtype, &a->mean, &a->extent, r) : 0.0;
             group.rstd[k] = ln_load_stat(dtype, &a->rstd, &a->extent, r);
-            double sums[2] = {0.0, 0.0};
-            if (a->grad_input.data) {
-                grad_sums(kind, dtype, group.dy[k], group.x[k], a->weight, n, group.mean[k], group.rstd[k], sums);
-            }
+            /* pass 1 also without dx, so that which rows leave the group, and so the parameter
+               gradients' bits, do not depend on what else the call asks for */
+            double sums[2];
+            grad_sums(kind, dtype, group.dy[k], group.x[k], a->weight, n, group.mean[k], group.rstd[k], sums);
             group.g_mean[k] = sums[0] / (double)n;
             group.gx_mean[k] = sums[1] / (double)n;
+            /* a row the group's float32 (or rstd**2) arithmetic cannot carry leaves the group */
+            if (ln_grad_row_needs_exact(dtype, group.rstd[k], group.g_mean[k], group.gx_mean[k])) {
+                ln_backward_exact_row(a, r, dweight, dbias);
+                continue;
+            }
+            group.count++;
         }
-        grad_apply(kind, dtype, &group, a->weight, n, dweight, dbias);
+        if (group.count > 0) {
+            grad_apply(kind, dtype, &group, a->weight, n, dweight, dbias);
+        }
     }
     if (stream_dx) {
         stream_fence();

@@ -140,3 +140,51 @@ def test_a_nan_weight_gives_one_quiet_nan(dtype, row_len):
     y = layernorm.native_layer_norm(x, (row_len,), weight, None, 1e-5)[0]
     assert y[0, row_len // 2].tobytes() == y[1, row_len // 2].tobytes() == np.array(np.nan, dtype).tobytes()
     assert np.isfinite(np.delete(y, row_len // 2, axis=1)).all()
+
+
+def _backward_extreme(kind, row_len):
+    """(x, dy, eps) of two rows of row_len elements, the first extreme for the backward, the
+    second ordinary."""
+    x = np.zeros((2, row_len))
+    x[1] = np.linspace(-1.0, 1.0, row_len)
+    dy = np.tile(np.linspace(1.0, -1.0, row_len), (2, 1))
+    if kind == "float32-products-overflow":  # dy * (x - mean) beyond float32
+        x[0, :3] = [2e35, -3.8e35, 1e35]
+        dy[0, :3] = [400.0, -1000.0, 900.0]
+        return x.astype(np.float32), dy.astype(np.float32), 1e-5
+    if kind == "float64-rstd-squared-overflows":  # a constant row: rstd 1e155
+        return x, dy, 1e-310
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize("row_len", ROW_LENGTHS)
+@pytest.mark.parametrize("kind", ["float32-products-overflow", "float64-rstd-squared-overflows"])
+def test_an_extreme_row_gets_the_reference_gradients(kind, row_len):
+    x, dy, eps = _backward_extreme(kind, row_len)
+    pdt = np.float64 if x.dtype == np.float64 else np.float32
+    weight, bias = np.full(row_len, 0.5, pdt), np.zeros(row_len, pdt)
+    _, mean, rstd = layernorm.native_layer_norm(x, (row_len,), weight, bias, eps)
+    got = layernorm.layer_norm_backward(dy, x, (row_len,), mean, rstd, weight, bias)
+    want = _reference.layer_norm_backward_given_stats(dy, x, (row_len,), mean, rstd, weight)
+    # grad_input's terms are rstd * dy * w per row: its tolerance is theirs
+    terms = np.asarray(rstd, np.float64) * np.abs(dy * weight.astype(np.float64)).max(axis=-1, keepdims=True)
+    tolerances = (1e-5 * terms, 1e-5 * np.abs(want[1]).max(), 1e-5 * np.abs(want[2]).max())
+    for name, g, w, tol in zip(("grad_input", "grad_weight", "grad_bias"), got, want, tolerances):
+        assert np.isfinite(g).all(), name
+        assert_within(g, w, tol, name)
+
+
+@pytest.mark.parametrize("row_len", ROW_LENGTHS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_nan_in_dy_gives_one_quiet_nan(dtype, row_len):
+    x = np.linspace(-1.0, 1.0, 2 * row_len).reshape(2, row_len).astype(dtype)
+    dy = np.ones_like(x)
+    dy[0, row_len // 2] = -np.nan
+    pdt = np.float64 if dtype == np.float64 else np.float32
+    weight, bias = np.ones(row_len, pdt), np.zeros(row_len, pdt)
+    _, mean, rstd = layernorm.native_layer_norm(x, (row_len,), weight, bias, 1e-5)
+    dx, dweight, dbias = layernorm.layer_norm_backward(dy, x, (row_len,), mean, rstd, weight, bias)
+    canonical, canonical_param = np.array(np.nan, dtype).tobytes(), np.array(np.nan, pdt).tobytes()
+    assert all(dx[0, i].tobytes() == canonical for i in (0, row_len // 2, row_len - 1))
+    assert np.isfinite(dx[1]).all()
+    assert dweight[row_len // 2].tobytes() == dbias[row_len // 2].tobytes() == canonical_param
