@@ -154,11 +154,15 @@ def _backward_extreme(kind, row_len):
         return x.astype(np.float32), dy.astype(np.float32), 1e-5
     if kind == "float64-rstd-squared-overflows":  # a constant row: rstd 1e155
         return x, dy, 1e-310
+    if kind == "float32-tiny-values-eps-0":  # rstd ~ 1e38: rstd**2 * mean(g * xhat) beyond float32
+        x[0] = np.linspace(-2e-38, 2e-38, row_len)
+        return x.astype(np.float32), dy.astype(np.float32), 0.0
     raise AssertionError(kind)
 
 
 @pytest.mark.parametrize("row_len", ROW_LENGTHS)
-@pytest.mark.parametrize("kind", ["float32-products-overflow", "float64-rstd-squared-overflows"])
+@pytest.mark.parametrize("kind", ["float32-products-overflow", "float64-rstd-squared-overflows",
+                                  "float32-tiny-values-eps-0"])
 def test_an_extreme_row_gets_the_reference_gradients(kind, row_len):
     x, dy, eps = _backward_extreme(kind, row_len)
     pdt = np.float64 if x.dtype == np.float64 else np.float32
