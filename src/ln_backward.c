@@ -4,7 +4,6 @@
  * the level's kernels on them and adds up the parameter gradients.
  */
 #include <stdlib.h>
-#include <string.h>
 
 #if defined(__x86_64__)
 #include <emmintrin.h>
@@ -153,8 +152,8 @@ static int ln_backward_span_row_exact(const ln_backward_job *job, ptrdiff_t r)
                                    job->row_means[2 * r + 1]);
 }
 
-/* Task s: pass 2 over column span s of every row but those ln_backward_exact_row takes,
-   rows in order. */
+/* Task s: pass 2 over column span s of every row, rows in order (the rows
+   ln_backward_exact_row takes: their dbias only). */
 static void ln_backward_span_apply(void *ctx, ptrdiff_t begin, ptrdiff_t end)
 {
     const ln_backward_job *job = ctx;
@@ -165,13 +164,11 @@ static void ln_backward_span_apply(void *ctx, ptrdiff_t begin, ptrdiff_t end)
         const ptrdiff_t start = s * LN_CHUNK;
         const ptrdiff_t len = a->extent.row_len - start < LN_CHUNK ? a->extent.row_len - start : LN_CHUNK;
         for (ptrdiff_t first = 0; first < rows; first += LN_GRAD_ROWS) {
-            ln_grad_rows group = {.stream_dx = stream_dx};
-            group.count = 0;
-            for (ptrdiff_t r = first; r < first + LN_GRAD_ROWS && r < rows; r++) {
-                if (ln_backward_span_row_exact(job, r)) {
-                    continue;  /* ln_backward_by_column_spans takes it */
-                }
-                const int k = group.count++;
+            ln_grad_rows group = {.count = (int)(rows - first < LN_GRAD_ROWS ? rows - first : LN_GRAD_ROWS),
+                                  .stream_dx = stream_dx};
+            int exact[LN_GRAD_ROWS], any_exact = 0;
+            for (int k = 0; k < group.count; k++) {
+                const ptrdiff_t r = first + k;
                 group.dy[k] = ln_row_address(&a->grad_output, &a->extent, r) + start * job->elsize;
                 group.x[k] = ln_row_address(&a->input, &a->extent, r) + start * job->elsize;
                 group.dx[k] = a->grad_input.data ? ln_row_address(&a->grad_input, &a->extent, r) + start * job->elsize
@@ -180,13 +177,18 @@ static void ln_backward_span_apply(void *ctx, ptrdiff_t begin, ptrdiff_t end)
                 group.rstd[k] = ln_load_stat(a->dtype, &a->rstd, &a->extent, r);
                 group.g_mean[k] = job->row_means[2 * r];
                 group.gx_mean[k] = job->row_means[2 * r + 1];
+                exact[k] = ln_backward_span_row_exact(job, r);
+                any_exact |= exact[k];
             }
-            if (group.count == 0) {
-                continue;
+            const void *weight = a->weight ? (const char *)a->weight + start * job->param_elsize : NULL;
+            double *dweight = a->grad_weight ? job->dparams + start : NULL;
+            double *dbias = a->grad_bias ? job->dparams + a->extent.row_len + start : NULL;
+            if (any_exact) {
+                ln_grad_apply_without(job->kernels->grad_apply, &group, exact, weight, len, dweight, dbias);
             }
-            job->kernels->grad_apply(&group, a->weight ? (const char *)a->weight + start * job->param_elsize : NULL,
-                                     len, a->grad_weight ? job->dparams + start : NULL,
-                                     a->grad_bias ? job->dparams + a->extent.row_len + start : NULL);
+            else {
+                job->kernels->grad_apply(&group, weight, len, dweight, dbias);
+            }
         }
     }
 #if defined(__x86_64__)
@@ -221,8 +223,7 @@ static int ln_backward_by_column_spans(ln_backward_job *job)
     ln_parallel_for(job->spans, 4, ln_backward_span_apply, job);
     for (ptrdiff_t r = 0; r < rows; r++) {
         if (ln_backward_span_row_exact(job, r)) {
-            ln_backward_exact_row(a, r, a->grad_weight ? job->dparams : NULL,
-                                  a->grad_bias ? job->dparams + a->extent.row_len : NULL);
+            ln_backward_exact_row(a, r, a->grad_weight ? job->dparams : NULL);
         }
     }
     status = 0;

@@ -21,7 +21,7 @@
  * holds more than one large factor:
  *
  *     xhat = (x - mean) * rstd,  g = dy * w,  g_mean = mean(g),  gx_mean = mean(g * xhat)
- *     dx = ((g - g_mean) - xhat * gx_mean) * rstd,  dweight += dy * xhat,  dbias += dy
+ *     dx = ((g - g_mean) - xhat * gx_mean) * rstd,  dweight += dy * xhat
  */
 #include "ln_internal.h"
 
@@ -91,7 +91,7 @@ void ln_forward_exact_row(const ln_forward_args *a, const ln_array *source, ptrd
     }
 }
 
-void ln_backward_exact_row(const ln_backward_args *a, ptrdiff_t r, double *dweight, double *dbias)
+void ln_backward_exact_row(const ln_backward_args *a, ptrdiff_t r, double *dweight)
 {
     const ln_dtype dtype = a->dtype;
     const ptrdiff_t n = a->extent.row_len;
@@ -111,9 +111,6 @@ void ln_backward_exact_row(const ln_backward_args *a, ptrdiff_t r, double *dweig
         gx_sum += g * xhat;
         if (dweight) {
             dweight[i] += ln_element(dtype, dy, dy_step, i) * xhat;
-        }
-        if (dbias) {
-            dbias[i] += ln_element(dtype, dy, dy_step, i);
         }
     }
     if (!a->grad_input.data) {

@@ -26,7 +26,7 @@ typedef struct {
     char *row_out;
     ln_moments *chunk_moments;              /* one per LN_CHUNK-element chunk of the row */
     double mean, rstd;
-    ln_rstd_bounds bounds;                  /* the call's, from its weight */
+    ln_rstd_bounds bounds;                  /* the call's, from its weight and bias */
 } ln_forward_job;
 
 /* Debug builds' check of what ln_kernels.h promises the kernels. */

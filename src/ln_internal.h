@@ -87,6 +87,11 @@ typedef struct {
     double gx_mean[LN_GRAD_ROWS];       /* mean(dy * weight * xhat) over the row */
 } ln_grad_rows;
 
+/* Backward pass 2 over a span of a group of rows, adding into float64 dweight and dbias
+   (each may be NULL). */
+typedef void (*ln_grad_apply_fn)(const ln_grad_rows *group, const void *weight, ptrdiff_t n, double *dweight,
+                                 double *dbias);
+
 /* One SIMD level's kernels for one norm kind and element type.  "Rows [begin, end)" are
    linear row indices of the call (ln_row_address); "tiles [begin, end)" are the strided
    route's tiles, block by block (ln_tile_of). */
@@ -114,8 +119,7 @@ typedef struct {
     void (*grad_sums)(const void *dy, const void *x, const void *weight, ptrdiff_t n,
                       double mean, double rstd, double sums[2]);
     /* backward pass 2 over a span of a group of rows */
-    void (*grad_apply)(const ln_grad_rows *group, const void *weight, ptrdiff_t n,
-                       double *dweight, double *dbias);
+    ln_grad_apply_fn grad_apply;
 } ln_row_kernels;
 
 /* One SIMD level's kernels for one element type. */
@@ -178,9 +182,9 @@ void ln_scratch_give(double *data, int kept);
    row kernels' mean, kept for a row holding NaN or Inf. */
 void ln_forward_exact_row(const ln_forward_args *a, const ln_array *source, ptrdiff_t r, double fast_mean);
 
-/* Row r backward (dx, and dy * xhat and dy added into the float64 column sums dweight and
-   dbias, each may be NULL) in float64 with rstd applied last. */
-void ln_backward_exact_row(const ln_backward_args *a, ptrdiff_t r, double *dweight, double *dbias);
+/* Row r backward (dx, and dy * xhat added into the float64 column sums dweight, which may be
+   NULL) in float64 with rstd applied last; its dbias terms are ln_grad_apply_without's. */
+void ln_backward_exact_row(const ln_backward_args *a, ptrdiff_t r, double *dweight);
 
 /* ------------------------------------------------------------------------ */
 /* Helpers of drivers and levels alike                                       */
@@ -234,6 +238,34 @@ static inline int ln_grad_row_needs_exact(ln_dtype dtype, double rstd, double g_
         normal &= factors[i] == 0.0 || (isfinite(factor) && fabs(factor) >= normal_min);
     }
     return !normal;
+}
+
+/* Pass 2 over a group of which the rows flagged in `exact` go by ln_backward_exact_row (the
+   caller's): the other rows' dx and dweight by `apply`, and dbias by `apply` over every row,
+   dx left alone, since dbias needs dy alone: its bits stay those of the whole group. */
+static inline void ln_grad_apply_without(ln_grad_apply_fn apply, const ln_grad_rows *group, const int exact[],
+                                         const void *weight, ptrdiff_t n, double *dweight, double *dbias)
+{
+    ln_grad_rows kept = {.count = 0, .stream_dx = group->stream_dx}, every = *group;
+    for (int k = 0; k < group->count; k++) {
+        every.dx[k] = NULL;
+        if (!exact[k]) {
+            const int i = kept.count++;
+            kept.dy[i] = group->dy[k];
+            kept.x[i] = group->x[k];
+            kept.dx[i] = group->dx[k];
+            kept.mean[i] = group->mean[k];
+            kept.rstd[i] = group->rstd[k];
+            kept.g_mean[i] = group->g_mean[k];
+            kept.gx_mean[i] = group->gx_mean[k];
+        }
+    }
+    if (kept.count > 0 && (kept.dx[0] || dweight)) {
+        apply(&kept, weight, n, dweight, NULL);
+    }
+    if (dbias) {
+        apply(&every, weight, n, NULL, dbias);
+    }
 }
 
 /* The fixed reduction tree over the 16 accumulation lanes. */

@@ -1080,30 +1080,36 @@ static LN_ALWAYS_INLINE void backward_rows(ln_norm_kind kind, ln_dtype dtype, co
     }
     const int stream_dx = ln_backward_streams_dx(a);
     for (ptrdiff_t first = begin; first < end; first += LN_GRAD_ROWS) {
-        const ptrdiff_t last = end - first < LN_GRAD_ROWS ? end : first + LN_GRAD_ROWS;
-        ln_grad_rows group = {.count = 0, .stream_dx = stream_dx};
-        for (ptrdiff_t r = first; r < last; r++) {
-            const int k = group.count;
+        ln_grad_rows group = {.count = (int)(end - first < LN_GRAD_ROWS ? end - first : LN_GRAD_ROWS),
+                              .stream_dx = stream_dx};
+        int exact[LN_GRAD_ROWS], any_exact = 0;
+        for (int k = 0; k < group.count; k++) {
+            const ptrdiff_t r = first + k;
             group.dy[k] = ln_row_address(&a->grad_output, &a->extent, r);
             group.x[k] = ln_row_address(&a->input, &a->extent, r);
             group.dx[k] = a->grad_input.data ? ln_row_address(&a->grad_input, &a->extent, r) : NULL;
             group.mean[k] = has_mean ? ln_load_stat(dtype, &a->mean, &a->extent, r) : 0.0;
             group.rstd[k] = ln_load_stat(dtype, &a->rstd, &a->extent, r);
-            /* pass 1 also without dx, so that which rows leave the group, and so the parameter
-               gradients' bits, do not depend on what else the call asks for */
+            /* pass 1 also without dx, so that which rows go by ln_backward_exact_row, and so
+               dweight's bits, do not depend on what else the call asks for */
             double sums[2];
             grad_sums(kind, dtype, group.dy[k], group.x[k], a->weight, n, group.mean[k], group.rstd[k], sums);
             group.g_mean[k] = sums[0] / (double)n;
             group.gx_mean[k] = sums[1] / (double)n;
-            /* a row the group's float32 (or rstd**2) arithmetic cannot carry leaves the group */
-            if (ln_grad_row_needs_exact(dtype, group.rstd[k], group.g_mean[k], group.gx_mean[k])) {
-                ln_backward_exact_row(a, r, dweight, dbias);
-                continue;
-            }
-            group.count++;
+            /* a row the group's float32 (or rstd**2) arithmetic cannot carry */
+            exact[k] = ln_grad_row_needs_exact(dtype, group.rstd[k], group.g_mean[k], group.gx_mean[k]);
+            any_exact |= exact[k];
         }
-        if (group.count > 0) {
+        if (!any_exact) {
             grad_apply(kind, dtype, &group, a->weight, n, dweight, dbias);
+            continue;
+        }
+        ln_grad_apply_without(LN_LEVEL_KERNELS.by_dtype[dtype].by_kind[kind].grad_apply, &group, exact, a->weight, n,
+                              dweight, dbias);
+        for (int k = 0; k < group.count; k++) {
+            if (exact[k]) {
+                ln_backward_exact_row(a, first + k, dweight);
+            }
         }
     }
     if (stream_dx) {
