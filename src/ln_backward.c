@@ -4,7 +4,6 @@
  * the level's kernels on them and adds up the parameter gradients.
  */
 #include <stdlib.h>
-#include <string.h>
 
 #if defined(__x86_64__)
 #include <emmintrin.h>
@@ -12,18 +11,21 @@
 
 #include "ln_internal.h"
 
-/* n float64 sums out as parameters (float32, or float64 for float64 data); p may be NULL. */
+/* n float64 sums out as parameters (float32, or float64 for float64 data), a NaN as the one
+   quiet NaN; p may be NULL. */
 static void ln_store_params(ln_dtype dtype, void *p, const double *sums, ptrdiff_t n)
 {
     if (!p) {
         return;
     }
-    if (dtype == LN_F64) {
-        memcpy(p, sums, (size_t)n * sizeof(double));
-        return;
-    }
     for (ptrdiff_t i = 0; i < n; i++) {
-        ((float *)p)[i] = (float)sums[i];
+        const double sum = isnan(sums[i]) ? NAN : sums[i];  /* the one quiet NaN */
+        if (dtype == LN_F64) {
+            ((double *)p)[i] = sum;
+        }
+        else {
+            ((float *)p)[i] = (float)sum;
+        }
     }
 }
 
@@ -142,7 +144,16 @@ static void ln_backward_span_sums(void *ctx, ptrdiff_t begin, ptrdiff_t end)
     }
 }
 
-/* Task s: pass 2 over column span s of every row, rows in order. */
+/* Whether huge row r's backward goes by ln_backward_exact_row, from pass 1's means. */
+static int ln_backward_span_row_exact(const ln_backward_job *job, ptrdiff_t r)
+{
+    const ln_backward_args *a = job->args;
+    return ln_grad_row_needs_exact(a->dtype, ln_load_stat(a->dtype, &a->rstd, &a->extent, r), job->row_means[2 * r],
+                                   job->row_means[2 * r + 1]);
+}
+
+/* Task s: pass 2 over column span s of every row, rows in order (the rows
+   ln_backward_exact_row takes: their dbias only). */
 static void ln_backward_span_apply(void *ctx, ptrdiff_t begin, ptrdiff_t end)
 {
     const ln_backward_job *job = ctx;
@@ -155,6 +166,7 @@ static void ln_backward_span_apply(void *ctx, ptrdiff_t begin, ptrdiff_t end)
         for (ptrdiff_t first = 0; first < rows; first += LN_GRAD_ROWS) {
             ln_grad_rows group = {.count = (int)(rows - first < LN_GRAD_ROWS ? rows - first : LN_GRAD_ROWS),
                                   .stream_dx = stream_dx};
+            int exact[LN_GRAD_ROWS], any_exact = 0;
             for (int k = 0; k < group.count; k++) {
                 const ptrdiff_t r = first + k;
                 group.dy[k] = ln_row_address(&a->grad_output, &a->extent, r) + start * job->elsize;
@@ -165,10 +177,18 @@ static void ln_backward_span_apply(void *ctx, ptrdiff_t begin, ptrdiff_t end)
                 group.rstd[k] = ln_load_stat(a->dtype, &a->rstd, &a->extent, r);
                 group.g_mean[k] = job->row_means[2 * r];
                 group.gx_mean[k] = job->row_means[2 * r + 1];
+                exact[k] = ln_backward_span_row_exact(job, r);
+                any_exact |= exact[k];
             }
-            job->kernels->grad_apply(&group, a->weight ? (const char *)a->weight + start * job->param_elsize : NULL,
-                                     len, a->grad_weight ? job->dparams + start : NULL,
-                                     a->grad_bias ? job->dparams + a->extent.row_len + start : NULL);
+            const void *weight = a->weight ? (const char *)a->weight + start * job->param_elsize : NULL;
+            double *dweight = a->grad_weight ? job->dparams + start : NULL;
+            double *dbias = a->grad_bias ? job->dparams + a->extent.row_len + start : NULL;
+            if (any_exact) {
+                ln_grad_apply_without(job->kernels->grad_apply, &group, exact, weight, len, dweight, dbias);
+            }
+            else {
+                job->kernels->grad_apply(&group, weight, len, dweight, dbias);
+            }
         }
     }
 #if defined(__x86_64__)
@@ -189,19 +209,23 @@ static int ln_backward_by_column_spans(ln_backward_job *job)
         goto done;
     }
     job->row_means = job->sums + 2 * rows * job->spans;
-    if (a->grad_input.data) {
-        ln_parallel_for(rows * job->spans, 4, ln_backward_span_sums, job);
-        for (ptrdiff_t r = 0; r < rows; r++) {
-            double g_sum = 0.0, gx_sum = 0.0;
-            for (ptrdiff_t s = 0; s < job->spans; s++) {
-                g_sum += job->sums[2 * (r * job->spans + s)];
-                gx_sum += job->sums[2 * (r * job->spans + s) + 1];
-            }
-            job->row_means[2 * r] = g_sum / (double)a->extent.row_len;
-            job->row_means[2 * r + 1] = gx_sum / (double)a->extent.row_len;
+    /* pass 1 also without dx: which rows ln_backward_exact_row takes must not depend on it */
+    ln_parallel_for(rows * job->spans, 4, ln_backward_span_sums, job);
+    for (ptrdiff_t r = 0; r < rows; r++) {
+        double g_sum = 0.0, gx_sum = 0.0;
+        for (ptrdiff_t s = 0; s < job->spans; s++) {
+            g_sum += job->sums[2 * (r * job->spans + s)];
+            gx_sum += job->sums[2 * (r * job->spans + s) + 1];
         }
+        job->row_means[2 * r] = g_sum / (double)a->extent.row_len;
+        job->row_means[2 * r + 1] = gx_sum / (double)a->extent.row_len;
     }
     ln_parallel_for(job->spans, 4, ln_backward_span_apply, job);
+    for (ptrdiff_t r = 0; r < rows; r++) {
+        if (ln_backward_span_row_exact(job, r)) {
+            ln_backward_exact_row(a, r, a->grad_weight ? job->dparams : NULL);
+        }
+    }
     status = 0;
 done:
     free(job->sums);

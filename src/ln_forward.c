@@ -26,6 +26,7 @@ typedef struct {
     char *row_out;
     ln_moments *chunk_moments;              /* one per LN_CHUNK-element chunk of the row */
     double mean, rstd;
+    ln_rstd_bounds bounds;                  /* the call's, from its weight and bias */
 } ln_forward_job;
 
 /* Debug builds' check of what ln_kernels.h promises the kernels. */
@@ -50,7 +51,7 @@ static void ln_forward_rows(void *ctx, ptrdiff_t begin, ptrdiff_t end)
     const ln_forward_job *job = ctx;
     const ln_forward_args *a = job->args;
     if (!a->residual.data) {
-        job->kernels->forward_rows(a, begin, end);
+        job->kernels->forward_rows(a, &job->bounds, begin, end);
         return;
     }
     for (ptrdiff_t first = begin; first < end; first += job->sum_rows) {
@@ -60,7 +61,7 @@ static void ln_forward_rows(void *ctx, ptrdiff_t begin, ptrdiff_t end)
                                         ln_row_address(&a->residual, &a->extent, r), a->residual.walk.elem_step,
                                         ln_row_address(&a->sum, &a->extent, r), a->extent.row_len);
         }
-        job->kernels->forward_rows(&job->of_sum, first, last);
+        job->kernels->forward_rows(&job->of_sum, &job->bounds, first, last);
     }
 }
 
@@ -68,7 +69,7 @@ static void ln_forward_rows(void *ctx, ptrdiff_t begin, ptrdiff_t end)
 static void ln_forward_tiles(void *ctx, ptrdiff_t begin, ptrdiff_t end)
 {
     const ln_forward_job *job = ctx;
-    job->kernels->forward_tiles(job->args, begin, end);
+    job->kernels->forward_tiles(job->args, &job->bounds, begin, end);
 }
 
 /* Tasks [begin, end): those chunks of the huge row summed (with a residual), and their
@@ -118,6 +119,7 @@ int ln_forward(const ln_forward_args *a)
         }
         return 0;
     }
+    job.bounds = dtype_kernels->rstd_bounds(a);
     const int threads = ln_threads_get();
     const int parallel = threads > 1 && (double)rows * (double)n >= LN_PARALLEL_MIN_ELEMENTS;
     const ptrdiff_t min_rows = LN_PARALLEL_MIN_ELEMENTS / 4 / n;
@@ -166,7 +168,11 @@ int ln_forward(const ln_forward_args *a)
             m = ln_merge(m, job.chunk_moments[c]);
         }
         job.mean = m.mean;
-        job.rstd = ln_rstd_of(a->kind, m, a->eps);
+        job.rstd = ln_rstd_of(m, a->eps);
+        if (ln_row_needs_exact(job.rstd, &job.bounds)) {
+            ln_forward_exact_row(a, a->sum.data ? &a->sum : &a->input, r, m.mean);
+            continue;
+        }
         ln_store_stats(a, r, job.mean, job.rstd);
         ln_parallel_for(chunks, 4, ln_forward_huge_row_normalize, &job);
     }

@@ -30,6 +30,7 @@
 #define LN_INTERNAL_H
 
 #include <assert.h>
+#include <float.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -65,6 +66,15 @@ typedef struct {
 typedef void (*ln_normalize_fn)(const void *x, void *y, ptrdiff_t n, double mean, double rstd,
                                 const void *weight, const void *bias);
 
+/* The range of rstd whose rows the row kernels normalize: float16/bfloat16/float32 rows take
+   float(rstd) * w_j in float32, so rstd outside [low, high] leaves float32's normal range
+   for some weight, float64 rows the same in float64; low > 0, so a row whose squares
+   overflowed (rstd 0) or whose moments are not finite (rstd NaN) is outside.  One call's,
+   from its weight and bias (the levels' rstd_bounds); empty where those hold NaN or Inf. */
+typedef struct {
+    double low, high;
+} ln_rstd_bounds;
+
 /* The rows that make backward pass 2 together, at one span's first column. */
 typedef struct {
     int count;                          /* rows in use, 1..LN_GRAD_ROWS */
@@ -77,14 +87,21 @@ typedef struct {
     double gx_mean[LN_GRAD_ROWS];       /* mean(dy * weight * xhat) over the row */
 } ln_grad_rows;
 
+/* Backward pass 2 over a span of a group of rows, adding into float64 dweight and dbias
+   (each may be NULL). */
+typedef void (*ln_grad_apply_fn)(const ln_grad_rows *group, const void *weight, ptrdiff_t n, double *dweight,
+                                 double *dbias);
+
 /* One SIMD level's kernels for one norm kind and element type.  "Rows [begin, end)" are
    linear row indices of the call (ln_row_address); "tiles [begin, end)" are the strided
    route's tiles, block by block (ln_tile_of). */
 typedef struct {
     /* contiguous route, forward over rows [begin, end) of a call without a residual */
-    void (*forward_rows)(const ln_forward_args *a, ptrdiff_t begin, ptrdiff_t end);
+    void (*forward_rows)(const ln_forward_args *a, const ln_rstd_bounds *bounds, ptrdiff_t begin,
+                         ptrdiff_t end);
     /* strided route, forward over tiles [begin, end), residual included */
-    void (*forward_tiles)(const ln_forward_args *a, ptrdiff_t begin, ptrdiff_t end);
+    void (*forward_tiles)(const ln_forward_args *a, const ln_rstd_bounds *bounds, ptrdiff_t begin,
+                          ptrdiff_t end);
     /* moments of 1 <= n <= LN_CHUNK elements */
     ln_moments (*chunk_moments)(const void *x, ptrdiff_t n);
     /* 1 <= n <= LN_NORMALIZE_SPAN elements, output by ordinary or by non-temporal stores */
@@ -102,8 +119,7 @@ typedef struct {
     void (*grad_sums)(const void *dy, const void *x, const void *weight, ptrdiff_t n,
                       double mean, double rstd, double sums[2]);
     /* backward pass 2 over a span of a group of rows */
-    void (*grad_apply)(const ln_grad_rows *group, const void *weight, ptrdiff_t n,
-                       double *dweight, double *dbias);
+    ln_grad_apply_fn grad_apply;
 } ln_row_kernels;
 
 /* One SIMD level's kernels for one element type. */
@@ -113,6 +129,8 @@ typedef struct {
        elements x_step and residual_step bytes apart */
     void (*add_row)(const void *x, ptrdiff_t x_step, const void *residual, ptrdiff_t residual_step, void *sum,
                     ptrdiff_t n);
+    /* the call's rstd bounds, from its weight and bias */
+    ln_rstd_bounds (*rstd_bounds)(const ln_forward_args *a);
 } ln_dtype_kernels;
 
 /* One SIMD level's kernels, the only export of its translation unit. */
@@ -156,6 +174,19 @@ double *ln_scratch_take(size_t count, int *kept);
 void ln_scratch_give(double *data, int kept);
 
 /* ------------------------------------------------------------------------ */
+/* Rows the row kernels cannot carry (ln_exact.c)                            */
+/* ------------------------------------------------------------------------ */
+
+/* Row r forward (statistics and output) by float64 arithmetic on the row scaled by a power
+   of two, reading the row from `source` (the input, or the residual sum); fast_mean is the
+   row kernels' mean, kept for a row holding NaN or Inf. */
+void ln_forward_exact_row(const ln_forward_args *a, const ln_array *source, ptrdiff_t r, double fast_mean);
+
+/* Row r backward (dx, and dy * xhat added into the float64 column sums dweight, which may be
+   NULL) in float64 with rstd applied last; its dbias terms are ln_grad_apply_without's. */
+void ln_backward_exact_row(const ln_backward_args *a, ptrdiff_t r, double *dweight);
+
+/* ------------------------------------------------------------------------ */
 /* Helpers of drivers and levels alike                                       */
 /* ------------------------------------------------------------------------ */
 
@@ -169,20 +200,72 @@ static inline ln_moments ln_merge(ln_moments a, ln_moments b)
 }
 
 /* Whether a row's moments are finite: a NaN or an Inf in the row makes the whole row NaN,
-   as in torch.  RMSNorm's moments are about 0 (mean 0, m2 the sum of squares), so its m2
-   tells. */
-static inline int ln_moments_finite(ln_norm_kind kind, ln_moments m)
+   as in torch, and squares that overflowed make an m2 of Inf or NaN (Inf - Inf); either
+   way the row's rstd is NaN and the row goes to ln_forward_exact_row. */
+static inline int ln_moments_finite(ln_moments m)
 {
-    return isfinite(kind == LN_NORM_RMS ? m.m2 : m.mean);
+    return isfinite(m.mean) && isfinite(m.m2);
 }
 
-static inline double ln_rstd_of(ln_norm_kind kind, ln_moments m, double eps)
+static inline double ln_rstd_of(ln_moments m, double eps)
 {
-    if (!ln_moments_finite(kind, m)) {
+    if (!ln_moments_finite(m)) {
         return NAN;
     }
     const double var = m.m2 > 0.0 ? m.m2 / m.n : 0.0;
     return 1.0 / sqrt(var + eps);
+}
+
+/* Whether a row needs ln_forward_exact_row: its rstd is outside the call's bounds, which
+   includes rows whose moments overflowed or hold NaN or Inf. */
+static inline int ln_row_needs_exact(double rstd, const ln_rstd_bounds *bounds)
+{
+    return !(bounds->low <= rstd && rstd <= bounds->high);
+}
+
+/* Whether a row's backward needs ln_backward_exact_row, given its rstd and pass 1's means
+   of g and g * xhat: pass 2's per-row factors rstd, -rstd**2 * gx_mean and -rstd * g_mean
+   are not finite, or not 0 yet below the normal range, in the compute type (float32 for
+   float16/bfloat16/float32 data).  So it is where pass 1's float32 products overflowed,
+   rstd**2 overflows or underflows, or the row, its dy or its statistics hold NaN or Inf. */
+static inline int ln_grad_row_needs_exact(ln_dtype dtype, double rstd, double g_mean, double gx_mean)
+{
+    const double factors[3] = {rstd, -rstd * rstd * gx_mean, -rstd * g_mean};
+    int normal = 1;
+    for (int i = 0; i < 3; i++) {
+        const double factor = dtype == LN_F64 ? factors[i] : (double)(float)factors[i];
+        const double normal_min = dtype == LN_F64 ? DBL_MIN : (double)FLT_MIN;
+        normal &= factors[i] == 0.0 || (isfinite(factor) && fabs(factor) >= normal_min);
+    }
+    return !normal;
+}
+
+/* Pass 2 over a group of which the rows flagged in `exact` go by ln_backward_exact_row (the
+   caller's): the other rows' dx and dweight by `apply`, and dbias by `apply` over every row,
+   dx left alone, since dbias needs dy alone: its bits stay those of the whole group. */
+static inline void ln_grad_apply_without(ln_grad_apply_fn apply, const ln_grad_rows *group, const int exact[],
+                                         const void *weight, ptrdiff_t n, double *dweight, double *dbias)
+{
+    ln_grad_rows kept = {.count = 0, .stream_dx = group->stream_dx}, every = *group;
+    for (int k = 0; k < group->count; k++) {
+        every.dx[k] = NULL;
+        if (!exact[k]) {
+            const int i = kept.count++;
+            kept.dy[i] = group->dy[k];
+            kept.x[i] = group->x[k];
+            kept.dx[i] = group->dx[k];
+            kept.mean[i] = group->mean[k];
+            kept.rstd[i] = group->rstd[k];
+            kept.g_mean[i] = group->g_mean[k];
+            kept.gx_mean[i] = group->gx_mean[k];
+        }
+    }
+    if (kept.count > 0 && (kept.dx[0] || dweight)) {
+        apply(&kept, weight, n, dweight, NULL);
+    }
+    if (dbias) {
+        apply(&every, weight, n, NULL, dbias);
+    }
 }
 
 /* The fixed reduction tree over the 16 accumulation lanes. */

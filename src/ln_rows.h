@@ -428,12 +428,96 @@ static LN_ALWAYS_INLINE void add_row(ln_dtype dtype, const char *x, ptrdiff_t x_
 /* Forward: rows                                                             */
 /* ------------------------------------------------------------------------ */
 
+/* The largest magnitude of params[0 .. n) and the smallest nonzero one less one (0 wraps to
+   the largest), as the integers of their bit patterns, ordered as the values are (NaN above
+   Inf).  Integer min/max with no branch, which the compiler vectorizes at the level's width:
+   a scalar float scan of 768 weights and biases cost 16x768 float32 forward a third. */
+static LN_ALWAYS_INLINE void param_bits_range_f32(const float *params, ptrdiff_t n, uint32_t *smallest_less_one,
+                                                  uint32_t *largest)
+{
+    typedef uint32_t bits_alias __attribute__((may_alias));
+    const bits_alias *bits = (const bits_alias *)params;
+    uint32_t low = UINT32_MAX, high = 0;
+    for (ptrdiff_t j = 0; j < n; j++) {
+        const uint32_t magnitude = bits[j] & 0x7fffffffu;
+        low = magnitude - 1u < low ? magnitude - 1u : low;
+        high = magnitude > high ? magnitude : high;
+    }
+    *smallest_less_one = low;
+    *largest = high;
+}
+
+static LN_ALWAYS_INLINE void param_bits_range_f64(const double *params, ptrdiff_t n, uint64_t *smallest_less_one,
+                                                  uint64_t *largest)
+{
+    typedef uint64_t bits_alias __attribute__((may_alias));
+    const bits_alias *bits = (const bits_alias *)params;
+    uint64_t low = UINT64_MAX, high = 0;
+    for (ptrdiff_t j = 0; j < n; j++) {
+        const uint64_t magnitude = bits[j] & 0x7fffffffffffffffu;
+        low = magnitude - 1u < low ? magnitude - 1u : low;
+        high = magnitude > high ? magnitude : high;
+    }
+    *smallest_less_one = low;
+    *largest = high;
+}
+
+/* The call's rstd bounds (ln_rstd_bounds): float16/bfloat16/float32 rows need float(rstd)
+   and float(rstd) * w_j normal and finite for every w_j != 0, float64 rows rstd * w_j; a
+   NaN or Inf weight or bias sends every row to ln_forward_exact_row, so that its NaNs are
+   the one quiet NaN. */
+static LN_ALWAYS_INLINE ln_rstd_bounds rstd_bounds(ln_dtype dtype, const ln_forward_args *a)
+{
+    const ptrdiff_t n = a->extent.row_len;
+    const void *bias = a->kind == LN_NORM_LAYER ? a->bias : NULL;
+    double smallest = 1.0, largest = 1.0;  /* the weight's nonzero magnitudes, and 1 */
+    int finite = 1;
+    if (dtype == LN_F64) {
+        uint64_t low = UINT64_MAX, high = 0, bias_low, bias_high = 0;
+        if (a->weight) {
+            param_bits_range_f64(a->weight, n, &low, &high);
+        }
+        if (bias) {
+            param_bits_range_f64(bias, n, &bias_low, &bias_high);
+        }
+        finite = high < 0x7ff0000000000000u && bias_high < 0x7ff0000000000000u;
+        const uint64_t low_bits = low + 1u;
+        double low_value, high_value;
+        memcpy(&low_value, &low_bits, sizeof low_value);
+        memcpy(&high_value, &high, sizeof high_value);
+        smallest = low != UINT64_MAX && low_value < 1.0 ? low_value : 1.0;
+        largest = high_value > 1.0 ? high_value : 1.0;
+    }
+    else {
+        uint32_t low = UINT32_MAX, high = 0, bias_low, bias_high = 0;
+        if (a->weight) {
+            param_bits_range_f32(a->weight, n, &low, &high);
+        }
+        if (bias) {
+            param_bits_range_f32(bias, n, &bias_low, &bias_high);
+        }
+        finite = high < 0x7f800000u && bias_high < 0x7f800000u;
+        const uint32_t low_bits = low + 1u;
+        float low_value, high_value;
+        memcpy(&low_value, &low_bits, sizeof low_value);
+        memcpy(&high_value, &high, sizeof high_value);
+        smallest = low != UINT32_MAX && low_value < 1.0f ? low_value : 1.0;
+        largest = high_value > 1.0f ? high_value : 1.0;
+    }
+    if (!finite) {
+        return (ln_rstd_bounds){INFINITY, 0.0};
+    }
+    const double normal_min = dtype == LN_F64 ? DBL_MIN : (double)FLT_MIN;
+    const double finite_max = dtype == LN_F64 ? DBL_MAX : (double)FLT_MAX;
+    return (ln_rstd_bounds){normal_min / smallest, finite_max / largest};
+}
+
 /* Rows shorter than one group (n < 16), where per-row overhead dominates.  Rows go
    in blocks of 16: per row, the textbook two passes in float64; per block, the
    divisions and square roots as one group operation (IEEE division and sqrt are
    correctly rounded, so lane and scalar results agree bit for bit). */
 static LN_ALWAYS_INLINE void forward_short_rows(ln_norm_kind kind, ln_dtype dtype, const ln_forward_args *a,
-                                                ptrdiff_t begin, ptrdiff_t end)
+                                                const ln_rstd_bounds *bounds, ptrdiff_t begin, ptrdiff_t end)
 {
     const ptrdiff_t n = a->extent.row_len;
     const int has_mean = kind == LN_NORM_LAYER;
@@ -474,7 +558,11 @@ static LN_ALWAYS_INLINE void forward_short_rows(ln_norm_kind kind, ln_dtype dtyp
         for (ptrdiff_t k = 0; k < rows; k++) {
             const double mean = means[k];
             const ln_moments m = {(double)n, mean, m2s[k]};
-            const double rstd = ln_moments_finite(kind, m) ? rstds[k] : NAN;
+            const double rstd = ln_moments_finite(m) ? rstds[k] : NAN;
+            if (ln_row_needs_exact(rstd, bounds)) {
+                ln_forward_exact_row(a, &a->input, block + k, mean);
+                continue;
+            }
             char *y = ln_row_address(&a->output, &a->extent, block + k);
             ln_store_stats(a, block + k, mean, rstd);
             if (dtype == LN_F64) {
@@ -504,14 +592,15 @@ static LN_ALWAYS_INLINE void forward_short_rows(ln_norm_kind kind, ln_dtype dtyp
    3.2 -> 2.7 us).  It runs the same operations as chunk_moments and normalize, so the
    results are the plain path's, bit for bit. */
 static LN_ALWAYS_INLINE void forward_rows_pipelined(ln_norm_kind kind, ln_dtype dtype, const ln_forward_args *a,
-                                                    ptrdiff_t begin, ptrdiff_t end, const void *weight,
-                                                    const void *bias)
+                                                    const ln_rstd_bounds *bounds, ptrdiff_t begin, ptrdiff_t end,
+                                                    const void *weight, const void *bias)
 {
     const ptrdiff_t n = a->extent.row_len;
     assert(16 <= n && n <= LN_CHUNK);
     row_norm previous = row_norm_of(dtype, 0.0, 0.0);
+    int previous_done = 0;  /* row r - 1 went through ln_forward_exact_row */
     for (ptrdiff_t r = begin; r <= end; r++) {
-        const int gather = r < end, emit = r > begin;
+        const int gather = r < end, emit = r > begin && !previous_done;
         /* pointers only to rows that exist: row end and row begin - 1 may lie outside */
         const char *x = gather ? ln_row_address(&a->input, &a->extent, r) : NULL;
         const char *x_previous = emit ? ln_row_address(&a->input, &a->extent, r - 1) : NULL;
@@ -545,9 +634,15 @@ static LN_ALWAYS_INLINE void forward_rows_pipelined(ln_norm_kind kind, ln_dtype 
         }
         if (gather) {
             const ln_moments m = moments_finish(&acc, kind, dtype, x, i, n);
-            const double rstd = ln_rstd_of(kind, m, a->eps);
-            ln_store_stats(a, r, m.mean, rstd);
-            previous = row_norm_of(dtype, m.mean, rstd);
+            const double rstd = ln_rstd_of(m, a->eps);
+            previous_done = ln_row_needs_exact(rstd, bounds);
+            if (previous_done) {
+                ln_forward_exact_row(a, &a->input, r, m.mean);
+            }
+            else {
+                ln_store_stats(a, r, m.mean, rstd);
+                previous = row_norm_of(dtype, m.mean, rstd);
+            }
         }
     }
 }
@@ -556,7 +651,7 @@ static LN_ALWAYS_INLINE void forward_rows_pipelined(ln_norm_kind kind, ln_dtype 
    driver sums a residual first): statistics, then the normalized row, while the row is in
    cache. */
 static LN_ALWAYS_INLINE void forward_rows(ln_norm_kind kind, ln_dtype dtype, const ln_forward_args *args,
-                                          ptrdiff_t begin, ptrdiff_t end)
+                                          const ln_rstd_bounds *bounds, ptrdiff_t begin, ptrdiff_t end)
 {
     /* a copy that no store through the outputs' char pointers can change, so that its walks
        stay in registers (20000x8 float32 rows, one thread: 3% faster) */
@@ -566,23 +661,23 @@ static LN_ALWAYS_INLINE void forward_rows(ln_norm_kind kind, ln_dtype dtype, con
     assert(0 <= begin && begin <= end && end <= ln_rows_of(&a->extent));
     const void *bias = kind == LN_NORM_RMS ? NULL : a->bias;
     if (n < 16) {
-        forward_short_rows(kind, dtype, a, begin, end);
+        forward_short_rows(kind, dtype, a, bounds, begin, end);
         return;
     }
     if (n <= LN_CHUNK) {
         /* the weight/bias cases compiled apart, so that no loop tests them (avx512, one
            thread, 256x1024 float32 with both: 64 -> 59 us), where the level wants it */
         if (!LN_LOOP_PER_PARAM_CASE || (a->weight && bias)) {
-            forward_rows_pipelined(kind, dtype, a, begin, end, a->weight, bias);
+            forward_rows_pipelined(kind, dtype, a, bounds, begin, end, a->weight, bias);
         }
         else if (a->weight) {
-            forward_rows_pipelined(kind, dtype, a, begin, end, a->weight, NULL);
+            forward_rows_pipelined(kind, dtype, a, bounds, begin, end, a->weight, NULL);
         }
         else if (bias) {
-            forward_rows_pipelined(kind, dtype, a, begin, end, NULL, bias);
+            forward_rows_pipelined(kind, dtype, a, bounds, begin, end, NULL, bias);
         }
         else {
-            forward_rows_pipelined(kind, dtype, a, begin, end, NULL, NULL);
+            forward_rows_pipelined(kind, dtype, a, bounds, begin, end, NULL, NULL);
         }
         return;
     }
@@ -593,7 +688,11 @@ static LN_ALWAYS_INLINE void forward_rows(ln_norm_kind kind, ln_dtype dtype, con
         const char *x = ln_row_address(&a->input, &a->extent, r);
         char *y = ln_row_address(&a->output, &a->extent, r);
         const ln_moments m = row_moments(kind, dtype, x, n);
-        const double rstd = ln_rstd_of(kind, m, a->eps);
+        const double rstd = ln_rstd_of(m, a->eps);
+        if (ln_row_needs_exact(rstd, bounds)) {
+            ln_forward_exact_row(a, &a->input, r, m.mean);
+            continue;
+        }
         ln_store_stats(a, r, m.mean, rstd);
         ln_normalize_spans_backwards(normalize_span, dtype, x, y, 0, n, m.mean, rstd, a->weight, bias);
     }
@@ -947,7 +1046,7 @@ static LN_ALWAYS_INLINE void backward_short_rows(ln_norm_kind kind, ln_dtype dty
         for (ptrdiff_t k = 0; k < rows; k++) {
             char *dx = ln_row_address(&a->grad_input, &a->extent, block + k);
             for (ptrdiff_t i = 0; i < n; i++) {
-                ln_store1_from_f64(dtype, dx, i, dx_t[i][k]);
+                ln_store1_from_f64(dtype, dx, i, isnan(dx_t[i][k]) ? NAN : dx_t[i][k]);  /* the one quiet NaN */
             }
         }
     }
@@ -983,6 +1082,7 @@ static LN_ALWAYS_INLINE void backward_rows(ln_norm_kind kind, ln_dtype dtype, co
     for (ptrdiff_t first = begin; first < end; first += LN_GRAD_ROWS) {
         ln_grad_rows group = {.count = (int)(end - first < LN_GRAD_ROWS ? end - first : LN_GRAD_ROWS),
                               .stream_dx = stream_dx};
+        int exact[LN_GRAD_ROWS], any_exact = 0;
         for (int k = 0; k < group.count; k++) {
             const ptrdiff_t r = first + k;
             group.dy[k] = ln_row_address(&a->grad_output, &a->extent, r);
@@ -990,14 +1090,27 @@ static LN_ALWAYS_INLINE void backward_rows(ln_norm_kind kind, ln_dtype dtype, co
             group.dx[k] = a->grad_input.data ? ln_row_address(&a->grad_input, &a->extent, r) : NULL;
             group.mean[k] = has_mean ? ln_load_stat(dtype, &a->mean, &a->extent, r) : 0.0;
             group.rstd[k] = ln_load_stat(dtype, &a->rstd, &a->extent, r);
-            double sums[2] = {0.0, 0.0};
-            if (a->grad_input.data) {
-                grad_sums(kind, dtype, group.dy[k], group.x[k], a->weight, n, group.mean[k], group.rstd[k], sums);
-            }
+            /* pass 1 also without dx, so that which rows go by ln_backward_exact_row, and so
+               dweight's bits, do not depend on what else the call asks for */
+            double sums[2];
+            grad_sums(kind, dtype, group.dy[k], group.x[k], a->weight, n, group.mean[k], group.rstd[k], sums);
             group.g_mean[k] = sums[0] / (double)n;
             group.gx_mean[k] = sums[1] / (double)n;
+            /* a row the group's float32 (or rstd**2) arithmetic cannot carry */
+            exact[k] = ln_grad_row_needs_exact(dtype, group.rstd[k], group.g_mean[k], group.gx_mean[k]);
+            any_exact |= exact[k];
         }
-        grad_apply(kind, dtype, &group, a->weight, n, dweight, dbias);
+        if (!any_exact) {
+            grad_apply(kind, dtype, &group, a->weight, n, dweight, dbias);
+            continue;
+        }
+        ln_grad_apply_without(LN_LEVEL_KERNELS.by_dtype[dtype].by_kind[kind].grad_apply, &group, exact, a->weight, n,
+                              dweight, dbias);
+        for (int k = 0; k < group.count; k++) {
+            if (exact[k]) {
+                ln_backward_exact_row(a, first + k, dweight);
+            }
+        }
     }
     if (stream_dx) {
         stream_fence();
@@ -1171,7 +1284,7 @@ static LN_ALWAYS_INLINE void forward_tile_statistics(ln_norm_kind kind, ln_dtype
     gd_store(rstds, gd_div(gd_splat(1.0), gd_sqrt(gd_add(gd_load(vars), gd_splat(eps)))));
     for (int k = 0; k < 16; k++) {
         const ln_moments m = {(double)n, means[k], m2s[k]};
-        rstds[k] = ln_moments_finite(kind, m) ? rstds[k] : NAN;
+        rstds[k] = ln_moments_finite(m) ? rstds[k] : NAN;
     }
 }
 
@@ -1183,10 +1296,38 @@ static LN_ALWAYS_INLINE void tile_store_stats(ln_dtype dtype, const tile_view *t
     }
 }
 
+/* The output of a tile's `count` rows from row `first` of the call on, one row at a time: a
+   row that needs it by ln_forward_exact_row, the others by normalize_one's arithmetic, each
+   lane's own, which gives the tile's vector loop's bits; statistics included.  For the rare
+   tiles holding such a row: the vector loop would write every lane, and the output may be
+   the input. */
+static void forward_tile_rows(ln_norm_kind kind, ln_dtype dtype, const ln_forward_args *a, const ln_array *source,
+                              ptrdiff_t first, int count, const double means[16], const double rstds[16],
+                              const ln_rstd_bounds *bounds)
+{
+    const ptrdiff_t n = a->extent.row_len, param_size = (ptrdiff_t)ln_param_size(dtype);
+    const ptrdiff_t x_step = source->walk.elem_step, y_step = a->output.walk.elem_step;
+    const char *weight = a->weight, *bias = kind == LN_NORM_LAYER ? a->bias : NULL;
+    for (int k = 0; k < count; k++) {
+        if (ln_row_needs_exact(rstds[k], bounds)) {
+            ln_forward_exact_row(a, source, first + k, means[k]);
+            continue;
+        }
+        ln_store_stats(a, first + k, means[k], rstds[k]);
+        const row_norm row = row_norm_of(dtype, means[k], rstds[k]);
+        const char *x = ln_row_address(source, &a->extent, first + k);
+        char *y = ln_row_address(&a->output, &a->extent, first + k);
+        for (ptrdiff_t j = 0; j < n; j++) {
+            normalize_one(kind, dtype, &row, x + j * x_step, y + j * y_step, 0,
+                          weight ? weight + j * param_size : NULL, bias ? bias + j * param_size : NULL);
+        }
+    }
+}
+
 /* Tile `tile` forward: statistics per lane (summing the residual into `sum` on the way),
    the statistics out, then the output. */
 static LN_ALWAYS_INLINE void forward_tile(ln_norm_kind kind, ln_dtype dtype, const ln_forward_args *a,
-                                          ptrdiff_t tile)
+                                          const ln_rstd_bounds *bounds, ptrdiff_t tile)
 {
     const ptrdiff_t n = a->extent.row_len;
     const int has_mean = kind == LN_NORM_LAYER;
@@ -1202,12 +1343,21 @@ static LN_ALWAYS_INLINE void forward_tile(ln_norm_kind kind, ln_dtype dtype, con
     };
     double means[16], rstds[16];
     forward_tile_statistics(kind, dtype, &t, n, a->eps, means, rstds);
+    int exact_rows = 0;
+    for (int k = 0; k < count; k++) {
+        exact_rows |= ln_row_needs_exact(rstds[k], bounds);
+    }
+    const ln_array *source_rows = a->residual.data ? &a->sum : &a->input;  /* the rows normalized */
+    if (exact_rows) {
+        forward_tile_rows(kind, dtype, a, source_rows, block * a->extent.rows + row, count, means, rstds, bounds);
+        return;
+    }
     const tile_view mean_out = tile_view_of(dtype, &a->mean, a->extent.rows, block, row, count);
     const tile_view rstd_out = tile_view_of(dtype, &a->rstd, a->extent.rows, block, row, count);
     tile_store_stats(dtype, &mean_out, count, means);
     tile_store_stats(dtype, &rstd_out, count, rstds);
 
-    const tile_view *source = a->residual.data ? &t.sum : &t.x;  /* the rows normalized */
+    const tile_view *source = a->residual.data ? &t.sum : &t.x;
     const void *weight = a->weight, *bias = has_mean ? a->bias : NULL;
     if (dtype == LN_F64) {
         const gd mean_v = gd_load(means), rstd_v = gd_load(rstds);
@@ -1241,13 +1391,13 @@ static LN_ALWAYS_INLINE void forward_tile(ln_norm_kind kind, ln_dtype dtype, con
 }
 
 static LN_ALWAYS_INLINE void forward_tiles(ln_norm_kind kind, ln_dtype dtype, const ln_forward_args *args,
-                                           ptrdiff_t begin, ptrdiff_t end)
+                                           const ln_rstd_bounds *bounds, ptrdiff_t begin, ptrdiff_t end)
 {
     const ln_forward_args copy = *args, *a = &copy;  /* see forward_rows */
     assert(a && a->input.data && a->output.data && a->extent.row_len >= 1);
     assert(0 <= begin && begin <= end && end <= ln_tiles_of(&a->extent));
     for (ptrdiff_t tile = begin; tile < end; tile++) {
-        forward_tile(kind, dtype, a, tile);
+        forward_tile(kind, dtype, a, bounds, tile);
     }
 }
 
@@ -1334,15 +1484,17 @@ static LN_ALWAYS_INLINE void backward_tiles(ln_norm_kind kind, ln_dtype dtype, c
 /* The table's functions for one norm kind and element type: each fixes both, constants, so
    the code above is compiled for that pair alone. */
 #define LN_KIND_FUNCTIONS(KIND, kind_suffix, DTYPE, suffix)                                        \
-    static void forward_rows_##kind_suffix##_##suffix(const ln_forward_args *a, ptrdiff_t begin,   \
-                                                      ptrdiff_t end)                               \
+    static void forward_rows_##kind_suffix##_##suffix(const ln_forward_args *a,                    \
+                                                      const ln_rstd_bounds *bounds,                \
+                                                      ptrdiff_t begin, ptrdiff_t end)              \
     {                                                                                              \
-        forward_rows(KIND, DTYPE, a, begin, end);                                                  \
+        forward_rows(KIND, DTYPE, a, bounds, begin, end);                                          \
     }                                                                                              \
-    static void forward_tiles_##kind_suffix##_##suffix(const ln_forward_args *a, ptrdiff_t begin,  \
-                                                       ptrdiff_t end)                              \
+    static void forward_tiles_##kind_suffix##_##suffix(const ln_forward_args *a,                   \
+                                                       const ln_rstd_bounds *bounds,               \
+                                                       ptrdiff_t begin, ptrdiff_t end)             \
     {                                                                                              \
-        forward_tiles(KIND, DTYPE, a, begin, end);                                                 \
+        forward_tiles(KIND, DTYPE, a, bounds, begin, end);                                         \
     }                                                                                              \
     static ln_moments chunk_moments_##kind_suffix##_##suffix(const void *x, ptrdiff_t n)           \
     {                                                                                              \
@@ -1388,6 +1540,10 @@ static LN_ALWAYS_INLINE void backward_tiles(ln_norm_kind kind, ln_dtype dtype, c
 
 /* ... and for one element type: the residual sum, and its kinds' functions. */
 #define LN_DTYPE_FUNCTIONS(DTYPE, suffix)                                                          \
+    static ln_rstd_bounds rstd_bounds_##suffix(const ln_forward_args *a)                           \
+    {                                                                                              \
+        return rstd_bounds(DTYPE, a);                                                              \
+    }                                                                                              \
     static void add_row_##suffix(const void *x, ptrdiff_t x_step, const void *residual,            \
                                  ptrdiff_t residual_step, void *sum, ptrdiff_t n)                  \
     {                                                                                              \
@@ -1414,6 +1570,7 @@ LN_FOR_EACH_DTYPE(LN_DTYPE_FUNCTIONS)
     [DTYPE] = {                                                                     \
         .by_kind = {LN_FOR_EACH_KIND(LN_KIND_TABLE_ENTRY, DTYPE, suffix)},          \
         .add_row = add_row_##suffix,                                                \
+        .rstd_bounds = rstd_bounds_##suffix,                                        \
     },
 
 const ln_kernel_table LN_LEVEL_KERNELS = {.by_dtype = {LN_FOR_EACH_DTYPE(LN_DTYPE_TABLE_ENTRY)}};

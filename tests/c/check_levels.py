@@ -5,7 +5,8 @@ in every file (one file per architecture or compiler).
 
 Each line of a file reads "<case> <level> t<threads> <hash>".  Exits 1, listing the first
 differences, if any case's hashes differ or a case is missing from a file.  The driver hashes
-outputs with every NaN replaced by one quiet NaN, so what is compared is all the other bits.
+forward outputs as written (the one quiet NaN included) and backward outputs with every NaN
+replaced by one quiet NaN.
 """
 import argparse
 import os

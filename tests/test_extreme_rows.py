@@ -1,0 +1,194 @@
+"""Rows whose statistics leave the row kernels' number ranges get the float64 reference's answer
+on every route: float64 rows whose squared deviations overflow, float16/float32 rows whose rstd
+is beyond float32's range or whose rstd * weight is below float32's normal range.  Rows holding
+NaN or Inf give NaN, as one quiet NaN.  bfloat16 (with ml_dtypes) goes the float32 rows' way.
+
+Each route of the kernel layer is reached by its shape: rows shorter than a group (3), rows of
+one chunk (40), rows of several chunks (5000), one huge row split across threads (70000), rows
+whose elements are strided (a transposed input), and the fused residual add."""
+
+import numpy as np
+import pytest
+
+import layernorm
+from helpers import REF_REL_TOL, assert_within
+from layernorm import _reference
+
+try:
+    import ml_dtypes
+except ImportError:
+    ml_dtypes = None
+
+BF16 = np.dtype(ml_dtypes.bfloat16) if ml_dtypes else None
+DTYPES = [np.float16, np.float32, np.float64] + ([BF16] if BF16 else [])
+ROW_LENGTHS = [3, 40, 5000, 70000]
+LAYOUTS = ["rows", "transposed", "residual"]
+
+
+def _extreme(kind, row_len):
+    """(dtype, x rows, weight, eps) for each kind of extreme row, two rows of row_len elements,
+    the first extreme, the second ordinary."""
+    rows = np.zeros((2, row_len))
+    rows[1] = np.linspace(-1.0, 1.0, row_len)
+    if kind == "float64-squares-overflow":
+        rows[0, :2] = [1e200, -1e200]
+        return np.float64, rows, None, 1e-5
+    if kind == "float64-squares-overflow-near-max":
+        rows[0] = 1e308
+        rows[0, :2] = [np.nextafter(1e308, 0), np.nextafter(1e308, np.inf)]
+        return np.float64, rows, None, 1e-5
+    if kind == "float32-constant-row-eps-1e-80":
+        rows[0] = 1.0
+        return np.float32, rows, None, 1e-80
+    if kind == "float16-constant-row-eps-5e-324":
+        return np.float16, rows, None, 5e-324
+    if kind == "float32-subnormal-rstd-times-weight":
+        rows[0, :2] = [3e37, -3e37]
+        return np.float32, rows, np.full(row_len, 1e-5, np.float32), 1e-5
+    if kind == "bfloat16-squares-overflow":
+        rows[0, :2] = [3e38, -3e38]
+        return BF16, rows, None, 1e-5
+    if kind == "bfloat16-constant-row-eps-1e-80":
+        rows[0] = 1.0
+        return BF16, rows, None, 1e-80
+    raise AssertionError(kind)
+
+
+KINDS = ["float64-squares-overflow", "float64-squares-overflow-near-max", "float32-constant-row-eps-1e-80",
+         "float16-constant-row-eps-5e-324", "float32-subnormal-rstd-times-weight"] + (
+    ["bfloat16-squares-overflow", "bfloat16-constant-row-eps-1e-80"] if BF16 else [])
+
+
+def _run(norm, layout_name, x, weight, eps):
+    """(y, rstd) of LayerNorm ("layer") or RMSNorm ("rms") over the last axis of x laid out as
+    layout_name (rstd None with a residual, whose functions return the sum instead)."""
+    ns = (x.shape[-1],)
+    if layout_name == "residual":
+        half = (x / 2).astype(x.dtype)
+        assert np.array_equal(half + (x - half), x)
+        if norm == "layer":
+            return layernorm.add_layer_norm(half, x - half, ns, weight, None, eps)[0], None
+        return layernorm.add_rms_norm(half, x - half, ns, weight, eps)[0], None
+    if layout_name == "transposed":
+        x = np.ascontiguousarray(x.T).T
+    if norm == "layer":
+        y, _, rstd = layernorm.native_layer_norm(x, ns, weight, None, eps)
+        return y, rstd
+    return layernorm.native_rms_norm(x, ns, weight, eps)
+
+
+def _tolerance(expected, dtype):
+    """helpers' reference tolerance (and a float16 ulp) of each row's largest value, plus the
+    smallest subnormal."""
+    dtype = np.dtype(dtype)
+    if dtype == BF16:
+        return (REF_REL_TOL[np.dtype(np.float32)] + float(ml_dtypes.finfo(dtype).eps)) * _size(expected) + float(
+            ml_dtypes.finfo(dtype).smallest_subnormal)
+    ulp = float(np.finfo(dtype).eps) if dtype == np.float16 else 0.0
+    return (REF_REL_TOL[dtype] + ulp) * _size(expected) + float(np.finfo(dtype).smallest_subnormal)
+
+
+def _size(expected):
+    """Each row's largest magnitude."""
+    return np.abs(expected).max(axis=-1, keepdims=True, initial=0.0)
+
+
+@pytest.mark.parametrize("layout_name", LAYOUTS)
+@pytest.mark.parametrize("row_len", ROW_LENGTHS)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("norm", ["layer", "rms"])
+def test_an_extreme_row_gets_the_reference_answer(norm, kind, row_len, layout_name):
+    dtype, rows, weight, eps = _extreme(kind, row_len)
+    x = rows.astype(dtype)
+    y, rstd = _run(norm, layout_name, x, weight, eps)
+    if norm == "layer":
+        want_y, _, want_rstd = _reference.layer_norm(x, (row_len,), weight, None, eps)
+    else:
+        want_y, want_rstd = _reference.rms_norm(x, (row_len,), weight, eps)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want_y = want_y.astype(dtype).astype(np.float64)
+        assert_within(y, want_y, _tolerance(want_y, dtype), "output")
+        if rstd is not None:
+            want_rstd = want_rstd.astype(rstd.dtype).astype(np.float64)
+            assert_within(rstd, want_rstd, _tolerance(want_rstd, rstd.dtype), "rstd")
+
+
+@pytest.mark.parametrize("layout_name", LAYOUTS)
+@pytest.mark.parametrize("row_len", ROW_LENGTHS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("value", [np.nan, -np.nan, np.inf])
+def test_a_row_holding_nan_or_inf_gives_one_quiet_nan(value, dtype, row_len, layout_name):
+    x = np.ones((2, row_len), dtype)
+    x[1] = np.linspace(-1.0, 1.0, row_len)
+    x[0, row_len // 2] = value
+    if layout_name == "residual":
+        y = layernorm.add_layer_norm(x, np.zeros_like(x), (row_len,))[0]
+    else:
+        y = layernorm.native_layer_norm(np.ascontiguousarray(x.T).T if layout_name == "transposed" else x,
+                                        (row_len,), None, None, 1e-5)[0]
+    canonical = np.array(np.nan, dtype).tobytes()
+    assert all(y[0, i].tobytes() == canonical for i in (0, row_len // 2, row_len - 1))
+    assert np.isfinite(y[1]).all()
+
+
+@pytest.mark.parametrize("row_len", ROW_LENGTHS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_nan_weight_gives_one_quiet_nan(dtype, row_len):
+    x = np.linspace(-1.0, 1.0, 2 * row_len).reshape(2, row_len).astype(dtype)
+    weight = np.ones(row_len, np.float64 if dtype == np.float64 else np.float32)
+    weight[row_len // 2] = -np.nan
+    y = layernorm.native_layer_norm(x, (row_len,), weight, None, 1e-5)[0]
+    assert y[0, row_len // 2].tobytes() == y[1, row_len // 2].tobytes() == np.array(np.nan, dtype).tobytes()
+    assert np.isfinite(np.delete(y, row_len // 2, axis=1)).all()
+
+
+def _backward_extreme(kind, row_len):
+    """(x, dy, eps) of two rows of row_len elements, the first extreme for the backward, the
+    second ordinary."""
+    x = np.zeros((2, row_len))
+    x[1] = np.linspace(-1.0, 1.0, row_len)
+    dy = np.tile(np.linspace(1.0, -1.0, row_len), (2, 1))
+    if kind == "float32-products-overflow":  # dy * (x - mean) beyond float32
+        x[0, :3] = [2e35, -3.8e35, 1e35]
+        dy[0, :3] = [400.0, -1000.0, 900.0]
+        return x.astype(np.float32), dy.astype(np.float32), 1e-5
+    if kind == "float64-rstd-squared-overflows":  # a constant row: rstd 1e155
+        return x, dy, 1e-310
+    if kind == "float32-tiny-values-eps-0":  # rstd ~ 1e38: rstd**2 * mean(g * xhat) beyond float32
+        x[0] = np.linspace(-2e-38, 2e-38, row_len)
+        return x.astype(np.float32), dy.astype(np.float32), 0.0
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize("row_len", ROW_LENGTHS)
+@pytest.mark.parametrize("kind", ["float32-products-overflow", "float64-rstd-squared-overflows",
+                                  "float32-tiny-values-eps-0"])
+def test_an_extreme_row_gets_the_reference_gradients(kind, row_len):
+    x, dy, eps = _backward_extreme(kind, row_len)
+    pdt = np.float64 if x.dtype == np.float64 else np.float32
+    weight, bias = np.full(row_len, 0.5, pdt), np.zeros(row_len, pdt)
+    _, mean, rstd = layernorm.native_layer_norm(x, (row_len,), weight, bias, eps)
+    got = layernorm.layer_norm_backward(dy, x, (row_len,), mean, rstd, weight, bias)
+    want = _reference.layer_norm_backward_given_stats(dy, x, (row_len,), mean, rstd, weight)
+    # grad_input's terms are rstd * dy * w per row: its tolerance is theirs
+    terms = np.asarray(rstd, np.float64) * np.abs(dy * weight.astype(np.float64)).max(axis=-1, keepdims=True)
+    tolerances = (1e-5 * terms, 1e-5 * np.abs(want[1]).max(), 1e-5 * np.abs(want[2]).max())
+    for name, g, w, tol in zip(("grad_input", "grad_weight", "grad_bias"), got, want, tolerances):
+        assert np.isfinite(g).all(), name
+        assert_within(g, w, tol, name)
+
+
+@pytest.mark.parametrize("row_len", ROW_LENGTHS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_nan_in_dy_gives_one_quiet_nan(dtype, row_len):
+    x = np.linspace(-1.0, 1.0, 2 * row_len).reshape(2, row_len).astype(dtype)
+    dy = np.ones_like(x)
+    dy[0, row_len // 2] = -np.nan
+    pdt = np.float64 if dtype == np.float64 else np.float32
+    weight, bias = np.ones(row_len, pdt), np.zeros(row_len, pdt)
+    _, mean, rstd = layernorm.native_layer_norm(x, (row_len,), weight, bias, 1e-5)
+    dx, dweight, dbias = layernorm.layer_norm_backward(dy, x, (row_len,), mean, rstd, weight, bias)
+    canonical, canonical_param = np.array(np.nan, dtype).tobytes(), np.array(np.nan, pdt).tobytes()
+    assert all(dx[0, i].tobytes() == canonical for i in (0, row_len // 2, row_len - 1))
+    assert np.isfinite(dx[1]).all()
+    assert dweight[row_len // 2].tobytes() == dbias[row_len // 2].tobytes() == canonical_param
