@@ -62,6 +62,18 @@ static LN_ALWAYS_INLINE void gf_store_f16(uint16_t *p, gf a)
     FOR_VF(k) { p[k] = ln_float_to_half(a.v[k]); }
 }
 
+static LN_ALWAYS_INLINE gf gf_load_bf16(const uint16_t *p)
+{
+    gf r;
+    FOR_VF(k) { r.v[k] = ln_bfloat16_to_float(p[k]); }
+    return r;
+}
+
+static LN_ALWAYS_INLINE void gf_store_bf16(uint16_t *p, gf a)
+{
+    FOR_VF(k) { p[k] = ln_float_to_bfloat16(a.v[k]); }
+}
+
 /* Streaming stores (p 64-byte aligned) and 16-byte streaming stores (p 16-byte aligned):
    ordinary stores at this level. */
 static LN_ALWAYS_INLINE void gd_stream(double *p, gd a)

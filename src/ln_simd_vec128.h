@@ -113,6 +113,23 @@ static LN_ALWAYS_INLINE void gf_store_f16(uint16_t *p, gf a)
 #endif
 }
 
+/* bfloat16: the lanes widened and narrowed as the compiler does it for the target (NEON's
+   vmovl/vmovn, SSE2's unpacks and shuffles). */
+typedef uint16_t ln_vu16 __attribute__((vector_size(8)));
+typedef ln_vu16 ln_vu16_mem __attribute__((aligned(1), may_alias));
+
+static LN_ALWAYS_INLINE gf gf_load_bf16(const uint16_t *p)
+{
+    gf r;
+    FOR_VF(k) { r.v[k] = bf16_widened(__builtin_convertvector(*(const ln_vu16_mem *)(p + 4 * k), ln_vu32)); }
+    return r;
+}
+
+static LN_ALWAYS_INLINE void gf_store_bf16(uint16_t *p, gf a)
+{
+    FOR_VF(k) { *(ln_vu16_mem *)(p + 4 * k) = __builtin_convertvector(bf16_rounded(a.v[k]), ln_vu16); }
+}
+
 /* Streaming stores (p 64-byte aligned) and 16-byte streaming stores (p 16-byte aligned):
    16-byte non-temporal stores on x86-64 (SSE2 movntpd/movntps), ordinary stores on
    aarch64. */
