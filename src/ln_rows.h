@@ -272,8 +272,8 @@ static LN_ALWAYS_INLINE row_norm row_norm_of(ln_dtype dtype, double mean, double
     return k;
 }
 
-/* y[i .. i + 16) from x[i .. i + 16); `streaming`: float32/float64 output by non-temporal
-   stores, y + i 64-byte aligned. */
+/* y[i .. i + 16) from x[i .. i + 16); `streaming`: by non-temporal stores, y + i 64-byte
+   aligned (32-byte for 16-bit output, whose groups are half a cache line). */
 static LN_ALWAYS_INLINE void normalize_group(ln_norm_kind kind, ln_dtype dtype, const row_norm *k, const void *x,
                                              void *y, ptrdiff_t i, const void *weight, const void *bias,
                                              int streaming)
@@ -299,6 +299,11 @@ static LN_ALWAYS_INLINE void normalize_group(ln_norm_kind kind, ln_dtype dtype, 
         const gf value = gf_fma(centred, a, b);
         if (streaming && dtype == LN_F32) {
             gf_stream((float *)y + i, value);
+        }
+        else if (streaming) {
+            uint16_t halves[16];
+            store_from_f32(dtype, halves, 0, value);
+            halves_stream((uint16_t *)y + i, halves);
         }
         else {
             store_from_f32(dtype, y, i, value);
@@ -326,8 +331,8 @@ static LN_ALWAYS_INLINE void normalize_one(ln_norm_kind kind, ln_dtype dtype, co
 /* y[0 .. n) from x[0 .. n).  `streaming`, for rows too long to stay in cache: the output
    bypasses the caches, so it does not evict the input that the loop is about to read
    again, and costs no read for ownership.  The head up to a 64-byte boundary then goes
-   one element at a time; the values are the same.  float16 output is stored as usual
-   (its 32-byte groups are half a cache line): only float32 and float64 stream. */
+   one element at a time; the values are the same.  A float16/bfloat16 group is half a
+   cache line, and the next group writes the other half, so the line leaves whole. */
 static LN_ALWAYS_INLINE void normalize(ln_norm_kind kind, ln_dtype dtype, int streaming, const void *x, void *y,
                                        ptrdiff_t n, double mean, double rstd, const void *weight,
                                        const void *bias)

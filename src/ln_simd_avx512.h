@@ -122,6 +122,13 @@ static LN_ALWAYS_INLINE void gf_stream16(float *p, gf a)
     stream16_256((char *)(p + 8), _mm256_castpd_ps(_mm512_extractf64x4_pd(v, 1)));
 }
 
+/* 16 16-bit elements, p 32-byte aligned: one 32-byte non-temporal store. */
+static LN_ALWAYS_INLINE void halves_stream(uint16_t *p, const uint16_t *halves)
+{
+    assert(((uintptr_t)p & 31) == 0);
+    _mm256_stream_si256((__m256i *)p, _mm256_loadu_si256((const __m256i *)halves));
+}
+
 /* Non-temporal stores are weakly ordered: finish them before the output is handed on. */
 static LN_ALWAYS_INLINE void stream_fence(void)
 {
