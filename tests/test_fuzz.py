@@ -173,7 +173,8 @@ PRODUCT_OVERFLOW_DEFECT = ("backward forms dy * weight * (x - mean) in float32 f
                            "value (float32 x ~ 1e35 with dy ~ 1e3; rstd ~ 1e155 from a constant float64 row "
                            "with eps=1e-310) grad_input and grad_weight come out inf or NaN though they are "
                            "finite")
-FLOAT32_RSTD_DEFECT = ("float16/float32 rows whose rstd is beyond float32's range (var + eps < 2.9e-77, "
+FLOAT32_RSTD_DEFECT = ("float32 rows, and float16 rows of 16 elements and more, whose rstd is beyond "
+                       "float32's range (var + eps < 2.9e-77, "
                        "e.g. a constant row with eps=1e-80) give NaN or Inf: the kernel normalizes with rstd "
                        "rounded to float32 (inf) instead of its float64 value")
 SUBNORMAL_SCALE_DEFECT = ("float16/float32 outputs lose precision where rstd * |weight| is below float32's "
@@ -205,10 +206,12 @@ def overflowing_rows(x, ns):
 
 
 def rstd_beyond_float32_rows(x, ns, eps):
-    """Rows of a float16/float32 input whose rstd is beyond float32's range (var + eps below
-    about 2.9e-77, e.g. a constant row with eps=1e-80)."""
+    """Rows of a float32 input, or a float16 one of rows of 16 elements and more (shorter ones
+    are normalized in float64), whose rstd is beyond float32's range (var + eps below about
+    2.9e-77, e.g. a constant row with eps=1e-80)."""
     rows = _rows(x, ns)
-    if np.asarray(x).dtype == np.float64 or rows.size == 0:
+    dtype = np.asarray(x).dtype
+    if dtype == np.float64 or (dtype == np.float16 and rows.shape[1] < 16) or rows.size == 0:
         return np.zeros(rows.shape[0], bool)
     rstd = _reference.normalize(rows, rows.shape[1:], centred=True, eps=eps).rstd.ravel()
     with np.errstate(invalid="ignore"):
@@ -735,9 +738,6 @@ KNOWN_DEFECTS = {
     # NaN where the output is 0 (the bias)
     "float32-constant-row-eps-1e-80": (
         lambda: _check_forward_unexcluded(_defect_case([1.0] * 3, np.float32, eps=1e-80)),
-        FLOAT32_RSTD_DEFECT),
-    "float16-one-element-eps-5e-324": (
-        lambda: _check_forward_unexcluded(_defect_case([0.0], np.float16, eps=5e-324)),
         FLOAT32_RSTD_DEFECT),
     # +-inf where grad_input is about 1e-33 (rows of 16 elements and more)
     "float32-backward-products-overflow": (
