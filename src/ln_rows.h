@@ -23,11 +23,12 @@
  *     row:
  *         moments = chan_merge(moments_0, moments_1, ...)          (left to right)
  *         rstd = 1 / sqrt(m2 / N + eps)
- *     output, float16/float32 data, in float32 with a two-part mean:
+ *     output, float16/bfloat16/float32 data, in float32 with a two-part mean:
  *         mean_hi = float(mean),  mean_lo = float(mean - mean_hi),  a_j = float(rstd) * w_j
  *         y_j = fma((x_j - mean_hi) - mean_lo, a_j, b_j)
- *     output, float64 data:
+ *     output, float64 data, and float16/bfloat16 rows of fewer than 16 elements:
  *         y_j = fma(x_j - mean, rstd * w_j, b_j)
+ *         (float16/bfloat16: rounded to odd into float32, then to nearest even)
  *
  *     RMSNorm: the same with the mean fixed at 0 and no bias: K = 0 and s1 unused, so
  *         moments_c = (n_c, 0, s2), the sum of squares, which ln_merge adds up (delta = 0);
@@ -271,8 +272,8 @@ static LN_ALWAYS_INLINE row_norm row_norm_of(ln_dtype dtype, double mean, double
     return k;
 }
 
-/* y[i .. i + 16) from x[i .. i + 16); `streaming`: float32/float64 output by non-temporal
-   stores, y + i 64-byte aligned. */
+/* y[i .. i + 16) from x[i .. i + 16); `streaming`: by non-temporal stores, y + i 64-byte
+   aligned (32-byte for 16-bit output, whose groups are half a cache line). */
 static LN_ALWAYS_INLINE void normalize_group(ln_norm_kind kind, ln_dtype dtype, const row_norm *k, const void *x,
                                              void *y, ptrdiff_t i, const void *weight, const void *bias,
                                              int streaming)
@@ -298,6 +299,11 @@ static LN_ALWAYS_INLINE void normalize_group(ln_norm_kind kind, ln_dtype dtype, 
         const gf value = gf_fma(centred, a, b);
         if (streaming && dtype == LN_F32) {
             gf_stream((float *)y + i, value);
+        }
+        else if (streaming) {
+            uint16_t halves[16];
+            store_from_f32(dtype, halves, 0, value);
+            halves_stream((uint16_t *)y + i, halves);
         }
         else {
             store_from_f32(dtype, y, i, value);
@@ -325,8 +331,8 @@ static LN_ALWAYS_INLINE void normalize_one(ln_norm_kind kind, ln_dtype dtype, co
 /* y[0 .. n) from x[0 .. n).  `streaming`, for rows too long to stay in cache: the output
    bypasses the caches, so it does not evict the input that the loop is about to read
    again, and costs no read for ownership.  The head up to a 64-byte boundary then goes
-   one element at a time; the values are the same.  float16 output is stored as usual
-   (its 32-byte groups are half a cache line): only float32 and float64 stream. */
+   one element at a time; the values are the same.  A float16/bfloat16 group is half a
+   cache line, and the next group writes the other half, so the line leaves whole. */
 static LN_ALWAYS_INLINE void normalize(ln_norm_kind kind, ln_dtype dtype, int streaming, const void *x, void *y,
                                        ptrdiff_t n, double mean, double rstd, const void *weight,
                                        const void *bias)
@@ -512,6 +518,16 @@ static LN_ALWAYS_INLINE ln_rstd_bounds rstd_bounds(ln_dtype dtype, const ln_forw
     return (ln_rstd_bounds){normal_min / smallest, finite_max / largest};
 }
 
+/* Whether rows of n elements get their output in float64 arithmetic: float64 data, and
+   float16/bfloat16 rows shorter than one group (forward_short_rows, and tiles of such rows),
+   whose float32 answer rounded to 11 or 8 bits would go to the wrong side of the near-ties
+   that such rows make often (n = 2: x_hat = +-1 / sqrt(1 + eps / var), so y is w + b less
+   a hair), at a cost that does not matter to rows this short. */
+static LN_ALWAYS_INLINE int output_in_f64(ln_dtype dtype, ptrdiff_t n)
+{
+    return dtype == LN_F64 || (ln_dtype_is_16bit(dtype) && n < 16);
+}
+
 /* Rows shorter than one group (n < 16), where per-row overhead dominates.  Rows go
    in blocks of 16: per row, the textbook two passes in float64; per block, the
    divisions and square roots as one group operation (IEEE division and sqrt are
@@ -565,11 +581,12 @@ static LN_ALWAYS_INLINE void forward_short_rows(ln_norm_kind kind, ln_dtype dtyp
             }
             char *y = ln_row_address(&a->output, &a->extent, block + k);
             ln_store_stats(a, block + k, mean, rstd);
-            if (dtype == LN_F64) {
-                const double *weight = a->weight, *bias = has_mean ? a->bias : NULL;
+            if (output_in_f64(dtype, n)) {
+                const void *weight = a->weight, *bias = has_mean ? a->bias : NULL;
                 for (ptrdiff_t i = 0; i < n; i++) {
-                    const double scale = weight ? weight[i] * rstd : rstd;
-                    ((double *)y)[i] = fma(values[k][i] - mean, scale, bias ? bias[i] : 0.0);
+                    const double scale = weight ? ln_load1_param_as_f64(dtype, weight, i) * rstd : rstd;
+                    ln_store1_from_f64(dtype, y, i, fma(values[k][i] - mean, scale,
+                                                        bias ? ln_load1_param_as_f64(dtype, bias, i) : 0.0));
                 }
             }
             else {
@@ -1359,15 +1376,24 @@ static LN_ALWAYS_INLINE void forward_tile(ln_norm_kind kind, ln_dtype dtype, con
 
     const tile_view *source = a->residual.data ? &t.sum : &t.x;
     const void *weight = a->weight, *bias = has_mean ? a->bias : NULL;
-    if (dtype == LN_F64) {
+    if (output_in_f64(dtype, n)) {
         const gd mean_v = gd_load(means), rstd_v = gd_load(rstds);
         for (ptrdiff_t j = 0; j < n; j++) {
-            const gd value_x = gd_load(tile_load(dtype, source, count, j, t.x_lanes));
+            const gd value_x = load_as_f64(dtype, tile_load(dtype, source, count, j, t.x_lanes), 0);
             const gd centred = has_mean ? gd_sub(value_x, mean_v) : value_x;
-            const gd scale = weight ? gd_mul(gd_splat(((const double *)weight)[j]), rstd_v) : rstd_v;
-            const gd offset = gd_splat(bias ? ((const double *)bias)[j] : 0.0);
+            const gd scale = weight ? gd_mul(gd_splat(ln_load1_param_as_f64(dtype, weight, j)), rstd_v) : rstd_v;
+            const gd offset = gd_splat(bias ? ln_load1_param_as_f64(dtype, bias, j) : 0.0);
             void *target = tile_target(dtype, &t.y, j, t.y_lanes);
-            gd_store(target, gd_fma(centred, scale, offset));
+            if (dtype == LN_F64) {
+                gd_store(target, gd_fma(centred, scale, offset));
+            }
+            else {
+                double values[16];
+                gd_store(values, gd_fma(centred, scale, offset));
+                for (int k = 0; k < 16; k++) {
+                    ln_store1_from_f64(dtype, target, k, values[k]);
+                }
+            }
             tile_scatter(dtype, &t.y, count, j, target);
         }
         return;

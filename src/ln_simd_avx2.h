@@ -72,6 +72,23 @@ static LN_ALWAYS_INLINE void gf_store_f16(uint16_t *p, gf a)
     }
 }
 
+/* bfloat16: zero-extending loads (vpmovzxwd); the two vectors' 16-bit results packed into
+   one (vpackusdw interleaves them by 128-bit halves, vpermq puts the halves back in order). */
+static LN_ALWAYS_INLINE gf gf_load_bf16(const uint16_t *p)
+{
+    gf r;
+    FOR_VF(k) {
+        r.v[k] = bf16_widened((ln_vu32)_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p + 8 * k))));
+    }
+    return r;
+}
+
+static LN_ALWAYS_INLINE void gf_store_bf16(uint16_t *p, gf a)
+{
+    const __m256i packed = _mm256_packus_epi32((__m256i)bf16_rounded(a.v[0]), (__m256i)bf16_rounded(a.v[1]));
+    _mm256_storeu_si256((__m256i *)p, _mm256_permute4x64_epi64(packed, 0xd8));
+}
+
 /* Streaming stores, p 64-byte aligned: 32-byte non-temporal stores. */
 static LN_ALWAYS_INLINE void gd_stream(double *p, gd a)
 {
@@ -104,6 +121,13 @@ static LN_ALWAYS_INLINE void gf_stream16(float *p, gf a)
 {
     assert(((uintptr_t)p & 15) == 0);
     FOR_VF(k) { stream16_256((char *)(p + 8 * k), (__m256)a.v[k]); }
+}
+
+/* 16 16-bit elements, p 32-byte aligned: one 32-byte non-temporal store. */
+static LN_ALWAYS_INLINE void halves_stream(uint16_t *p, const uint16_t *halves)
+{
+    assert(((uintptr_t)p & 31) == 0);
+    _mm256_stream_si256((__m256i *)p, _mm256_loadu_si256((const __m256i *)halves));
 }
 
 /* Non-temporal stores are weakly ordered: finish them before the output is handed on. */

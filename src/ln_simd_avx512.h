@@ -69,6 +69,19 @@ static LN_ALWAYS_INLINE void gf_store_f16(uint16_t *p, gf a)
     _mm256_storeu_si256((__m256i *)p, _mm512_cvtps_ph((__m512)a.v[0], _MM_FROUND_TO_NEAREST_INT));
 }
 
+/* bfloat16: a zero-extending load (vpmovzxwd) and a truncating store (vpmovdw). */
+static LN_ALWAYS_INLINE gf gf_load_bf16(const uint16_t *p)
+{
+    gf r;
+    r.v[0] = bf16_widened((ln_vu32)_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)));
+    return r;
+}
+
+static LN_ALWAYS_INLINE void gf_store_bf16(uint16_t *p, gf a)
+{
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16((__m512i)bf16_rounded(a.v[0])));
+}
+
 /* Streaming stores, p 64-byte aligned: 64-byte non-temporal stores. */
 static LN_ALWAYS_INLINE void gd_stream(double *p, gd a)
 {
@@ -107,6 +120,13 @@ static LN_ALWAYS_INLINE void gf_stream16(float *p, gf a)
     const __m512d v = _mm512_castps_pd((__m512)a.v[0]);
     stream16_256((char *)p, _mm256_castpd_ps(_mm512_castpd512_pd256(v)));
     stream16_256((char *)(p + 8), _mm256_castpd_ps(_mm512_extractf64x4_pd(v, 1)));
+}
+
+/* 16 16-bit elements, p 32-byte aligned: one 32-byte non-temporal store. */
+static LN_ALWAYS_INLINE void halves_stream(uint16_t *p, const uint16_t *halves)
+{
+    assert(((uintptr_t)p & 31) == 0);
+    _mm256_stream_si256((__m256i *)p, _mm256_loadu_si256((const __m256i *)halves));
 }
 
 /* Non-temporal stores are weakly ordered: finish them before the output is handed on. */

@@ -77,50 +77,29 @@ static LN_ALWAYS_INLINE void gf_store(float *p, gf a)
     FOR_VF(k) { *(ln_vf_mem *)(p + LN_VF_LANES * k) = a.v[k]; }
 }
 
-/* bfloat16 groups: the scalar conversions of ln_types.h, lane by lane on integer vectors
-   where the level has vectors (widen and shift; round by adding 0x7fff plus the kept
-   lsb, NaN made quiet instead), so every level converts bit for bit alike. */
-#if LN_VF_LANES == 1
-
-static LN_ALWAYS_INLINE gf gf_load_bf16(const uint16_t *p)
-{
-    gf r;
-    FOR_VF(k) { r.v[k] = ln_bfloat16_to_float(p[k]); }
-    return r;
-}
-
-static LN_ALWAYS_INLINE void gf_store_bf16(uint16_t *p, gf a)
-{
-    FOR_VF(k) { p[k] = ln_float_to_bfloat16(a.v[k]); }
-}
-
-#else
+/* bfloat16 groups: each level loads and stores them with its own shuffles (gf_load_bf16,
+   gf_store_bf16); the arithmetic on the bits, the scalar conversions of ln_types.h lane by
+   lane, is written here once for every level with vectors, so all convert bit for bit alike. */
+#if LN_VF_LANES > 1
 
 typedef uint32_t ln_vu32 __attribute__((vector_size(sizeof(ln_vf))));
-typedef int32_t ln_vi32 __attribute__((vector_size(sizeof(ln_vf))));
-typedef uint16_t ln_vu16 __attribute__((vector_size(sizeof(ln_vf) / 2)));
-typedef ln_vu16 ln_vu16_mem __attribute__((aligned(1), may_alias));
 
-static LN_ALWAYS_INLINE gf gf_load_bf16(const uint16_t *p)
+/* float32 lanes from bfloat16 values zero-extended into 32-bit lanes: the top halves. */
+static LN_ALWAYS_INLINE ln_vf bf16_widened(ln_vu32 halves)
 {
-    gf r;
-    FOR_VF(k) {
-        const ln_vu16 half = *(const ln_vu16_mem *)(p + LN_VF_LANES * k);
-        r.v[k] = (ln_vf)(__builtin_convertvector(half, ln_vu32) << 16);
-    }
-    return r;
+    return (ln_vf)(halves << 16);
 }
 
-static LN_ALWAYS_INLINE void gf_store_bf16(uint16_t *p, gf a)
+/* The bfloat16 of each lane, in its low 16 bits (the high ones zero): rounded to nearest
+   even by adding 0x7fff plus the kept lsb (a carry steps the exponent, up to Inf), NaN
+   made quiet instead, keeping its sign and the top of its payload. */
+static LN_ALWAYS_INLINE ln_vu32 bf16_rounded(ln_vf value)
 {
-    FOR_VF(k) {
-        const ln_vu32 bits = (ln_vu32)a.v[k];
-        const ln_vu32 is_nan = (ln_vu32)((ln_vi32)(bits & 0x7fffffff) > 0x7f800000);
-        const ln_vu32 rounded = bits + 0x7fff + ((bits >> 16) & 1);
-        const ln_vu32 quiet = bits | 0x00400000;
-        *(ln_vu16_mem *)(p + LN_VF_LANES * k) =
-            __builtin_convertvector(((rounded & ~is_nan) | (quiet & is_nan)) >> 16, ln_vu16);
-    }
+    const ln_vu32 bits = (ln_vu32)value;
+    const ln_vu32 is_nan = (ln_vu32)(value != value);
+    const ln_vu32 rounded = bits + 0x7fff + ((bits >> 16) & 1);
+    const ln_vu32 quiet = bits | 0x00400000;
+    return ((rounded & ~is_nan) | (quiet & is_nan)) >> 16;
 }
 
 #endif

@@ -62,8 +62,21 @@ static LN_ALWAYS_INLINE void gf_store_f16(uint16_t *p, gf a)
     FOR_VF(k) { p[k] = ln_float_to_half(a.v[k]); }
 }
 
-/* Streaming stores (p 64-byte aligned) and 16-byte streaming stores (p 16-byte aligned):
-   ordinary stores at this level. */
+static LN_ALWAYS_INLINE gf gf_load_bf16(const uint16_t *p)
+{
+    gf r;
+    FOR_VF(k) { r.v[k] = ln_bfloat16_to_float(p[k]); }
+    return r;
+}
+
+static LN_ALWAYS_INLINE void gf_store_bf16(uint16_t *p, gf a)
+{
+    FOR_VF(k) { p[k] = ln_float_to_bfloat16(a.v[k]); }
+}
+
+/* Streaming stores (p 64-byte aligned), 16-byte streaming stores (p 16-byte aligned) and
+   16-bit elements' streaming stores (halves_stream, p 32-byte aligned): ordinary stores at
+   this level. */
 static LN_ALWAYS_INLINE void gd_stream(double *p, gd a)
 {
     assert(((uintptr_t)p & 63) == 0);
@@ -86,6 +99,12 @@ static LN_ALWAYS_INLINE void gf_stream16(float *p, gf a)
 {
     assert(((uintptr_t)p & 15) == 0);
     gf_store(p, a);
+}
+
+static LN_ALWAYS_INLINE void halves_stream(uint16_t *p, const uint16_t *halves)
+{
+    assert(((uintptr_t)p & 31) == 0);
+    memcpy(p, halves, 32);
 }
 
 static LN_ALWAYS_INLINE void stream_fence(void) {}

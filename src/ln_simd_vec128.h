@@ -113,9 +113,26 @@ static LN_ALWAYS_INLINE void gf_store_f16(uint16_t *p, gf a)
 #endif
 }
 
-/* Streaming stores (p 64-byte aligned) and 16-byte streaming stores (p 16-byte aligned):
-   16-byte non-temporal stores on x86-64 (SSE2 movntpd/movntps), ordinary stores on
-   aarch64. */
+/* bfloat16: the lanes widened and narrowed as the compiler does it for the target (NEON's
+   vmovl/vmovn, SSE2's unpacks and shuffles). */
+typedef uint16_t ln_vu16 __attribute__((vector_size(8)));
+typedef ln_vu16 ln_vu16_mem __attribute__((aligned(1), may_alias));
+
+static LN_ALWAYS_INLINE gf gf_load_bf16(const uint16_t *p)
+{
+    gf r;
+    FOR_VF(k) { r.v[k] = bf16_widened(__builtin_convertvector(*(const ln_vu16_mem *)(p + 4 * k), ln_vu32)); }
+    return r;
+}
+
+static LN_ALWAYS_INLINE void gf_store_bf16(uint16_t *p, gf a)
+{
+    FOR_VF(k) { *(ln_vu16_mem *)(p + 4 * k) = __builtin_convertvector(bf16_rounded(a.v[k]), ln_vu16); }
+}
+
+/* Streaming stores (p 64-byte aligned), 16-byte streaming stores (p 16-byte aligned) and
+   16-bit elements' streaming stores (halves_stream: 16 of them, p 32-byte aligned): 16-byte
+   non-temporal stores on x86-64 (SSE2 movntpd/movntps/movntdq), ordinary stores on aarch64. */
 #if defined(__x86_64__)
 
 static LN_ALWAYS_INLINE void gd_stream16(double *p, gd a)
@@ -128,6 +145,13 @@ static LN_ALWAYS_INLINE void gf_stream16(float *p, gf a)
 {
     assert(((uintptr_t)p & 15) == 0);
     FOR_VF(k) { _mm_stream_ps(p + 4 * k, (__m128)a.v[k]); }
+}
+
+static LN_ALWAYS_INLINE void halves_stream(uint16_t *p, const uint16_t *halves)
+{
+    assert(((uintptr_t)p & 31) == 0);
+    _mm_stream_si128((__m128i *)p, _mm_loadu_si128((const __m128i *)halves));
+    _mm_stream_si128((__m128i *)(p + 8), _mm_loadu_si128((const __m128i *)(halves + 8)));
 }
 
 /* Non-temporal stores are weakly ordered: finish them before the output is handed on. */
@@ -148,6 +172,12 @@ static LN_ALWAYS_INLINE void gf_stream16(float *p, gf a)
 {
     assert(((uintptr_t)p & 15) == 0);
     gf_store(p, a);
+}
+
+static LN_ALWAYS_INLINE void halves_stream(uint16_t *p, const uint16_t *halves)
+{
+    assert(((uintptr_t)p & 31) == 0);
+    memcpy(p, halves, 32);
 }
 
 static LN_ALWAYS_INLINE void stream_fence(void) {}

@@ -157,15 +157,32 @@ static inline double ln_load1_as_f64(ln_dtype dtype, const void *p, ptrdiff_t i)
     }
 }
 
+/* value rounded to float32 to odd: toward zero, then the last bit set if that was inexact.
+   Rounding that to nearest even in 8 or 11 bits gives value's own rounding there (float32
+   keeps at least 2 more bits), where rounding to nearest twice can land on the wrong side
+   of a tie. */
+static inline float ln_double_to_float_odd(double value)
+{
+    float f = (float)value;
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if ((double)f != value && value == value && (bits & 1) == 0) {
+        /* the other float32 neighbour of value, one step in magnitude */
+        bits += (double)f < value ? (f < 0 ? -1 : 1) : (f > 0 ? -1 : 1);
+        memcpy(&f, &bits, sizeof f);
+    }
+    return f;
+}
+
 /* value rounded once to the element type, into element i of p. */
 static inline void ln_store1_from_f64(ln_dtype dtype, void *p, ptrdiff_t i, double value)
 {
     switch (dtype) {
     case LN_F16:
-        ((uint16_t *)p)[i] = ln_float_to_half((float)value);
+        ((uint16_t *)p)[i] = ln_float_to_half(ln_double_to_float_odd(value));
         break;
     case LN_BF16:
-        ((uint16_t *)p)[i] = ln_float_to_bfloat16((float)value);
+        ((uint16_t *)p)[i] = ln_float_to_bfloat16(ln_double_to_float_odd(value));
         break;
     case LN_F32:
         ((float *)p)[i] = (float)value;

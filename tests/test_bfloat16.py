@@ -121,29 +121,32 @@ def numpy_of(tensor):
     return tensor.numpy()
 
 
-# The fraction correctly rounded that each (dtype, kind) reaches at least.  LayerNorm falls
-# short of 99.9%: where the bias nearly cancels x_hat * weight, the float32 roundings of
-# x_hat * weight (about 2**-23 of it) decide the rounding of a much smaller output.
-CORRECTLY_ROUNDED = {("float16", "layer_norm"): 0.997, ("bfloat16", "layer_norm"): 0.998,
-                     ("float16", "rms_norm"): 0.999, ("bfloat16", "rms_norm"): 0.999}
+# The contract: at least 99.9% of the outputs are the float64 answer correctly rounded, and
+# every one is within 1 ulp of it (or, where the bias nearly cancels x_hat * weight, within
+# 2**-22 of |x_hat * weight| + |bias|: accuracy's "outside" counts the elements that are not).
+CORRECTLY_ROUNDED = 0.999
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=str)
 @pytest.mark.parametrize("name", HALF_DTYPES)
 def test_outputs_are_correctly_rounded(name, kind):
     fraction, worst, outside = accuracy(name, kind, ours(kind))
-    assert outside == 0 and fraction >= CORRECTLY_ROUNDED[name, kind.name], (fraction, worst, outside)
+    assert outside == 0 and fraction >= CORRECTLY_ROUNDED, (fraction, worst, outside)
 
 
 @requires_torch
 @pytest.mark.parametrize("kind", KINDS, ids=str)
 @pytest.mark.parametrize("name", HALF_DTYPES)
 def test_rounded_correctly_at_least_as_often_as_torch(name, kind):
-    ours_fraction, ours_worst, ours_outside = accuracy(name, kind, ours(kind))
-    torch_fraction, torch_worst, torch_outside = accuracy(name, kind, torchs(kind))
-    # RMSNorm: both round correctly but for a few near-ties (1e-4 is 24 of the 245k elements)
-    assert ours_fraction >= torch_fraction - 1e-4 and ours_worst <= max(torch_worst, 1.0)
-    assert ours_outside <= torch_outside
+    # side by side on the same data: (fraction correctly rounded, max ulps, outside the contract)
+    ours_figures = accuracy(name, kind, ours(kind))
+    torch_figures = accuracy(name, kind, torchs(kind))
+    ours_fraction, ours_worst, ours_outside = ours_figures
+    torch_fraction, torch_worst, torch_outside = torch_figures
+    # RMSNorm: both round correctly but for a few near-ties (1e-4 is 34 of the 343k elements)
+    assert ours_fraction >= torch_fraction - 1e-4 and ours_worst <= max(torch_worst, 1.0), (ours_figures,
+                                                                                         torch_figures)
+    assert ours_outside <= torch_outside, (ours_figures, torch_figures)
 
 
 # ------------------------------------------------------------- every function in bfloat16
