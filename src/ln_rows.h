@@ -513,9 +513,13 @@ static LN_ALWAYS_INLINE ln_rstd_bounds rstd_bounds(ln_dtype dtype, const ln_forw
     if (!finite) {
         return (ln_rstd_bounds){INFINITY, 0.0};
     }
-    const double normal_min = dtype == LN_F64 ? DBL_MIN : (double)FLT_MIN;
-    const double finite_max = dtype == LN_F64 ? DBL_MAX : (double)FLT_MAX;
-    return (ln_rstd_bounds){normal_min / smallest, finite_max / largest};
+    if (dtype == LN_F64) {
+        return (ln_rstd_bounds){DBL_MIN / smallest, DBL_MAX / largest};
+    }
+    /* float32 arithmetic also needs x - mean finite: |x - mean| <= sqrt(m2) <= sqrt(n) / rstd,
+       at most FLT_MAX / 2 once rstd >= 2 sqrt(n) / FLT_MAX (rows of std above ~1e37). */
+    const double low = fmax((double)FLT_MIN / smallest, 2.0 * sqrt((double)n) / (double)FLT_MAX);
+    return (ln_rstd_bounds){low, (double)FLT_MAX / largest};
 }
 
 /* Whether rows of n elements get their output in float64 arithmetic: float64 data, and
@@ -1335,8 +1339,17 @@ static void forward_tile_rows(ln_norm_kind kind, ln_dtype dtype, const ln_forwar
         const char *x = ln_row_address(source, &a->extent, first + k);
         char *y = ln_row_address(&a->output, &a->extent, first + k);
         for (ptrdiff_t j = 0; j < n; j++) {
-            normalize_one(kind, dtype, &row, x + j * x_step, y + j * y_step, 0,
-                          weight ? weight + j * param_size : NULL, bias ? bias + j * param_size : NULL);
+            const char *w_j = weight ? weight + j * param_size : NULL, *b_j = bias ? bias + j * param_size : NULL;
+            if (output_in_f64(dtype, n)) {  /* the vector loop's float64 arithmetic, rounded once */
+                const double value_x = ln_load1_as_f64(dtype, x + j * x_step, 0);
+                const double centred = kind == LN_NORM_RMS ? value_x : value_x - means[k];
+                const double scale = w_j ? ln_load1_param_as_f64(dtype, w_j, 0) * rstds[k] : rstds[k];
+                ln_store1_from_f64(dtype, y + j * y_step, 0,
+                                   fma(centred, scale, b_j ? ln_load1_param_as_f64(dtype, b_j, 0) : 0.0));
+            }
+            else {
+                normalize_one(kind, dtype, &row, x + j * x_step, y + j * y_step, 0, w_j, b_j);
+            }
         }
     }
 }

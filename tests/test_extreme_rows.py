@@ -45,6 +45,10 @@ def _extreme(kind, row_len):
     if kind == "float32-subnormal-rstd-times-weight":
         rows[0, :2] = [3e37, -3e37]
         return np.float32, rows, np.full(row_len, 1e-5, np.float32), 1e-5
+    if kind == "float32-centred-overflows":  # x - mean beyond float32: 3e38 - (-2.9e38)
+        rows[0] = -3e38
+        rows[0, 0] = 3e38
+        return np.float32, rows, None, 1e-5
     if kind == "bfloat16-squares-overflow":
         rows[0, :2] = [3e38, -3e38]
         return BF16, rows, None, 1e-5
@@ -55,7 +59,7 @@ def _extreme(kind, row_len):
 
 
 KINDS = ["float64-squares-overflow", "float64-squares-overflow-near-max", "float32-constant-row-eps-1e-80",
-         "float16-constant-row-eps-5e-324", "float32-subnormal-rstd-times-weight"] + (
+         "float16-constant-row-eps-5e-324", "float32-subnormal-rstd-times-weight", "float32-centred-overflows"] + (
     ["bfloat16-squares-overflow", "bfloat16-constant-row-eps-1e-80"] if BF16 else [])
 
 
@@ -81,7 +85,7 @@ def _tolerance(expected, dtype):
     """helpers' reference tolerance (and a float16 ulp) of each row's largest value, plus the
     smallest subnormal."""
     dtype = np.dtype(dtype)
-    if dtype == BF16:
+    if BF16 is not None and dtype == BF16:
         return (REF_REL_TOL[np.dtype(np.float32)] + float(ml_dtypes.finfo(dtype).eps)) * _size(expected) + float(
             ml_dtypes.finfo(dtype).smallest_subnormal)
     ulp = float(np.finfo(dtype).eps) if dtype == np.float16 else 0.0
@@ -111,6 +115,26 @@ def test_an_extreme_row_gets_the_reference_answer(norm, kind, row_len, layout_na
         if rstd is not None:
             want_rstd = want_rstd.astype(rstd.dtype).astype(np.float64)
             assert_within(rstd, want_rstd, _tolerance(want_rstd, rstd.dtype), "rstd")
+
+
+@pytest.mark.parametrize("row_len", [2, 3, 5, 15])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rows_read_across_keep_their_bits_next_to_an_inf_row(dtype, row_len):
+    """Rows read across (the strided route's tiles of 16 rows) give the same bits whether or not
+    their tile holds a row of Inf, short float16/bfloat16 rows included (computed in float64;
+    float32 arithmetic would round their rare near-ties apart: many rows)."""
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((32000, row_len)).astype(dtype)
+    pdt = np.float64 if np.dtype(dtype) == np.float64 else np.float32
+    weight = rng.standard_normal(row_len).astype(pdt)
+    bias = rng.standard_normal(row_len).astype(pdt)
+    with_inf = x.copy()
+    with_inf[::16, 0] = np.inf
+    ordinary = np.ones(len(x), bool)
+    ordinary[::16] = False
+    outputs = [layernorm.native_layer_norm(np.ascontiguousarray(rows.T), (row_len,), weight, bias, axis=0)[0].T
+               for rows in (x, with_inf)]
+    assert outputs[1][ordinary].tobytes() == outputs[0][ordinary].tobytes()
 
 
 @pytest.mark.parametrize("layout_name", LAYOUTS)
