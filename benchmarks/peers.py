@@ -1,5 +1,5 @@
-"""What ours is compared with: torch when installed, the NumPy formula, and a plain copy of the
-same bytes, the memory floor.
+"""What ours is compared with: torch when installed, ONNX Runtime and JAX when installed (the
+`bench` extra), the NumPy formula, and a plain copy of the same bytes, the memory floor.
 
 Each peer is a function of the case that returns its Timed call, or None when the peer is not
 installed or cannot run the case; a report column of a peer that returned None says n/a.
@@ -71,6 +71,92 @@ def torch_backward(case, data):
     except RuntimeError as error:
         print(f"  torch backward unsupported for {case.label}: {error}", file=sys.stderr)
         return None
+    return timed
+
+
+class OrtLayerNormalization:
+    """ONNX Runtime's LayerNormalization (opset 17, statistics in float32) over the last axis of
+    x, run on NumPy arrays; a session per thread count (ORT fixes a session's pool size when it
+    creates the session), chosen by set_num_threads."""
+
+    def __init__(self, x, eps):
+        import onnx
+        from onnx import TensorProto, helper
+
+        elem = {np.dtype(np.float16): TensorProto.FLOAT16, np.dtype(np.float32): TensorProto.FLOAT,
+                np.dtype(np.float64): TensorProto.DOUBLE}[x.dtype]
+        cols = x.shape[-1]
+        node = helper.make_node("LayerNormalization", ["X", "Scale", "B"], ["Y"], axis=-1, epsilon=eps)
+        graph = helper.make_graph(
+            [node], "layer_norm",
+            [helper.make_tensor_value_info("X", elem, list(x.shape)),
+             helper.make_tensor_value_info("Scale", elem, [cols]),
+             helper.make_tensor_value_info("B", elem, [cols])],
+            [helper.make_tensor_value_info("Y", elem, list(x.shape))])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        self.model_bytes = model.SerializeToString()
+        onnx.checker.check_model(model)
+        self.sessions = {}
+        self.session = None
+
+    def set_num_threads(self, threads):
+        if threads not in self.sessions:
+            import onnxruntime
+
+            options = onnxruntime.SessionOptions()
+            options.intra_op_num_threads = threads
+            options.inter_op_num_threads = 1
+            self.sessions[threads] = onnxruntime.InferenceSession(
+                self.model_bytes, options, providers=["CPUExecutionProvider"])
+        self.session = self.sessions[threads]
+
+    def __call__(self, x, weight, bias):
+        return self.session.run(None, {"X": x, "Scale": weight, "B": bias})[0]
+
+
+def ort_forward(case, data):
+    """ONNX Runtime's LayerNormalization, weight/bias in x's dtype; None without onnxruntime or
+    for a dtype its CPU kernel lacks (bfloat16: its Python API takes no ml_dtypes arrays)."""
+    x = data.x
+    if x.dtype.name == "bfloat16":
+        return None
+    try:
+        layer_norm = OrtLayerNormalization(x, EPS)
+        timed = Timed(layer_norm, (x, data.weight.astype(x.dtype), data.bias.astype(x.dtype)),
+                      set_num_threads=layer_norm.set_num_threads)
+        timed.run()
+    except ImportError:
+        return None
+    except Exception as error:  # a type or shape ORT's CPU kernels do not take
+        print(f"  onnxruntime cannot run {case.label}: {type(error).__name__}", file=sys.stderr)
+        return None
+    return timed
+
+
+def jax_forward(case, data):
+    """A jitted JAX layer norm in x's dtype (flax.linen.LayerNorm's formula), called on the NumPy
+    arrays and its result brought back as one, as a NumPy user would; None without jax.  XLA's
+    CPU pool is sized once per process, so the call counts as unthreaded: one time for all."""
+    try:
+        import jax
+        import jax.numpy as jnp
+    except ImportError:
+        return None
+    jax.config.update("jax_enable_x64", True)  # float64 cases stay float64
+
+    @jax.jit
+    def layer_norm(x, weight, bias):
+        mean = jnp.mean(x, axis=-1, keepdims=True)
+        centred = x - mean
+        var = jnp.mean(centred * centred, axis=-1, keepdims=True)
+        return centred * jax.lax.rsqrt(var + EPS) * weight + bias
+
+    def call(x, weight, bias):
+        return np.asarray(layer_norm(x, weight, bias))
+
+    x = data.x
+    timed = Timed(call, (x, data.weight.astype(x.dtype), data.bias.astype(x.dtype)))
+    timed.run()  # compile
     return timed
 
 

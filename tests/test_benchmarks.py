@@ -43,3 +43,21 @@ def test_quick_run_reports_each_thread_count_and_the_target():
     assert "## 1 thread" in proc.stdout
     assert "| layernorm |" in proc.stdout
     assert "slowest / fastest" in proc.stdout.split("## Target")[1]
+
+
+@pytest.mark.parametrize("peer_name, module", [("ort_forward", "onnxruntime"), ("jax_forward", "jax")])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_optional_peers_compute_layer_norm(monkeypatch, peer_name, module, dtype):
+    pytest.importorskip(module)
+    if module == "onnxruntime":
+        pytest.importorskip("onnx")
+    monkeypatch.syspath_prepend(str(REPOSITORY))
+    from benchmarks import cases, peers
+    from layernorm import _reference
+
+    case = cases.Case(8, 64, dtype)
+    data = cases.make_case_data(case, np.random.default_rng(0))
+    timed = getattr(peers, peer_name)(case, data)
+    timed.use_threads()
+    expected = _reference.layer_norm(data.x, (64,), data.weight.astype(dtype), data.bias.astype(dtype), cases.EPS)[0]
+    np.testing.assert_allclose(timed.run(), expected, rtol=0, atol=1e-4 if dtype == "float32" else 1e-10)
