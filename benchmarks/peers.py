@@ -74,28 +74,31 @@ def torch_backward(case, data):
     return timed
 
 
-class OrtLayerNormalization:
-    """ONNX Runtime's LayerNormalization (opset 17, statistics in float32) over the last axis of
-    x, run on NumPy arrays; a session per thread count (ORT fixes a session's pool size when it
-    creates the session), chosen by set_num_threads."""
+class OrtNormalization:
+    """One ONNX normalization node (LayerNormalization, opset 17; RMSNormalization, opset 23)
+    over the last axis of x, run by ONNX Runtime on NumPy arrays: inputs X and its parameters
+    (Scale, and B for LayerNormalization) in x's dtype.  A session per thread count (ORT fixes a
+    session's pool when it creates it), chosen by set_num_threads."""
 
-    def __init__(self, x, eps):
+    OPS = {"LayerNormalization": (17, ["X", "Scale", "B"]), "RMSNormalization": (23, ["X", "Scale"])}
+
+    def __init__(self, op_type, x, eps):
         import onnx
         from onnx import TensorProto, helper
 
+        opset, names = self.OPS[op_type]
         elem = {np.dtype(np.float16): TensorProto.FLOAT16, np.dtype(np.float32): TensorProto.FLOAT,
                 np.dtype(np.float64): TensorProto.DOUBLE}[x.dtype]
-        cols = x.shape[-1]
-        node = helper.make_node("LayerNormalization", ["X", "Scale", "B"], ["Y"], axis=-1, epsilon=eps)
+        shapes = [list(x.shape)] + [[x.shape[-1]]] * (len(names) - 1)
+        node = helper.make_node(op_type, names, ["Y"], axis=-1, epsilon=eps)
         graph = helper.make_graph(
-            [node], "layer_norm",
-            [helper.make_tensor_value_info("X", elem, list(x.shape)),
-             helper.make_tensor_value_info("Scale", elem, [cols]),
-             helper.make_tensor_value_info("B", elem, [cols])],
+            [node], op_type,
+            [helper.make_tensor_value_info(name, elem, shape) for name, shape in zip(names, shapes)],
             [helper.make_tensor_value_info("Y", elem, list(x.shape))])
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-        self.model_bytes = model.SerializeToString()
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
         onnx.checker.check_model(model)
+        self.model_bytes = model.SerializeToString()
+        self.input_names = names
         self.sessions = {}
         self.session = None
 
@@ -110,27 +113,31 @@ class OrtLayerNormalization:
                 self.model_bytes, options, providers=["CPUExecutionProvider"])
         self.session = self.sessions[threads]
 
-    def __call__(self, x, weight, bias):
-        return self.session.run(None, {"X": x, "Scale": weight, "B": bias})[0]
+    def __call__(self, *arrays):
+        return self.session.run(None, dict(zip(self.input_names, arrays)))[0]
 
 
-def ort_forward(case, data):
-    """ONNX Runtime's LayerNormalization, weight/bias in x's dtype; None without onnxruntime or
-    for a dtype its CPU kernel lacks (bfloat16: its Python API takes no ml_dtypes arrays)."""
-    x = data.x
+def ort_timed(op_type, label, x, *params):
+    """The Timed call of ONNX Runtime's op_type on x and params (cast to x's dtype), checked to
+    run; None without onnxruntime, or for a dtype its CPU kernels lack (bfloat16: its Python API
+    takes no ml_dtypes arrays)."""
     if x.dtype.name == "bfloat16":
         return None
     try:
-        layer_norm = OrtLayerNormalization(x, EPS)
-        timed = Timed(layer_norm, (x, data.weight.astype(x.dtype), data.bias.astype(x.dtype)),
-                      set_num_threads=layer_norm.set_num_threads)
+        node = OrtNormalization(op_type, x, EPS)
+        timed = Timed(node, (x, *(param.astype(x.dtype) for param in params)), set_num_threads=node.set_num_threads)
         timed.run()
     except ImportError:
         return None
     except Exception as error:  # a type or shape ORT's CPU kernels do not take
-        print(f"  onnxruntime cannot run {case.label}: {type(error).__name__}", file=sys.stderr)
+        print(f"  onnxruntime cannot run {label}: {type(error).__name__}", file=sys.stderr)
         return None
     return timed
+
+
+def ort_forward(case, data):
+    """ONNX Runtime's LayerNormalization, weight/bias in x's dtype (None: see ort_timed)."""
+    return ort_timed("LayerNormalization", case.label, data.x, data.weight, data.bias)
 
 
 def jax_forward(case, data):

@@ -61,3 +61,18 @@ def test_optional_peers_compute_layer_norm(monkeypatch, peer_name, module, dtype
     timed.use_threads()
     expected = _reference.layer_norm(data.x, (64,), data.weight.astype(dtype), data.bias.astype(dtype), cases.EPS)[0]
     np.testing.assert_allclose(timed.run(), expected, rtol=0, atol=1e-4 if dtype == "float32" else 1e-10)
+
+
+def test_ort_rms_normalization_computes_rms_norm(monkeypatch):
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnx")
+    monkeypatch.syspath_prepend(str(REPOSITORY))
+    from benchmarks import cases, peers
+    from layernorm import _reference
+
+    rng = np.random.default_rng(1)
+    x, weight = rng.standard_normal((8, 64), dtype=np.float32), rng.standard_normal(64).astype(np.float32)
+    timed = peers.ort_timed("RMSNormalization", "8x64", x, weight)
+    timed.use_threads()
+    expected = _reference.rms_norm(x, 64, weight, cases.EPS)[0]
+    np.testing.assert_allclose(timed.run(), expected, rtol=0, atol=1e-5)
