@@ -24,6 +24,10 @@ Examples:
 What is timed, per case (rows x cols, normalized over the last axis of cols elements):
     ours   layernorm.layer_norm(x, (cols,), weight, bias)  (float32 weight/bias)
     torch  torch.nn.functional.layer_norm on torch.from_numpy(x), weight/bias in x's dtype, no_grad
+    ort    ONNX Runtime's LayerNormalization (opset 17), a session per thread count, weight/bias
+           in x's dtype (when onnxruntime is installed: python -m pip install ".[bench]")
+    jax    a jitted JAX layer norm in x's dtype called on the NumPy arrays, result back as one
+           (when jax is installed); XLA sizes its pool once per process, so it is timed once
     numpy  (x - x.mean(-1)) / np.sqrt(x.var(-1) + eps) * weight + bias, all in x's dtype
     copy   np.copyto(destination, x): the memory-bandwidth floor
 The "out=" case passes a preallocated output to ours (torch and numpy allocate as usual: torch

@@ -7,7 +7,8 @@ Usage, from the repository root:
 What is timed (one row per comparison, at each thread count; single-threaded peers once):
     rms fwd/bwd    layernorm.rms_norm / rms_norm_backward vs torch.nn.functional.rms_norm and
                    its autograd backward (forward included: torch 2.13 has no CPU kernel for
-                   aten._fused_rms_norm_backward), on the main benchmark's standard cases
+                   aten._fused_rms_norm_backward), on the main benchmark's standard cases;
+                   forward also vs ONNX Runtime's RMSNormalization (opset 23) when installed
     channels-first layer_norm(x, 64, w, b, axis=1) on (8, 64, 56, 56) float32 NCHW, and its
                    backward, vs torch's permute route (permute to NHWC, contiguous, layer_norm,
                    permute back) and vs np.copyto of x (forward) or of 1.5 times x (backward)
@@ -35,7 +36,7 @@ from layernorm import _reference
 
 from . import timing
 from .cases import EPS
-from .peers import torch, torch_no_grad
+from .peers import ort_timed, torch, torch_no_grad
 from .report import cpu_model_name, load_average_text, table_lines
 
 STANDARD_SHAPES = [(4, 20), (16, 768), (512, 768), (2048, 4096), (1_000_000, 8), (8, 1_000_000)]
@@ -45,6 +46,7 @@ ADD_SHAPE = (2048, 4096)
 # (what, the peer it is compared with, the largest ratio the targets allow)
 TARGETS = {
     "rms": ("torch", 0.5),
+    "rms vs ort": ("ort", 0.8),
     "channels-first vs copy": ("copy", 1.5),
     "channels-first vs torch": ("torch", 0.3),
     "add vs copy": ("copy", 2.2),
@@ -103,9 +105,12 @@ def rms_comparisons(rng):
             backward["torch"] = torch_threaded(torch_rms_backward, dy_t, x_t, cols, w_t)
         reference = _reference.rms_norm(x, cols, w, EPS)[0]
         reference_grad = _reference.rms_norm_backward(dy, x, cols, w, EPS)[0]
-        checks = [("rms", "torch")]
-        fwd = Comparison(f"rms fwd {rows}x{cols} float32", forward, checks)
-        bwd = Comparison(f"rms bwd {rows}x{cols} float32", backward, checks)
+        label = f"rms fwd {rows}x{cols} float32"
+        ort_call = ort_timed("RMSNormalization", label, x, w)
+        if ort_call:
+            forward["ort"] = ort_call
+        fwd = Comparison(label, forward, [("rms", "torch"), ("rms vs ort", "ort")])
+        bwd = Comparison(f"rms bwd {rows}x{cols} float32", backward, [("rms", "torch")])
         fwd.error = "" if close_to(forward["ours"].run(), reference, np.float32) else "WRONG"
         bwd.error = "" if close_to(backward["ours"].run()[0], reference_grad, np.float32) else "WRONG"
         comparisons += [fwd, bwd]
@@ -230,11 +235,11 @@ def report_lines(comparisons, thread_counts, settings, loads, fresh):
         rows = []
         for comparison in comparisons:
             if comparison.error:
-                rows.append([comparison.label, comparison.error, "", "", ""])
+                rows.append([comparison.label, comparison.error, "", "", "", ""])
                 continue
             ours = comparison.times[("ours", threads)]
             cells = [comparison.label, f"{ours * 1e6:.1f}"]
-            for peer in ("torch", "copy", "unfused"):
+            for peer in ("torch", "ort", "copy", "unfused"):
                 value = ratio(comparison, peer, threads)
                 cells.append("n/a" if value is None else f"{value:.2f}")
             rows.append(cells)
@@ -246,7 +251,7 @@ def report_lines(comparisons, thread_counts, settings, loads, fresh):
                 checklist.append(f"- [{status}] {comparison.label}, {timing.threads_text(threads)}: "
                                  f"ours / {peer} = {shown} (target <= {limit})")
         lines += table_lines(f"## {timing.threads_text(threads)}",
-                             ["case", "ours µs", "ours / torch", "ours / copy", "ours / unfused"], rows)
+                             ["case", "ours µs", "ours / torch", "ours / ort", "ours / copy", "ours / unfused"], rows)
         lines.append("")
     lines += ["## Targets", "", *checklist, ""]
     return lines

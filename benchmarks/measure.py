@@ -95,8 +95,8 @@ def time_checked(functions, results, options):
 
 
 def measure_forward(case, data, options):
-    """ours, torch (when installed), the NumPy formula and the copy of x; checked against torch,
-    or without it against the float64 reference."""
+    """ours, torch, ONNX Runtime and JAX (each when installed), the NumPy formula and the copy of
+    x; checked against torch, or without it against the float64 reference."""
     functions = {"ours": cases.ours_forward(case, data)}
     torch_call = peers.torch_forward(case, data)
     if torch_call:
@@ -104,6 +104,10 @@ def measure_forward(case, data, options):
         reference = peers.values_of(torch_call.run())
     else:
         reference = references.forward(data.x, (case.cols,), data.weight, data.bias, EPS)
+    for name, peer in (("ort", peers.ort_forward), ("jax", peers.jax_forward)):
+        call = peer(case, data)
+        if call:
+            functions[name] = call
     functions["numpy"] = peers.numpy_forward(data)
     functions["copy"] = peers.copy(cases.floor_array("forward", data))
 

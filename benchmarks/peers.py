@@ -1,5 +1,5 @@
-"""What ours is compared with: torch when installed, the NumPy formula, and a plain copy of the
-same bytes, the memory floor.
+"""What ours is compared with: torch when installed, ONNX Runtime and JAX when installed (the
+`bench` extra), the NumPy formula, and a plain copy of the same bytes, the memory floor.
 
 Each peer is a function of the case that returns its Timed call, or None when the peer is not
 installed or cannot run the case; a report column of a peer that returned None says n/a.
@@ -71,6 +71,99 @@ def torch_backward(case, data):
     except RuntimeError as error:
         print(f"  torch backward unsupported for {case.label}: {error}", file=sys.stderr)
         return None
+    return timed
+
+
+class OrtNormalization:
+    """One ONNX normalization node (LayerNormalization, opset 17; RMSNormalization, opset 23)
+    over the last axis of x, run by ONNX Runtime on NumPy arrays: inputs X and its parameters
+    (Scale, and B for LayerNormalization) in x's dtype.  A session per thread count (ORT fixes a
+    session's pool when it creates it), chosen by set_num_threads."""
+
+    OPS = {"LayerNormalization": (17, ["X", "Scale", "B"]), "RMSNormalization": (23, ["X", "Scale"])}
+
+    def __init__(self, op_type, x, eps):
+        import onnx
+        from onnx import TensorProto, helper
+
+        opset, names = self.OPS[op_type]
+        elem = {np.dtype(np.float16): TensorProto.FLOAT16, np.dtype(np.float32): TensorProto.FLOAT,
+                np.dtype(np.float64): TensorProto.DOUBLE}[x.dtype]
+        shapes = [list(x.shape)] + [[x.shape[-1]]] * (len(names) - 1)
+        node = helper.make_node(op_type, names, ["Y"], axis=-1, epsilon=eps)
+        graph = helper.make_graph(
+            [node], op_type,
+            [helper.make_tensor_value_info(name, elem, shape) for name, shape in zip(names, shapes)],
+            [helper.make_tensor_value_info("Y", elem, list(x.shape))])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+        onnx.checker.check_model(model)
+        self.model_bytes = model.SerializeToString()
+        self.input_names = names
+        self.sessions = {}
+        self.session = None
+
+    def set_num_threads(self, threads):
+        if threads not in self.sessions:
+            import onnxruntime
+
+            options = onnxruntime.SessionOptions()
+            options.intra_op_num_threads = threads
+            options.inter_op_num_threads = 1
+            self.sessions[threads] = onnxruntime.InferenceSession(
+                self.model_bytes, options, providers=["CPUExecutionProvider"])
+        self.session = self.sessions[threads]
+
+    def __call__(self, *arrays):
+        return self.session.run(None, dict(zip(self.input_names, arrays)))[0]
+
+
+def ort_timed(op_type, label, x, *params):
+    """The Timed call of ONNX Runtime's op_type on x and params (cast to x's dtype), checked to
+    run; None without onnxruntime, or for a dtype its CPU kernels lack (bfloat16: its Python API
+    takes no ml_dtypes arrays)."""
+    if x.dtype.name == "bfloat16":
+        return None
+    try:
+        node = OrtNormalization(op_type, x, EPS)
+        timed = Timed(node, (x, *(param.astype(x.dtype) for param in params)), set_num_threads=node.set_num_threads)
+        timed.run()
+    except ImportError:
+        return None
+    except Exception as error:  # a type or shape ORT's CPU kernels do not take
+        print(f"  onnxruntime cannot run {label}: {type(error).__name__}", file=sys.stderr)
+        return None
+    return timed
+
+
+def ort_forward(case, data):
+    """ONNX Runtime's LayerNormalization, weight/bias in x's dtype (None: see ort_timed)."""
+    return ort_timed("LayerNormalization", case.label, data.x, data.weight, data.bias)
+
+
+def jax_forward(case, data):
+    """A jitted JAX layer norm in x's dtype (flax.linen.LayerNorm's formula), called on the NumPy
+    arrays and its result brought back as one, as a NumPy user would; None without jax.  XLA's
+    CPU pool is sized once per process, so the call counts as unthreaded: one time for all."""
+    try:
+        import jax
+        import jax.numpy as jnp
+    except ImportError:
+        return None
+    jax.config.update("jax_enable_x64", True)  # float64 cases stay float64
+
+    @jax.jit
+    def layer_norm(x, weight, bias):
+        mean = jnp.mean(x, axis=-1, keepdims=True)
+        centred = x - mean
+        var = jnp.mean(centred * centred, axis=-1, keepdims=True)
+        return centred * jax.lax.rsqrt(var + EPS) * weight + bias
+
+    def call(x, weight, bias):
+        return np.asarray(layer_norm(x, weight, bias))
+
+    x = data.x
+    timed = Timed(call, (x, data.weight.astype(x.dtype), data.bias.astype(x.dtype)))
+    timed.run()  # compile
     return timed
 
 

@@ -267,21 +267,17 @@ def error_row(result, width):
 
 
 def forward_table_lines(results, threads):
-    columns = ["case", "ours µs", "torch µs", "numpy µs", "copy µs", "ours GB/s", "ours/torch", "x floor",
-               f"max \\|ours-{REFERENCE}\\|"]
+    columns = ["case", "ours µs", "torch µs", "ort µs", "jax µs", "numpy µs", "copy µs", "ours GB/s", "ours/torch",
+               "ours/ort", "ours/jax", "x floor", f"max \\|ours-{REFERENCE}\\|"]
 
     def row(result):
         if result.error:
             return error_row(result, len(columns))
         return [
             result.case.label,
-            format_microseconds(result.times.get("ours")),
-            format_microseconds(result.times.get("torch")),
-            format_microseconds(result.times.get("numpy")),
-            format_microseconds(result.times.get("copy")),
+            *(format_microseconds(result.times.get(name)) for name in ("ours", "torch", "ort", "jax", "numpy", "copy")),
             format_gigabytes_per_second(result),
-            format_ratio(result.ratio("ours", "torch")),
-            format_ratio(result.ratio("ours", "copy")),
+            *(format_ratio(result.ratio("ours", name)) for name in ("torch", "ort", "jax", "copy")),
             format_diff_with_reference(result),
         ]
 

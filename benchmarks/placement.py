@@ -1,0 +1,233 @@
+"""Placement benchmark: how backward's time depends on where x and dy start within a page.
+
+Usage, from the repository root:
+    python -m benchmarks.placement [--threads N[,M]] [--quick] [--markdown PATH]
+
+    --threads N[,M]  thread counts for layernorm and torch (default: 1 and all usable cores)
+    --quick          a few placements, one round (smoke test, < 1 min)
+    --markdown PATH  also write the report to PATH
+
+Case: layer_norm_backward on 512 x 4096 float32 with weight and bias, all three gradients, x and
+dy reused call after call.  A program does not choose where its arrays start: NumPy puts a new
+array 16 to 112 bytes past a page boundary, a slice starts anywhere.  Arrays whose addresses agree
+in their low 12 bits can slow each other down (a load that looks like it depends on an earlier
+store to another array, "4 KiB aliasing"), so the sweep places x and dy at every pair of page
+offsets 0, 16, ..., 240 bytes (256 placements), and x at 256, 512, ..., 3840 with dy at 0 (15
+more).  dx is allocated by each call, where the allocator puts it; its page offsets are reported.
+torch.ops.aten.native_layer_norm_backward runs the same sweep on the same arrays when torch is
+installed (it allocates its own gradients).
+
+Method: a round times every placement once (a loop of calls lasting about LOOP_SECONDS), in
+order; the time of a placement is its best over ROUNDS rounds, so a neighbour's burst of memory
+traffic during one round does not count against one placement.  Reported per thread count:
+fastest, median and slowest placement, slowest / fastest (the target: at most 1.2), and the
+slowest placements.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+import time
+
+import numpy as np
+
+import layernorm
+
+from .report import cpu_model_name, load_average_text, table_lines, thread_counts_text
+from .timing import default_thread_counts, garbage_collector_paused, threads_text
+
+ROWS, COLS = 512, 4096
+PAGE = 4096
+GRID_OFFSETS = tuple(range(0, 256, 16))
+FAR_OFFSETS = tuple(range(256, PAGE, 256))
+ROUNDS = 3
+LOOP_SECONDS = 0.01
+SLOWEST_SHOWN = 5
+TARGET = 1.2  # slowest placement / fastest placement
+
+
+def placements(quick):
+    """(x offset, dy offset) pairs in bytes past a page boundary."""
+    if quick:
+        return [(0, 0), (16, 16), (64, 0), (0, 64), (2048, 0)]
+    return [(x, dy) for x in GRID_OFFSETS for dy in GRID_OFFSETS] + [(x, 0) for x in FAR_OFFSETS]
+
+
+def placed_copy(values, offset):
+    """A copy of `values` starting `offset` bytes past a page boundary (a view into a buffer with
+    a page of slack, which it keeps alive)."""
+    buffer = np.empty(values.nbytes + 2 * PAGE, np.uint8)
+    start = -buffer.ctypes.data % PAGE + offset
+    placed = buffer[start:start + values.nbytes].view(values.dtype).reshape(values.shape)
+    placed[...] = values
+    return placed
+
+
+def page_offset(array):
+    return array.ctypes.data % PAGE
+
+
+class Sweep:
+    """One library's backward over every placement: its calls, and the best seconds of each."""
+
+    def __init__(self, name, make_call, pairs, arrays):
+        self.name = name
+        self.calls = {pair: make_call(*arrays[pair]) for pair in pairs}
+        self.best = dict.fromkeys(pairs, float("inf"))
+        self.loop_calls = 1
+        self.dx_offsets = set()
+
+    def calibrate(self):
+        call = next(iter(self.calls.values()))
+        call()
+        start = time.perf_counter()
+        call()
+        seconds = time.perf_counter() - start
+        self.loop_calls = max(1, round(LOOP_SECONDS / max(seconds, 1e-9)))
+
+    def time_round(self):
+        for pair, call in self.calls.items():
+            with garbage_collector_paused():
+                start = time.perf_counter()
+                for _ in range(self.loop_calls):
+                    result = call()
+                seconds = (time.perf_counter() - start) / self.loop_calls
+            self.best[pair] = min(self.best[pair], seconds)
+            self.dx_offsets.add(result)
+
+
+def layernorm_call(x, dy, mean, rstd, weight, bias):
+    def call():
+        grad_input = layernorm.layer_norm_backward(dy, x, (COLS,), mean, rstd, weight, bias)[0]
+        return page_offset(grad_input)
+    return call
+
+
+def torch_call_maker(mean, rstd, weight, bias):
+    import torch
+
+    tensors = [torch.from_numpy(array) for array in (mean, rstd, weight, bias)]
+
+    def make(x, dy):
+        x_tensor, dy_tensor = torch.from_numpy(x), torch.from_numpy(dy)
+
+        def call():
+            with torch.no_grad():
+                grad_input = torch.ops.aten.native_layer_norm_backward(
+                    dy_tensor, x_tensor, [COLS], *tensors, [True, True, True])[0]
+            return grad_input.data_ptr() % PAGE
+        return call
+    return make
+
+
+def set_threads(name, threads):
+    if name == "layernorm":
+        layernorm.set_num_threads(threads)
+    else:
+        import torch
+        torch.set_num_threads(threads)
+
+
+def measure(thread_counts, quick):
+    rng = np.random.default_rng(0)
+    x_values = rng.standard_normal((ROWS, COLS)).astype(np.float32)
+    dy_values = rng.standard_normal((ROWS, COLS)).astype(np.float32)
+    weight = rng.standard_normal(COLS).astype(np.float32)
+    bias = rng.standard_normal(COLS).astype(np.float32)
+    _, mean, rstd = layernorm.native_layer_norm(x_values, (COLS,), weight, bias)
+    pairs = placements(quick)
+    x_at = {offset: placed_copy(x_values, offset) for offset in {x for x, _ in pairs}}
+    dy_at = {offset: placed_copy(dy_values, offset) for offset in {dy for _, dy in pairs}}
+    arrays = {(x, dy): (x_at[x], dy_at[dy]) for x, dy in pairs}
+    makers = {"layernorm": lambda x, dy: layernorm_call(x, dy, mean, rstd, weight, bias)}
+    try:
+        makers["torch"] = torch_call_maker(mean, rstd, weight, bias)
+    except ImportError:
+        pass
+    results = {}
+    for threads in thread_counts:
+        sweeps = [Sweep(name, make, pairs, arrays) for name, make in makers.items()]
+        for sweep in sweeps:
+            set_threads(sweep.name, threads)
+            sweep.calibrate()
+        for _ in range(1 if quick else ROUNDS):
+            for sweep in sweeps:  # libraries take turns round by round
+                set_threads(sweep.name, threads)
+                sweep.time_round()
+        results[threads] = sweeps
+    return results
+
+
+def sweep_row(sweep):
+    times = np.array(list(sweep.best.values()))
+    fastest, slowest = times.min(), times.max()
+    ratio = slowest / fastest
+    dx = ", ".join(str(offset) for offset in sorted(sweep.dx_offsets))
+    return [sweep.name, f"{fastest * 1e3:.3f}", f"{np.median(times) * 1e3:.3f}", f"{slowest * 1e3:.3f}",
+            f"{ratio:.2f}", dx], ratio
+
+
+def report(results, quick, loads):
+    lines = [
+        "# Backward against the placement of its arrays",
+        "",
+        f"- machine: {cpu_model_name()}, {os.cpu_count()} logical CPUs; layernorm {layernorm.__version__},"
+        f" numpy {np.__version__}, python {sys.version.split()[0]}",
+        f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}",
+        f"- load average (1, 5, 15 min): {load_average_text(loads[0])} before, {load_average_text(loads[1])}"
+        " after (above ~0.5 the timings are noisy)",
+        f"- case: layer_norm_backward, {ROWS} x {COLS} float32, weight and bias, all gradients;"
+        f" {len(next(iter(results.values()))[0].best)} placements of x and dy; each the best of"
+        f" {1 if quick else ROUNDS} rounds",
+        "",
+    ]
+    checklist = []
+    for threads, sweeps in results.items():
+        rows = []
+        for sweep in sweeps:
+            row, ratio = sweep_row(sweep)
+            rows.append(row)
+            if sweep.name == "layernorm":
+                met = ratio <= TARGET
+                checklist.append(f"- [{'x' if met else ' '}] {threads_text(threads)}: slowest / fastest"
+                                 f" {ratio:.2f} ≤ {TARGET} ({'met' if met else 'NOT met'})")
+        lines += table_lines(f"## {threads_text(threads)}",
+                             ["library", "fastest ms", "median ms", "slowest ms", "slowest / fastest",
+                              "dx page offsets"], rows)
+        for sweep in sweeps:
+            slowest = sorted(sweep.best.items(), key=lambda item: -item[1])[:SLOWEST_SHOWN]
+            shown = ", ".join(f"x {x} dy {dy}: {seconds * 1e3:.3f}" for (x, dy), seconds in slowest)
+            lines += ["", f"{sweep.name}'s slowest placements (bytes past a page boundary, ms): {shown}"]
+        lines.append("")
+    lines += ["## Target", "", *checklist, ""]
+    return "\n".join(lines)
+
+
+def parse_arguments(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", default=None, help="thread counts, e.g. 1,2")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--markdown", default=None)
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    arguments = parse_arguments(argv)
+    thread_counts = (tuple(int(value) for value in arguments.threads.split(","))
+                     if arguments.threads else default_thread_counts())
+    sys.stderr.write(f"placement sweep at {thread_counts_text(thread_counts)} threads...\n")
+    load_at_start = os.getloadavg()
+    results = measure(thread_counts, arguments.quick)
+    text = report(results, arguments.quick, (load_at_start, os.getloadavg()))
+    sys.stdout.write(text)
+    if arguments.markdown:
+        with open(arguments.markdown, "w", encoding="utf-8") as markdown_file:
+            markdown_file.write(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""The placement benchmark's machinery: arrays land at the page offsets asked for, and a quick run
+reports its table and target (without torch too: torch is then left out of the sweep)."""
+
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+REPOSITORY = pathlib.Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.skipif(not (REPOSITORY / "benchmarks" / "placement.py").exists(),
+                                reason="benchmarks/ is not part of this copy of the tests")
+
+
+@pytest.fixture
+def placement(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPOSITORY))
+    from benchmarks import placement
+    return placement
+
+
+@pytest.mark.parametrize("offset", [0, 16, 240, 2048, 4080])
+def test_placed_copy_starts_at_the_page_offset_asked(placement, offset):
+    values = np.arange(24, dtype=np.float32).reshape(4, 6)
+    placed = placement.placed_copy(values, offset)
+    assert placed.ctypes.data % placement.PAGE == offset
+    np.testing.assert_array_equal(placed, values)
+    assert placed.dtype == values.dtype and placed.shape == values.shape
+
+
+def test_full_sweep_covers_the_first_256_bytes_and_the_rest_of_the_page(placement):
+    pairs = placement.placements(quick=False)
+    assert len(set(pairs)) == len(pairs) == 16 * 16 + 15
+    assert {x for x, _ in pairs} == set(range(0, 256, 16)) | set(range(256, 4096, 256))
+    assert {dy for _, dy in pairs} == set(range(0, 256, 16))
+
+
+def test_quick_run_reports_each_thread_count_and_the_target():
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.placement", "--quick", "--threads", "1"],
+                          cwd=REPOSITORY, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "## 1 thread" in proc.stdout
+    assert "| layernorm |" in proc.stdout
+    assert "slowest / fastest" in proc.stdout.split("## Target")[1]
+
+
+@pytest.mark.parametrize("peer_name, module", [("ort_forward", "onnxruntime"), ("jax_forward", "jax")])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_optional_peers_compute_layer_norm(monkeypatch, peer_name, module, dtype):
+    pytest.importorskip(module)
+    if module == "onnxruntime":
+        pytest.importorskip("onnx")
+    monkeypatch.syspath_prepend(str(REPOSITORY))
+    from benchmarks import cases, peers
+    from layernorm import _reference
+
+    case = cases.Case(8, 64, dtype)
+    data = cases.make_case_data(case, np.random.default_rng(0))
+    timed = getattr(peers, peer_name)(case, data)
+    timed.use_threads()
+    expected = _reference.layer_norm(data.x, (64,), data.weight.astype(dtype), data.bias.astype(dtype), cases.EPS)[0]
+    np.testing.assert_allclose(timed.run(), expected, rtol=0, atol=1e-4 if dtype == "float32" else 1e-10)
+
+
+def test_ort_rms_normalization_computes_rms_norm(monkeypatch):
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnx")
+    monkeypatch.syspath_prepend(str(REPOSITORY))
+    from benchmarks import cases, peers
+    from layernorm import _reference
+
+    rng = np.random.default_rng(1)
+    x, weight = rng.standard_normal((8, 64), dtype=np.float32), rng.standard_normal(64).astype(np.float32)
+    timed = peers.ort_timed("RMSNormalization", "8x64", x, weight)
+    timed.use_threads()
+    expected = _reference.rms_norm(x, 64, weight, cases.EPS)[0]
+    np.testing.assert_allclose(timed.run(), expected, rtol=0, atol=1e-5)
