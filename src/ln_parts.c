@@ -190,8 +190,9 @@ static int ln_moments_mergeable(ln_dtype dtype, ln_moments m)
     return mean_mergeable && (m.m2 == 0.0 ? mean != 0.0 : m2_min <= m.m2 && m.m2 <= m2_max);
 }
 
-/* Row r's part's moments in units of s (the header's), with s in *scale; `plain`, in units
-   of 1, for a part holding NaN or Inf, whose rows are NaN whatever the units. */
+/* Row r's part's moments in units of s (the header's), with s in *scale; for a part holding
+   NaN or Inf, `plain`'s mean and a NaN m2 in units of 1, so that its row's rstd is NaN (a sum
+   of squares would be Inf). */
 static ln_moments ln_scaled_part_moments(const ln_part_moments_args *a, ptrdiff_t r, ln_moments plain,
                                          double *scale)
 {
@@ -204,7 +205,7 @@ static ln_moments ln_scaled_part_moments(const ln_part_moments_args *a, ptrdiff_
     }
     *scale = 1.0;
     if (!isfinite(largest)) {
-        return plain;
+        return (ln_moments){.mean = plain.mean, .m2 = NAN};
     }
     int exponent;
     frexp(largest > 0.0 ? largest : 1.0, &exponent);

@@ -9,8 +9,10 @@ import sys
 import time
 from typing import NamedTuple
 
+import hypothesis
 import numpy as np
 import pytest
+from hypothesis import strategies as st
 
 da = pytest.importorskip("dask.array", reason="dask is not installed: pip install 'dask[array,distributed]'")
 import dask  # noqa: E402
@@ -389,8 +391,8 @@ def test_split_rows_of_extreme_magnitude_get_the_numpy_calls_answer(kind, magnit
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         split = computed(kind.native(da.from_array(x, chunks=EXTREME_CHUNKS), ns, eps=eps))
         want = kind.reference(x.astype(np.float64), ns, eps=eps)
-    for what, got, whole_value, want_value in zip(("output", "mean", "rstd")[-len(whole):] if kind.centred
-                                                  else ("output", "rstd"), split, whole, want):
+    for what, got, whole_value, want_value in zip(("output", "mean", "rstd") if kind.centred else ("output", "rstd"),
+                                                  split, whole, want):
         assert_like_the_whole_array_call(got, whole_value, want_value, what)
 
 
@@ -414,6 +416,61 @@ def test_split_rows_of_extreme_magnitude_get_the_numpy_calls_gradients(kind, mag
                           if g is not None])
         want = kind.reference_backward(dy, x.astype(np.float64), ns, [s.astype(np.float64) for s in stats], weight)
     for what, got, whole_value, want_value in zip(("grad_input", "grad_weight", "grad_bias"), split, whole, want):
+        assert_like_the_whole_array_call(got, whole_value, want_value, what)
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("kind", KINDS, ids=str)
+def test_split_rows_holding_nan_or_inf_give_the_one_quiet_nan(kind, dtype, value):
+    x = make_input(EXTREME_SHAPE, dtype, seed=9)
+    x[0, 300] = value
+    x[1, 10] = value
+    ns = (x.shape[1],)
+    dy = make_input(x.shape, dtype, seed=10)
+    weight = make_input(ns, np.float64 if dtype == np.float64 else np.float32, seed=12)
+    whole = kind.native(x, ns, weight)
+    with np.errstate(invalid="ignore"):
+        split = computed(kind.native(da.from_array(x, chunks=EXTREME_CHUNKS), ns, da.from_array(weight, chunks=250)))
+        stats = [da.from_array(s, chunks=(EXTREME_CHUNKS[0], 1)) for s in whole[1:]]
+        split_grads = computed([g for g in kind.backward(da.from_array(dy, chunks=EXTREME_CHUNKS),
+                                                         da.from_array(x, chunks=EXTREME_CHUNKS), ns, stats,
+                                                         da.from_array(weight, chunks=250)) if g is not None])
+    whole_grads = [g for g in kind.backward(dy, x, ns, whole[1:], weight) if g is not None]
+    quiet = {np.dtype(dtype): np.array(np.nan, dtype).tobytes() for dtype in (np.float16, np.float32, np.float64)}
+    # output, rstd and the gradients (a row's mean is the sum's, Inf for a row of one Inf)
+    for got, want in zip(split[:1] + split[-1:] + split_grads, whole[:1] + whole[-1:] + tuple(whole_grads)):
+        nan = np.isnan(want)
+        assert nan.any()
+        np.testing.assert_array_equal(np.isnan(got), nan)
+        assert {value.tobytes() for value in got[nan]} == {quiet[got.dtype]}
+
+
+@hypothesis.settings(max_examples=40, derandomize=True, database=None, deadline=None)
+@hypothesis.given(
+    kind=st.sampled_from(KINDS),
+    dtype=st.sampled_from([np.float16, np.float32, np.float64]),
+    exponent=st.integers(-1080, 1023),
+    row_len=st.integers(2, 300),
+    chunk=st.integers(1, 120),
+    eps=st.sampled_from(["default", 0.0]),
+    seed=st.integers(0, 2**16),
+)
+def test_split_rows_at_any_scale_get_the_numpy_calls_answer(kind, dtype, exponent, row_len, chunk, eps, seed):
+    """A row of 2**exponent-sized values (clipped to the dtype's range) split into chunks of any
+    length, against the whole-array call and the float64 truth."""
+    info = np.finfo(dtype)
+    exponent = int(np.clip(exponent, np.log2(float(info.smallest_subnormal)) + 4, info.maxexp - 2))
+    rng = np.random.default_rng(seed)
+    x = (rng.uniform(-1.0, 1.0, (2, row_len)) * 2.0**exponent).astype(dtype)
+    ns = (row_len,)
+    eps = kind.eps_value(x) if eps == "default" else eps
+    whole = kind.native(x, ns, eps=eps)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        split = computed(kind.native(da.from_array(x, chunks=(1, chunk)), ns, eps=eps))
+        want = kind.reference(x.astype(np.float64), ns, eps=eps)
+    for what, got, whole_value, want_value in zip(("output", "mean", "rstd") if kind.centred else ("output", "rstd"),
+                                                  split, whole, want):
         assert_like_the_whole_array_call(got, whole_value, want_value, what)
 
 

@@ -351,10 +351,18 @@ def test_normalize_writes_a_new_array_and_leaves_its_arguments(kind):
 
 def test_statistics_of_another_number_of_rows_are_refused():
     x = make_input((3, 100), np.float32)
-    with pytest.raises(ValueError, match="one value per normalized row"):
+    with pytest.raises(ValueError, match=r"mean must be a float array with one value per normalized row \(3\); got"):
         core._layer_norm_part_normalize(x, (100,), np.zeros(2), np.ones(3), axis=(1,))
     with pytest.raises(ValueError, match="one value per normalized row"):
         core._rms_norm_part_normalize(x, (100,), np.ones(4), axis=(1,))
+    with pytest.raises(ValueError, match="scale must be a float array with one value per normalized row"):
+        core._rms_norm_part_normalize(x, (100,), np.ones(3), axis=(1,), scale=np.ones(2))
+
+
+def test_a_row_length_shorter_than_the_part_is_refused():
+    with pytest.raises(ValueError, match="row_len must be the whole row's length"):
+        core._layer_norm_part_normalize(make_input((3, 100), np.float32), (100,), np.zeros(3), np.ones(3),
+                                        axis=(1,), row_len=99)
 
 
 def test_parameters_of_another_size_than_the_part_are_refused():
