@@ -18,8 +18,8 @@ results give the outputs' dtypes), then builds one of two graphs:
                 M2 = sum(M2_b + n_b * (mean_b - mean) ** 2)          (Chan et al.)
       rstd = 1 / sqrt(M2 / n + eps),  y = (x - mean) * rstd * weight + bias
 
-  A chunk of extreme magnitude (float64 data near its range's ends) has its moments in units
-  of a power of two s_b (x_b / s_b, chosen by the kernels); the merge takes every part in the
+  A chunk of extreme magnitude (float64 near 1e300 or 1e-300, bfloat16 subnormals) has its
+  moments in units of a power of two s_b (x_b / s_b, chosen by the kernels); the merge takes every part in the
   largest s_b's units, so that no square overflows or underflows, and so does normalize,
   which computes such rows, and any whose rstd the kernels cannot carry, in plain float64.
 
@@ -305,7 +305,7 @@ class _Graph:
         )
         if self.batch:
             parts = parts.sum(axis=tuple(range(1, 1 + len(self.batch))))
-        parts = parts.map_blocks(_one_quiet_nan, meta=parts._meta)
+        parts = parts.map_blocks(_one_quiet_nan, meta=np.empty((0,) * parts.ndim))
         return {
             key: parts[place].astype(self.metas[key].dtype)  # type: ignore[union-attr]
             for place, key in enumerate(self.gradients)
