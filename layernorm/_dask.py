@@ -18,6 +18,11 @@ results give the outputs' dtypes), then builds one of two graphs:
                 M2 = sum(M2_b + n_b * (mean_b - mean) ** 2)          (Chan et al.)
       rstd = 1 / sqrt(M2 / n + eps),  y = (x - mean) * rstd * weight + bias
 
+  A chunk of extreme magnitude (float64 near 1e300 or 1e-300, bfloat16 subnormals) has its
+  moments in units of a power of two s_b (x_b / s_b, chosen by the kernels); the merge takes every part in the
+  largest s_b's units, so that no square overflows or underflows, and so does normalize,
+  which computes such rows, and any whose rstd the kernels cannot carry, in plain float64.
+
   RMSNorm is the same with every mean 0 (M2 is then the sum of squares); the fused adds
   normalize NumPy's sum of each pair of chunks.  Backward merges the row sums it needs the same
   way: with g = grad_output * weight and xhat = (x - mean) * rstd,
@@ -292,7 +297,7 @@ class _Graph:
     def _summed_gradients(self, func: Callable[..., Any], *pairs: Any) -> Dict[str, da.Array]:
         """The parameter gradients: `func` makes each chunk's part of them (stacked, with the
         batch axes first, of size 1), which are summed over the batch axes in a tree in
-        float64, then rounded to their dtype."""
+        float64, then rounded to their dtype, every NaN the one quiet NaN."""
         parts = da.blockwise(
             func, (_STACKED,) + self.batch + self.axes, *pairs,
             new_axes={_STACKED: len(self.gradients)}, adjust_chunks={a: 1 for a in self.batch},
@@ -300,6 +305,7 @@ class _Graph:
         )
         if self.batch:
             parts = parts.sum(axis=tuple(range(1, 1 + len(self.batch))))
+        parts = parts.map_blocks(_one_quiet_nan, meta=np.empty((0,) * parts.ndim))
         return {
             key: parts[place].astype(self.metas[key].dtype)  # type: ignore[union-attr]
             for place, key in enumerate(self.gradients)
@@ -359,7 +365,8 @@ class _Graph:
                                 moments, self.index, meta=_empty(self.index, _STATS))
         outputs["output"] = self._blockwise(
             "output",
-            partial(_normalized_block, axes=self.axes, centred=self.family.centred),
+            partial(_normalized_block, axes=self.axes, centred=self.family.centred,
+                    row_len=math.prod(input.shape[a] for a in self.axes)),
             input, self.index, stats, self.index, *self._pairs(arrays, ("weight", "bias")), meta=meta,
         )
         for key in _STATISTICS:
@@ -425,10 +432,11 @@ def _stacked_gradients(places: Tuple[int, ...], batch_ndim: int, results: Tuple[
 # Tasks: normalized axes split across chunks
 # ---------------------------------------------------------------------------------------------
 
-# A chunk's part of each row: its length, mean and sum of squared deviations from that mean.
-_MOMENTS = np.dtype([("count", np.float64), ("mean", np.float64), ("m2", np.float64)])
-# A row's statistics, in float64.
-_STATS = np.dtype([("mean", np.float64), ("rstd", np.float64)])
+# A chunk's part of each row: its length, mean and sum of squared deviations from that mean,
+# the last two in units of scale (a power of two: mean * scale is the mean).
+_MOMENTS = np.dtype([("count", np.float64), ("mean", np.float64), ("m2", np.float64), ("scale", np.float64)])
+# A row's statistics, in float64, in units of scale (mean * scale and rstd / scale are theirs).
+_STATS = np.dtype([("mean", np.float64), ("rstd", np.float64), ("scale", np.float64)])
 # A chunk's part of the row sums backward needs (g = grad_output * weight), then their means.
 _ROW_SUMS = np.dtype([("g", np.float64), ("g_xhat", np.float64)])
 
@@ -508,10 +516,10 @@ def _block_moments(block: np.ndarray, *, axes: Tuple[int, ...], centred: bool) -
     moments = np.empty(tuple(1 if a in axes else n for a, n in enumerate(block.shape)), _MOMENTS)
     moments["count"] = math.prod(sizes)
     if centred:
-        moments["mean"], moments["m2"] = _core._layer_norm_part_moments(block, sizes, axis=axes)
+        moments["mean"], moments["m2"], moments["scale"] = _core._layer_norm_part_moments(block, sizes, axis=axes)
     else:
         moments["mean"] = 0.0
-        moments["m2"] = _core._rms_norm_part_moments(block, sizes, axis=axes)
+        moments["m2"], moments["scale"] = _core._rms_norm_part_moments(block, sizes, axis=axes)
     return moments
 
 
@@ -520,42 +528,66 @@ def _identity(parts: np.ndarray, axis: Tuple[int, ...], keepdims: bool) -> np.nd
 
 
 def _merged_moments(parts: np.ndarray, axis: Tuple[int, ...], keepdims: bool = True) -> np.ndarray:
-    """The _MOMENTS of the union of the parts along `axis` (Chan et al.), the means taken
-    relative to the first part's so that rows with a large offset keep their last bits."""
+    """The _MOMENTS of the union of the parts along `axis` (Chan et al.), in the units of the
+    largest part's scale (exact powers of two: parts all in units of 1 keep their bits), the
+    means taken relative to the first part's so that rows with a large offset keep their last
+    bits."""
     count = parts["count"].sum(axis=axis, keepdims=True)
-    pivot = parts["mean"][tuple(slice(0, 1) if a in axis else slice(None) for a in range(parts.ndim))]
+    scale = np.where(parts["count"] > 0, parts["scale"], 0.0).max(axis=axis, keepdims=True)
+    scale[scale == 0.0] = 1.0  # only empty parts
+    ratio = np.where(parts["count"] > 0, parts["scale"] / scale, 0.0)
+    means = parts["mean"] * ratio
+    pivot = means[tuple(slice(0, 1) if a in axis else slice(None) for a in range(parts.ndim))]
     # (a group of empty parts, from chunks of size 0, keeps count 0 and the pivot's mean)
-    offset = (parts["count"] * (parts["mean"] - pivot)).sum(axis=axis, keepdims=True)
+    offset = (parts["count"] * (means - pivot)).sum(axis=axis, keepdims=True)
     mean = pivot + offset / np.maximum(count, 1)
-    deviation = parts["mean"] - mean
-    m2 = (parts["m2"] + parts["count"] * deviation * deviation).sum(axis=axis, keepdims=True)
+    deviation = means - mean
+    m2 = (parts["m2"] * ratio * ratio + parts["count"] * deviation * deviation).sum(axis=axis, keepdims=True)
     merged = np.empty(count.shape, _MOMENTS)
-    merged["count"], merged["mean"], merged["m2"] = count, mean, m2
+    merged["count"], merged["mean"], merged["m2"], merged["scale"] = count, mean, m2, scale
     return merged
 
 
 def _row_statistics(moments: np.ndarray, eps: float) -> np.ndarray:
-    """_STATS of each row from its _MOMENTS."""
-    stats = np.empty(moments.shape, _STATS)
-    stats["mean"] = moments["mean"]
-    stats["rstd"] = 1.0 / np.sqrt(moments["m2"] / moments["count"] + eps)
+    """_STATS of each row from its _MOMENTS, as the kernels' exact rows take them (ln_exact.c):
+    in the moments' units s, rstd_s = 1 / sqrt(M2_s / n + eps / s**2); where the variance is 0
+    or eps / s**2 overflows, eps is all there is, rstd = 1 / sqrt(eps), in units of 1."""
+    scale = moments["scale"]
+    variance = moments["m2"] / moments["count"]
+    with np.errstate(over="ignore", divide="ignore"):
+        eps_scaled = eps / scale / scale
+        eps_only = (variance == 0.0) | ~np.isfinite(eps_scaled)
+        stats = np.empty(moments.shape, _STATS)
+        stats["mean"] = np.where(eps_only, moments["mean"] * scale, moments["mean"])
+        stats["rstd"] = np.where(eps_only, 1.0 / np.sqrt(eps), 1.0 / np.sqrt(variance + eps_scaled))
+    stats["scale"] = np.where(eps_only, 1.0, scale)
     return stats
 
 
 def _statistic(field: str, dtype: np.dtype[Any], stats: np.ndarray) -> np.ndarray:
-    """One field of _STATS, rounded to `dtype`."""
-    return stats[field].astype(dtype)
+    """One field of _STATS in units of 1 (the mean times the scale, the rstd over it), rounded
+    to `dtype`."""
+    value = stats["mean"] * stats["scale"] if field == "mean" else stats["rstd"] / stats["scale"]
+    return _one_quiet_nan(value).astype(dtype)
+
+
+def _one_quiet_nan(values: np.ndarray) -> np.ndarray:
+    """values (float64) with every NaN the one quiet NaN, as the kernels write it."""
+    return np.where(np.isnan(values), np.nan, values)
 
 
 def _normalized_block(block: np.ndarray, stats: np.ndarray, weight: Optional[np.ndarray],
-                      bias: Optional[np.ndarray], *, axes: Tuple[int, ...], centred: bool) -> np.ndarray:
-    """(x - mean) * rstd * weight + bias on a chunk, as the kernels compute a row from its
-    float64 statistics: one read of the chunk and one write of the output."""
+                      bias: Optional[np.ndarray], *, axes: Tuple[int, ...], centred: bool,
+                      row_len: int) -> np.ndarray:
+    """(x - mean) * rstd * weight + bias on a chunk of rows of row_len elements, as the kernels
+    compute a row from its float64 statistics: one read of the chunk and one write of the
+    output."""
     sizes = tuple(block.shape[a] for a in axes)
     if centred:
         return _core._layer_norm_part_normalize(block, sizes, stats["mean"], stats["rstd"], weight, bias,
-                                                axis=axes)
-    return _core._rms_norm_part_normalize(block, sizes, stats["rstd"], weight, axis=axes)
+                                                axis=axes, scale=stats["scale"], row_len=row_len)
+    return _core._rms_norm_part_normalize(block, sizes, stats["rstd"], weight, axis=axes, scale=stats["scale"],
+                                          row_len=row_len)
 
 
 def _xhat_and_dy(scratch: _Scratch, slab: Tuple[slice, ...], rows: Tuple[slice, ...], input: np.ndarray,

@@ -156,8 +156,9 @@ def rms_saved_backward(
 # Private: layernorm._dask's chunks of rows split along the normalized axes (float64 statistics).
 def _layer_norm_part_moments(
     input: npt.ArrayLike, normalized_shape: _Shape, *, axis: _Axis = None
-) -> Tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
-    """(mean, m2) of each row's part: its mean and sum of squared deviations from it."""
+) -> Tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """(mean, m2, scale) of each row's part: its mean and sum of squared deviations from it,
+    in units of scale (a power of two, 1 but for parts of extreme magnitude)."""
 
 def _layer_norm_part_normalize(
     input: npt.ArrayLike,
@@ -168,11 +169,13 @@ def _layer_norm_part_normalize(
     bias: Optional[npt.ArrayLike] = None,
     *,
     axis: _Axis = None,
+    scale: Optional[npt.ArrayLike] = None,
+    row_len: Optional[int] = None,
 ) -> _FloatArray: ...
 def _rms_norm_part_moments(
     input: npt.ArrayLike, normalized_shape: _Shape, *, axis: _Axis = None
-) -> npt.NDArray[np.float64]:
-    """The sum of squares of each row's part."""
+) -> Tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """(m2, scale) of each row's part: the sum of its squares, in units of scale."""
 
 def _rms_norm_part_normalize(
     input: npt.ArrayLike,
@@ -181,6 +184,8 @@ def _rms_norm_part_normalize(
     weight: Optional[npt.ArrayLike] = None,
     *,
     axis: _Axis = None,
+    scale: Optional[npt.ArrayLike] = None,
+    row_len: Optional[int] = None,
 ) -> _FloatArray: ...
 def _layer_norm_part_grad_sums(
     grad_output: npt.ArrayLike,

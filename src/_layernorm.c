@@ -72,6 +72,8 @@ typedef enum {
     KW_RESIDUAL_OUT,
     KW_G_MEAN,
     KW_G_XHAT_MEAN,
+    KW_SCALE,
+    KW_ROW_LEN,
     KW_COUNT
 } keyword_id;
 
@@ -92,6 +94,8 @@ static const char *const keyword_text[KW_COUNT] = {
     [KW_RESIDUAL_OUT] = "residual_out",
     [KW_G_MEAN] = "g_mean",
     [KW_G_XHAT_MEAN] = "g_xhat_mean",
+    [KW_SCALE] = "scale",
+    [KW_ROW_LEN] = "row_len",
 };
 
 /* Every Python object the module holds.  There are no others: the kernel layer's state (thread
@@ -1615,9 +1619,9 @@ done:
 
 /* New reference: a statistic (mean or rstd) handed to backward as an array, checked to hold
    one float per row (bfloat16 too: torch returns them so for bfloat16 parameters); NULL with
-   an exception set. */
+   an exception set.  source: the function that returns it, for the messages, or NULL. */
 static PyArrayObject *
-stats_input(module_state *state, PyObject *obj, const norm_kind *kind, const char *name, npy_intp rows)
+stats_input(module_state *state, PyObject *obj, const char *source, const char *name, npy_intp rows)
 {
     PyArrayObject *result = NULL, *arr = NULL;
     arr = as_array(obj);
@@ -1628,17 +1632,18 @@ stats_input(module_state *state, PyObject *obj, const norm_kind *kind, const cha
     if (is_float < 0) {
         goto done;
     }
+    const char *as = source ? ", as " : "", *returns = source ? " returns it" : "";
     if (!is_float) {
-        PyErr_Format(PyExc_TypeError, "%s must be a float array, as %s returns it; got %R of dtype %S",
-                     name, kind->stats_source, obj == Py_None ? Py_None : (PyObject *)Py_TYPE(obj),
+        PyErr_Format(PyExc_TypeError, "%s must be a float array%s%s%s; got %R of dtype %S", name, as,
+                     source ? source : "", returns, obj == Py_None ? Py_None : (PyObject *)Py_TYPE(obj),
                      (PyObject *)PyArray_DESCR(arr));
         goto done;
     }
     if (PyArray_SIZE(arr) != rows) {
         PyErr_Format(PyExc_ValueError,
-                     "%s must be a float array with one value per normalized row (%zd), as "
-                     "%s returns it; got dtype %S and %zd values",
-                     name, (Py_ssize_t)rows, kind->stats_source, (PyObject *)PyArray_DESCR(arr),
+                     "%s must be a float array with one value per normalized row (%zd)%s%s%s; got "
+                     "dtype %S and %zd values",
+                     name, (Py_ssize_t)rows, as, source ? source : "", returns, (PyObject *)PyArray_DESCR(arr),
                      (Py_ssize_t)PyArray_SIZE(arr));
         goto done;
     }
@@ -1742,7 +1747,7 @@ backward(module_state *state, const norm_kind *kind, const char *what, const bac
     const int first_stat = 2 - kind->n_stats;  /* index into (mean, rstd) */
     if (objs->stats) {
         for (int s = first_stat; s < 2; s++) {
-            stats[s] = stats_input(state, objs->stats[s - first_stat], kind, stat_names[s], rows);
+            stats[s] = stats_input(state, objs->stats[s - first_stat], kind->stats_source, stat_names[s], rows);
             if (!stats[s]) {
                 goto done;
             }
@@ -2223,15 +2228,17 @@ typedef struct {
     PyObject *input, *normalized_shape, *axis;
     PyObject *const *stats;   /* normalize: the kind's n_stats statistics */
     PyObject *const *params;  /* normalize: the kind's n_params parameters */
+    PyObject *scale;          /* normalize: the statistics' units, or NULL or None for ones */
+    PyObject *row_len;        /* normalize: the whole row's length, or NULL or None for the part's */
 } part_objs;
 
-/* New reference: (mean, m2) for a centred kind, m2 alone for RMSNorm, or NULL with an
-   exception set. */
+/* New reference: (mean, m2, scale) for a centred kind, (m2, scale) for RMSNorm, or NULL with
+   an exception set. */
 static PyObject *
 part_moments(module_state *state, const norm_kind *kind, const char *what, const part_objs *objs)
 {
     PyObject *result = NULL;
-    PyArrayObject *input = NULL, *mean = NULL, *m2 = NULL;
+    PyArrayObject *input = NULL, *mean = NULL, *m2 = NULL, *scale = NULL;
     kernel_call call = {0};
     shape_t ns;
     norm_axes ax;
@@ -2258,11 +2265,16 @@ part_moments(module_state *state, const norm_kind *kind, const char *what, const
     if (!m2) {
         goto done;
     }
+    scale = stats_array(what, "scale", input, &ax, NPY_DOUBLE);
+    if (!scale) {
+        goto done;
+    }
     call_init(&call, input, &ax);
-    enum { INPUT, MEAN, M2 };
+    enum { INPUT, MEAN, M2, SCALE };
     call_add(&call, input, "the input", 0, 0);
     call_add(&call, mean, "the mean", 1, 1);
     call_add(&call, m2, "m2", 1, 1);
+    call_add(&call, scale, "the scale", 1, 1);
     if (call_prepare(what, &call) < 0) {
         goto done;
     }
@@ -2273,6 +2285,7 @@ part_moments(module_state *state, const norm_kind *kind, const char *what, const
         .input = call_array_at(&call, INPUT),
         .mean = call_array_at(&call, MEAN),
         .m2 = call_array_at(&call, M2),
+        .scale = call_array_at(&call, SCALE),
     };
     int status;
     Py_BEGIN_ALLOW_THREADS
@@ -2287,18 +2300,14 @@ part_moments(module_state *state, const norm_kind *kind, const char *what, const
     if (call_finish(&call) < 0) {
         goto done;
     }
-    if (mean) {
-        result = PyTuple_Pack(2, (PyObject *)mean, (PyObject *)m2);
-    }
-    else {
-        Py_INCREF(m2);
-        result = (PyObject *)m2;
-    }
+    result = mean ? PyTuple_Pack(3, (PyObject *)mean, (PyObject *)m2, (PyObject *)scale)
+                  : PyTuple_Pack(2, (PyObject *)m2, (PyObject *)scale);
 done:
     call_release(&call);
     Py_XDECREF(input);
     Py_XDECREF(mean);
     Py_XDECREF(m2);
+    Py_XDECREF(scale);
     return result;
 }
 
@@ -2308,12 +2317,13 @@ static PyObject *
 part_normalize(module_state *state, const norm_kind *kind, const char *what, const part_objs *objs)
 {
     PyObject *result = NULL;
-    PyArrayObject *input = NULL, *output = NULL;
+    PyArrayObject *input = NULL, *output = NULL, *scale = NULL;
     PyArrayObject *params[2] = {NULL, NULL}, *stats[2] = {NULL, NULL};
     kernel_call call = {0};
     shape_t ns;
     norm_axes ax;
     npy_intp rows;
+    Py_ssize_t row_len;
 
     if (parse_normalized_shape(objs->normalized_shape, &ns) < 0) {
         goto done;
@@ -2334,9 +2344,21 @@ part_normalize(module_state *state, const norm_kind *kind, const char *what, con
     if (resolve_axes(state, objs->axis, input, &ns, &ax) < 0 || batch_size(input, &ax, &rows) < 0) {
         goto done;
     }
+    row_len = (Py_ssize_t)ns.size;
+    if (objs->row_len && objs->row_len != Py_None) {
+        row_len = PyNumber_AsSsize_t(objs->row_len, PyExc_OverflowError);
+        if (row_len == -1 && PyErr_Occurred()) {
+            goto done;
+        }
+        if (row_len < (Py_ssize_t)ns.size) {
+            PyErr_Format(PyExc_ValueError, "%s: row_len must be the whole row's length, at least the part's "
+                         "(%zd); got %zd", what, (Py_ssize_t)ns.size, row_len);
+            goto done;
+        }
+    }
     const int first_stat = 2 - kind->n_stats;  /* index into (mean, rstd) */
     for (int s = first_stat; s < 2; s++) {
-        stats[s] = stats_input(state, objs->stats[s - first_stat], kind, stat_names[s], rows);
+        stats[s] = stats_input(state, objs->stats[s - first_stat], NULL, stat_names[s], rows);
         if (!stats[s]) {
             goto done;
         }
@@ -2345,16 +2367,27 @@ part_normalize(module_state *state, const norm_kind *kind, const char *what, con
             goto done;
         }
     }
+    if (objs->scale && objs->scale != Py_None) {
+        scale = stats_input(state, objs->scale, NULL, "scale", rows);
+        if (!scale) {
+            goto done;
+        }
+        Py_SETREF(scale, stats_shaped(what, "scale", scale, input, &ax, NPY_DOUBLE));
+        if (!scale) {
+            goto done;
+        }
+    }
     output = new_result(what, "the output", input, &ax, element_type_num(state, dtype));
     if (!output) {
         goto done;
     }
     call_init(&call, input, &ax);
-    enum { INPUT, OUTPUT, MEAN, RSTD };
+    enum { INPUT, OUTPUT, MEAN, RSTD, SCALE };
     call_add(&call, input, "the input", 0, 0);
     call_add(&call, output, "the output", 1, 0);
     call_add(&call, stats[0], "the mean", 0, 1);
     call_add(&call, stats[1], "the rstd", 0, 1);
+    call_add(&call, scale, "the scale", 0, 1);
     if (call_prepare(what, &call) < 0) {
         goto done;
     }
@@ -2368,6 +2401,8 @@ part_normalize(module_state *state, const norm_kind *kind, const char *what, con
         .bias = params[1] ? PyArray_DATA(params[1]) : NULL,
         .mean = call_array_at(&call, MEAN),
         .rstd = call_array_at(&call, RSTD),
+        .scale = call_array_at(&call, SCALE),
+        .row_len = row_len,
     };
     int status;
     Py_BEGIN_ALLOW_THREADS
@@ -2388,6 +2423,7 @@ done:
     call_release(&call);
     Py_XDECREF(input);
     Py_XDECREF(output);
+    Py_XDECREF(scale);
     for (int i = 0; i < 2; i++) {
         Py_XDECREF(params[i]);
         Py_XDECREF(stats[i]);
@@ -2399,8 +2435,9 @@ PyDoc_STRVAR(layer_norm_part_moments_doc,
 "_layer_norm_part_moments($module, input, normalized_shape, *, axis=None)\n"
 "--\n"
 "\n"
-"(mean, m2) of each row's part in input, float64: its mean and the sum of its squared\n"
-"deviations from it, as layer_norm takes them (private: for layernorm._dask).\n");
+"(mean, m2, scale) of each row's part in input, float64: its mean and the sum of its squared\n"
+"deviations from it, as layer_norm takes them, in units of scale (a power of two, 1 but for\n"
+"parts of extreme magnitude) (private: for layernorm._dask).\n");
 
 static PyObject *
 layer_norm_part_moments(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
@@ -2418,25 +2455,27 @@ layer_norm_part_moments(PyObject *module, PyObject *const *args, Py_ssize_t narg
 
 PyDoc_STRVAR(layer_norm_part_normalize_doc,
 "_layer_norm_part_normalize($module, input, normalized_shape, mean, rstd, weight=None, bias=None,\n"
-"                           *, axis=None)\n"
+"                           *, axis=None, scale=None, row_len=None)\n"
 "--\n"
 "\n"
 "(input - mean) * rstd * weight + bias with the rows' statistics given (float64), as\n"
-"layer_norm computes it from its own (private: for layernorm._dask).\n");
+"layer_norm computes it from its own; mean and rstd in units of scale (mean / scale and\n"
+"rstd * scale) where it is given; row_len: the whole row's length (private: for\n"
+"layernorm._dask).\n");
 
 static PyObject *
 layer_norm_part_normalize(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    enum { INPUT, NORMALIZED_SHAPE, MEAN, RSTD, WEIGHT, BIAS, AXIS, N };
+    enum { INPUT, NORMALIZED_SHAPE, MEAN, RSTD, WEIGHT, BIAS, AXIS, SCALE, ROW_LEN, N };
     static const keyword_id keywords[N] = {KW_INPUT, KW_NORMALIZED_SHAPE, KW_MEAN, KW_RSTD,
-                                           KW_WEIGHT, KW_BIAS, KW_AXIS};
+                                           KW_WEIGHT, KW_BIAS, KW_AXIS, KW_SCALE, KW_ROW_LEN};
     module_state *state = get_state(module);
     PyObject *v[N];
     if (parse_args(state, "_layer_norm_part_normalize", args, nargs, kwnames, keywords, N, AXIS, 4, v) < 0) {
         return NULL;
     }
     const part_objs objs = {.input = v[INPUT], .normalized_shape = v[NORMALIZED_SHAPE], .axis = v[AXIS],
-                            .stats = &v[MEAN], .params = &v[WEIGHT]};
+                            .stats = &v[MEAN], .params = &v[WEIGHT], .scale = v[SCALE], .row_len = v[ROW_LEN]};
     return part_normalize(state, &layer_norm_kind, "_layer_norm_part_normalize", &objs);
 }
 
@@ -2444,8 +2483,9 @@ PyDoc_STRVAR(rms_norm_part_moments_doc,
 "_rms_norm_part_moments($module, input, normalized_shape, *, axis=None)\n"
 "--\n"
 "\n"
-"The sum of squares of each row's part in input, float64, as rms_norm takes it (private:\n"
-"for layernorm._dask).\n");
+"(m2, scale) of each row's part in input, float64: the sum of its squares, as rms_norm takes\n"
+"it, in units of scale (a power of two, 1 but for parts of extreme magnitude) (private: for\n"
+"layernorm._dask).\n");
 
 static PyObject *
 rms_norm_part_moments(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
@@ -2462,24 +2502,27 @@ rms_norm_part_moments(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
 }
 
 PyDoc_STRVAR(rms_norm_part_normalize_doc,
-"_rms_norm_part_normalize($module, input, normalized_shape, rstd, weight=None, *, axis=None)\n"
+"_rms_norm_part_normalize($module, input, normalized_shape, rstd, weight=None, *, axis=None,\n"
+"                         scale=None, row_len=None)\n"
 "--\n"
 "\n"
 "input * rstd * weight with the rows' rstd given (float64), as rms_norm computes it from\n"
-"its own (private: for layernorm._dask).\n");
+"its own; rstd in units of scale (rstd * scale) where it is given; row_len: the whole row's\n"
+"length (private: for layernorm._dask).\n");
 
 static PyObject *
 rms_norm_part_normalize(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    enum { INPUT, NORMALIZED_SHAPE, RSTD, WEIGHT, AXIS, N };
-    static const keyword_id keywords[N] = {KW_INPUT, KW_NORMALIZED_SHAPE, KW_RSTD, KW_WEIGHT, KW_AXIS};
+    enum { INPUT, NORMALIZED_SHAPE, RSTD, WEIGHT, AXIS, SCALE, ROW_LEN, N };
+    static const keyword_id keywords[N] = {KW_INPUT, KW_NORMALIZED_SHAPE, KW_RSTD, KW_WEIGHT, KW_AXIS, KW_SCALE,
+                                           KW_ROW_LEN};
     module_state *state = get_state(module);
     PyObject *v[N];
     if (parse_args(state, "_rms_norm_part_normalize", args, nargs, kwnames, keywords, N, AXIS, 3, v) < 0) {
         return NULL;
     }
     const part_objs objs = {.input = v[INPUT], .normalized_shape = v[NORMALIZED_SHAPE], .axis = v[AXIS],
-                            .stats = &v[RSTD], .params = &v[WEIGHT]};
+                            .stats = &v[RSTD], .params = &v[WEIGHT], .scale = v[SCALE], .row_len = v[ROW_LEN]};
     return part_normalize(state, &rms_norm_kind, "_rms_norm_part_normalize", &objs);
 }
 
@@ -2539,7 +2582,7 @@ part_backward(module_state *state, const norm_kind *kind, const char *what, cons
     }
     const int first_stat = 2 - kind->n_stats;  /* index into (mean, rstd) and the row sums */
     for (int s = first_stat; s < 2; s++) {
-        stats[s] = stats_input(state, objs->stats[s - first_stat], kind, stat_names[s], rows);
+        stats[s] = stats_input(state, objs->stats[s - first_stat], NULL, stat_names[s], rows);
         if (!stats[s]) {
             goto done;
         }
@@ -2548,7 +2591,7 @@ part_backward(module_state *state, const norm_kind *kind, const char *what, cons
             goto done;
         }
         if (objs->row_means) {
-            rows_g[s] = stats_input(state, objs->row_means[s - first_stat], kind, row_mean_names[s], rows);
+            rows_g[s] = stats_input(state, objs->row_means[s - first_stat], NULL, row_mean_names[s], rows);
             if (!rows_g[s]) {
                 goto done;
             }

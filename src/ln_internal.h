@@ -225,17 +225,19 @@ static inline int ln_row_needs_exact(double rstd, const ln_rstd_bounds *bounds)
 
 /* Whether a row's backward needs ln_backward_exact_row, given its rstd and pass 1's means
    of g and g * xhat: pass 2's per-row factors rstd, -rstd**2 * gx_mean and -rstd * g_mean
-   are not finite, or not 0 yet below the normal range, in the compute type (float32 for
-   float16/bfloat16/float32 data).  So it is where pass 1's float32 products overflowed,
-   rstd**2 overflows or underflows, or the row, its dy or its statistics hold NaN or Inf. */
+   are not finite, or below the normal range in the compute type (float32 for
+   float16/bfloat16/float32 data) but for a factor with a zero operand.  So it is where pass
+   1's float32 products overflowed, rstd**2 overflows or underflows (to 0 in float64 too, as
+   for float64 rows of 1e300), or the row, its dy or its statistics hold NaN or Inf. */
 static inline int ln_grad_row_needs_exact(ln_dtype dtype, double rstd, double g_mean, double gx_mean)
 {
     const double factors[3] = {rstd, -rstd * rstd * gx_mean, -rstd * g_mean};
+    const int zero_operand[3] = {rstd == 0.0, rstd == 0.0 || gx_mean == 0.0, rstd == 0.0 || g_mean == 0.0};
     int normal = 1;
     for (int i = 0; i < 3; i++) {
         const double factor = dtype == LN_F64 ? factors[i] : (double)(float)factors[i];
         const double normal_min = dtype == LN_F64 ? DBL_MIN : (double)FLT_MIN;
-        normal &= factors[i] == 0.0 || (isfinite(factor) && fabs(factor) >= normal_min);
+        normal &= (factors[i] == 0.0 && zero_operand[i]) || (isfinite(factor) && fabs(factor) >= normal_min);
     }
     return !normal;
 }

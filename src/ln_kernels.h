@@ -100,7 +100,10 @@ int ln_backward(const ln_backward_args *args);
  * computed as ln_forward computes a whole row's (its chunks' one-pass moments merged left to
  * right; its normalize arithmetic), so the bits are the same at every level and thread count
  * and whatever the layout.  Statistics are float64 whatever the dtype; their arrays are walked
- * as ln_forward's (elem_step 0).
+ * as ln_forward's (elem_step 0).  A part of extreme magnitude has its moments in units of a
+ * power of two, scale (mean_p * scale and m2_p * scale**2 are the moments); normalize takes
+ * a row's mean and rstd in the units of its scale (mean / scale, rstd * scale), and then
+ * computes it, as every row whose rstd the kernels cannot carry, in plain float64 (ln_parts.c).
  */
 typedef struct {
     ln_norm_kind kind;
@@ -109,6 +112,8 @@ typedef struct {
     ln_array input;
     ln_array mean;           /* out: float64, one per row; always absent for RMS */
     ln_array m2;             /* out: float64, one per row */
+    ln_array scale;          /* out: float64, one per row: the power of two mean and m2 are in
+                                units of, 1 but for parts of extreme magnitude */
 } ln_part_moments_args;
 
 typedef struct {
@@ -121,6 +126,9 @@ typedef struct {
     const void *bias;        /* likewise, or NULL for zeros; NULL for RMS */
     ln_array mean;           /* in: float64, one per row; always absent for RMS (the mean is 0) */
     ln_array rstd;           /* in: float64, one per row */
+    ln_array scale;          /* in: float64, one per row: the units of mean and rstd (moments'
+                                scale), or absent for ones */
+    ptrdiff_t row_len;       /* the whole row's length, the sum of its parts' */
 } ln_part_normalize_args;
 
 /* Each returns 0, or -1 when scratch memory could not be allocated. */

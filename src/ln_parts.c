@@ -9,6 +9,19 @@
  * are not adjacent (the strided layouts) have each chunk gathered into a buffer first (and
  * the chunk written scattered back), so that the level's kernels see the same values in the
  * same order: the bits do not depend on the layout.
+ *
+ * Rows of extreme magnitude go as ln_exact.c takes whole rows: in plain float64 C, the same
+ * bits at every level.  A part whose float64 moments could overflow or underflow in the
+ * caller's merge (|mean| or m2 far from 1, or all zeros) has them taken again in units of
+ * s = 2**(e - 1), e the binary exponent of max|x| (x / s is exact and below 2):
+ *
+ *     mean_s = mean(x / s), then mean_s += mean(x / s - mean_s)      (0 for RMSNorm)
+ *     m2_s = sum((x / s - mean_s)**2)                                 (mean = mean_s * s)
+ *
+ * and normalize takes such a row's statistics in the same units, y = (x / s - mean_s) * rstd_s
+ * * w + b with rstd_s = rstd * s, as it takes every row whose rstd the kernels cannot carry
+ * (ln_rstd_bounds).  Backward's parts go so for rows ln_grad_row_needs_exact flags, in
+ * float64 with rstd applied last.  Every NaN written is the one quiet NaN.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -30,7 +43,26 @@ typedef struct {
     const ln_part_backward_args *backward;
     double *chunk_sums;                  /* grad sums: rows x chunks x [sum g, sum g * xhat] */
     int streams;                         /* normalize, grad_input: output by non-temporal stores */
+    ln_rstd_bounds bounds;               /* normalize: the rstd the kernels carry */
 } ln_part_job;
+
+/* A job over a part of kind and dtype cut into LN_CHUNK-element chunks, its kernels the
+   level's in use. */
+static ln_part_job ln_part_job_of(ln_norm_kind kind, ln_dtype dtype, const ln_extent *extent)
+{
+    return (ln_part_job){
+        .dtype = dtype,
+        .extent = extent,
+        .kernels = &ln_kernels_in_use()->by_dtype[dtype].by_kind[kind],
+        .chunks = (extent->row_len + LN_CHUNK - 1) / LN_CHUNK,
+    };
+}
+
+/* Element i of a row whose elements are `step` bytes apart, as float64. */
+static double ln_part_element(ln_dtype dtype, const char *row, ptrdiff_t step, ptrdiff_t i)
+{
+    return ln_load1_as_f64(dtype, row + i * step, 0);
+}
 
 /* Elements [start, start + len) of a row whose elements are `step` bytes apart, to or from
    adjacent ones in `buffer`. */
@@ -79,6 +111,28 @@ static void ln_part_moments_tasks(void *ctx, ptrdiff_t begin, ptrdiff_t end)
     }
 }
 
+/* A per-row float64 statistic, or `absent` when its array is. */
+static double ln_part_stat(const ln_array *stat, const ln_extent *extent, ptrdiff_t r, double absent)
+{
+    return stat->data ? *(const double *)ln_row_address(stat, extent, r) : absent;
+}
+
+/* Elements [start, start + len) of row r normalized in float64 from its statistics in units
+   of s (the header's y = (x / s - mean_s) * rstd_s * w + b); weight and bias at column start. */
+static void ln_part_normalize_exact(const ln_part_normalize_args *a, ptrdiff_t r, ptrdiff_t start, ptrdiff_t len,
+                                    double mean_s, double rstd_s, double s, const void *weight, const void *bias)
+{
+    const ptrdiff_t x_step = a->input.walk.elem_step, y_step = a->output.walk.elem_step;
+    const char *x = ln_row_address(&a->input, &a->extent, r) + start * x_step;
+    char *y = ln_row_address(&a->output, &a->extent, r) + start * y_step;
+    for (ptrdiff_t i = 0; i < len; i++) {
+        const double xhat = (ln_part_element(a->dtype, x, x_step, i) / s - mean_s) * rstd_s;
+        const double w = weight ? ln_load1_param_as_f64(a->dtype, weight, i) : 1.0;
+        const double out = xhat * w + (bias ? ln_load1_param_as_f64(a->dtype, bias, i) : 0.0);
+        ln_store1_from_f64(a->dtype, y + i * y_step, 0, isnan(out) ? NAN : out);
+    }
+}
+
 /* Tasks [begin, end): their chunks normalized with their rows' statistics. */
 static void ln_part_normalize_tasks(void *ctx, ptrdiff_t begin, ptrdiff_t end)
 {
@@ -90,13 +144,17 @@ static void ln_part_normalize_tasks(void *ctx, ptrdiff_t begin, ptrdiff_t end)
     for (ptrdiff_t t = begin; t < end; t++) {
         ptrdiff_t r, start, len;
         ln_part_task(job, t, &r, &start, &len);
-        const double mean = a->mean.data ? *(const double *)ln_row_address(&a->mean, &a->extent, r) : 0.0;
-        const double rstd = *(const double *)ln_row_address(&a->rstd, &a->extent, r);
+        const double mean = ln_part_stat(&a->mean, &a->extent, r, 0.0);
+        const double rstd = ln_part_stat(&a->rstd, &a->extent, r, 0.0);
+        const double scale = ln_part_stat(&a->scale, &a->extent, r, 1.0);
         const void *weight = a->weight ? (const char *)a->weight + start * param_elsize : NULL;
         const void *bias = a->bias ? (const char *)a->bias + start * param_elsize : NULL;
         const char *x = ln_row_address(&a->input, &a->extent, r);
         char *y = ln_row_address(&a->output, &a->extent, r);
-        if (adjacent) {
+        if (scale != 1.0 || ln_row_needs_exact(rstd, &job->bounds)) {
+            ln_part_normalize_exact(a, r, start, len, mean, rstd, scale, weight, bias);
+        }
+        else if (adjacent) {
             (job->streams ? job->kernels->normalize_row_streaming : job->kernels->normalize_row)(
                 x + start * elsize, y + start * elsize, len, mean, rstd, weight, bias);
         }
@@ -108,13 +166,68 @@ static void ln_part_normalize_tasks(void *ctx, ptrdiff_t begin, ptrdiff_t end)
     }
 }
 
-/* Row r's moments out (mean where wanted: it is absent for RMSNorm). */
-static void ln_store_part_moments(const ln_part_moments_args *a, ptrdiff_t r, double mean, double m2)
+/* Row r's moments out (mean where wanted: it is absent for RMSNorm) and their unit. */
+static void ln_store_part_moments(const ln_part_moments_args *a, ptrdiff_t r, ln_moments m, double scale)
 {
     if (a->mean.data) {
-        *(double *)ln_row_address(&a->mean, &a->extent, r) = mean;
+        *(double *)ln_row_address(&a->mean, &a->extent, r) = m.mean;
     }
-    *(double *)ln_row_address(&a->m2, &a->extent, r) = m2;
+    *(double *)ln_row_address(&a->m2, &a->extent, r) = m.m2;
+    *(double *)ln_row_address(&a->scale, &a->extent, r) = scale;
+}
+
+/* Whether a part's moments go to the caller's merge as they are: |mean| and m2 so far from
+   the range ends of the arithmetic that took them (float32 for float16/bfloat16 data, whose
+   squares of subnormals would round away, else float64) that neither lost bits, and that
+   n * (mean_p - mean)**2 and the sums of m2 in float64 can neither overflow nor round to
+   subnormals; a part of zeros (0, 0), a constant one of tiny squares perhaps, does not. */
+static int ln_moments_mergeable(ln_dtype dtype, ln_moments m)
+{
+    const int in_f32 = ln_dtype_is_16bit(dtype);
+    const double mean = fabs(m.mean), mean_min = in_f32 ? 0x1p-100 : 0x1p-400, mean_max = in_f32 ? 0x1p100 : 0x1p400;
+    const double m2_min = in_f32 ? 0x1p-60 : 0x1p-800, m2_max = in_f32 ? 0x1p120 : 0x1p800;
+    const int mean_mergeable = mean == 0.0 || (mean_min <= mean && mean <= mean_max);
+    return mean_mergeable && (m.m2 == 0.0 ? mean != 0.0 : m2_min <= m.m2 && m.m2 <= m2_max);
+}
+
+/* Row r's part's moments in units of s (the header's), with s in *scale; for a part holding
+   NaN or Inf, `plain`'s mean and a NaN m2 in units of 1, so that its row's rstd is NaN (a sum
+   of squares would be Inf). */
+static ln_moments ln_scaled_part_moments(const ln_part_moments_args *a, ptrdiff_t r, ln_moments plain,
+                                         double *scale)
+{
+    const ptrdiff_t n = a->extent.row_len, step = a->input.walk.elem_step;
+    const char *x = ln_row_address(&a->input, &a->extent, r);
+    double largest = 0.0;
+    for (ptrdiff_t i = 0; i < n; i++) {
+        const double v = fabs(ln_part_element(a->dtype, x, step, i));
+        largest = v > largest || isnan(v) ? v : largest;
+    }
+    *scale = 1.0;
+    if (!isfinite(largest)) {
+        return (ln_moments){.mean = plain.mean, .m2 = NAN};
+    }
+    int exponent;
+    frexp(largest > 0.0 ? largest : 1.0, &exponent);
+    const double s = ldexp(1.0, exponent - 1);
+    double mean_s = 0.0, m2_s = 0.0;
+    if (a->kind == LN_NORM_LAYER) {
+        double sum = 0.0, correction = 0.0;
+        for (ptrdiff_t i = 0; i < n; i++) {
+            sum += ln_part_element(a->dtype, x, step, i) / s;
+        }
+        mean_s = sum / (double)n;
+        for (ptrdiff_t i = 0; i < n; i++) {
+            correction += ln_part_element(a->dtype, x, step, i) / s - mean_s;
+        }
+        mean_s += correction / (double)n;
+    }
+    for (ptrdiff_t i = 0; i < n; i++) {
+        const double d = ln_part_element(a->dtype, x, step, i) / s - mean_s;
+        m2_s += d * d;
+    }
+    *scale = s;
+    return (ln_moments){.mean = mean_s, .m2 = m2_s};
 }
 
 /* Runs fn over the job's tasks, across the threads when there is enough to share. */
@@ -133,24 +246,20 @@ static void ln_part_run(ln_part_job *job, ln_range_fn fn)
 int ln_part_moments(const ln_part_moments_args *a)
 {
     assert(a && 0 <= a->kind && a->kind < LN_NORM_KINDS && 0 <= a->dtype && a->dtype < LN_DTYPES);
-    assert(ln_element_array_valid(&a->input, a->dtype) && a->m2.data && (a->kind == LN_NORM_LAYER || !a->mean.data));
-    const ptrdiff_t rows = ln_rows_of(&a->extent), n = a->extent.row_len;
+    assert(ln_element_array_valid(&a->input, a->dtype) && a->m2.data && a->scale.data &&
+           (a->kind == LN_NORM_LAYER || !a->mean.data));
+    const ptrdiff_t rows = ln_rows_of(&a->extent);
     if (rows <= 0) {
         return 0;
     }
-    if (n == 0) {
+    if (a->extent.row_len == 0) {
         for (ptrdiff_t r = 0; r < rows; r++) {
-            ln_store_part_moments(a, r, 0.0, 0.0);
+            ln_store_part_moments(a, r, (ln_moments){0.0, 0.0}, 1.0);
         }
         return 0;
     }
-    ln_part_job job = {
-        .dtype = a->dtype,
-        .extent = &a->extent,
-        .input = &a->input,
-        .kernels = &ln_kernels_in_use()->by_dtype[a->dtype].by_kind[a->kind],
-        .chunks = (n + LN_CHUNK - 1) / LN_CHUNK,
-    };
+    ln_part_job job = ln_part_job_of(a->kind, a->dtype, &a->extent);
+    job.input = &a->input;
     job.chunk_moments = malloc((size_t)(rows * job.chunks) * sizeof(ln_moments));
     if (!job.chunk_moments) {
         return -1;
@@ -162,7 +271,11 @@ int ln_part_moments(const ln_part_moments_args *a)
         for (ptrdiff_t c = 1; c < job.chunks; c++) {
             m = ln_merge(m, chunks[c]);
         }
-        ln_store_part_moments(a, r, m.mean, m.m2);
+        double scale = 1.0;
+        if (!ln_moments_mergeable(a->dtype, m)) {
+            m = ln_scaled_part_moments(a, r, m, &scale);
+        }
+        ln_store_part_moments(a, r, m, scale);
     }
     free(job.chunk_moments);
     return 0;
@@ -172,27 +285,62 @@ int ln_part_normalize(const ln_part_normalize_args *a)
 {
     assert(a && 0 <= a->kind && a->kind < LN_NORM_KINDS && 0 <= a->dtype && a->dtype < LN_DTYPES);
     assert(ln_element_array_valid(&a->input, a->dtype) && ln_element_array_valid(&a->output, a->dtype));
-    assert(a->rstd.data && (a->kind == LN_NORM_LAYER || (!a->bias && !a->mean.data)));
+    assert(a->rstd.data && a->row_len >= a->extent.row_len && (a->kind == LN_NORM_LAYER || (!a->bias && !a->mean.data)));
     const ptrdiff_t rows = ln_rows_of(&a->extent), n = a->extent.row_len;
     if (rows <= 0 || n == 0) {
         return 0;
     }
-    ln_part_job job = {
-        .dtype = a->dtype,
-        .extent = &a->extent,
-        .kernels = &ln_kernels_in_use()->by_dtype[a->dtype].by_kind[a->kind],
-        .chunks = (n + LN_CHUNK - 1) / LN_CHUNK,
-        .normalize = a,
-        .streams = ln_output_streams(a->dtype, &a->extent),
-    };
+    ln_part_job job = ln_part_job_of(a->kind, a->dtype, &a->extent);
+    job.normalize = a;
+    job.streams = ln_output_streams(a->dtype, &a->extent);
+    /* the bounds of the part's parameters, and of the whole row's length (float32's x - mean) */
+    const ln_dtype_kernels *kernels = &ln_kernels_in_use()->by_dtype[a->dtype];
+    const ln_forward_args part = {.kind = a->kind, .dtype = a->dtype, .extent = a->extent, .weight = a->weight,
+                                  .bias = a->bias};
+    const ln_forward_args row = {.kind = a->kind, .dtype = a->dtype,
+                                 .extent = {.blocks = 1, .rows = 1, .row_len = a->row_len}};
+    const ln_rstd_bounds of_part = kernels->rstd_bounds(&part), of_row = kernels->rstd_bounds(&row);
+    job.bounds = (ln_rstd_bounds){fmax(of_part.low, of_row.low), fmin(of_part.high, of_row.high)};
     ln_part_run(&job, ln_part_normalize_tasks);
     return 0;
 }
 
-/* A per-row float64 statistic, or `absent` when its array is. */
-static double ln_part_stat(const ln_array *stat, const ln_extent *extent, ptrdiff_t r, double absent)
+/* Row r's part's float64 g_sum and g_xhat_sum in sums[0 .. 2), as ln_backward_exact_row
+   takes them. */
+static void ln_part_grad_sums_exact(const ln_part_backward_args *a, ptrdiff_t r, double mean, double rstd,
+                                    double sums[2])
 {
-    return stat->data ? *(const double *)ln_row_address(stat, extent, r) : absent;
+    const ptrdiff_t dy_step = a->grad_output.walk.elem_step, x_step = a->input.walk.elem_step;
+    const char *dy = ln_row_address(&a->grad_output, &a->extent, r);
+    const char *x = ln_row_address(&a->input, &a->extent, r);
+    sums[0] = sums[1] = 0.0;
+    for (ptrdiff_t i = 0; i < a->extent.row_len; i++) {
+        const double xhat = (ln_part_element(a->dtype, x, x_step, i) - mean) * rstd;
+        const double w = a->weight ? ln_load1_param_as_f64(a->dtype, a->weight, i) : 1.0;
+        const double g = ln_part_element(a->dtype, dy, dy_step, i) * w;
+        sums[0] += g;
+        sums[1] += g * xhat;
+    }
+}
+
+/* Elements [start, start + len) of row r's dx in float64, rstd applied last (ln_exact.c),
+   from the row's means of g and g * xhat; weight at column start. */
+static void ln_part_grad_input_exact(const ln_part_backward_args *a, ptrdiff_t r, ptrdiff_t start, ptrdiff_t len,
+                                     const ln_grad_rows *group, const void *weight)
+{
+    const ptrdiff_t dy_step = a->grad_output.walk.elem_step, x_step = a->input.walk.elem_step;
+    const ptrdiff_t dx_step = a->grad_input.walk.elem_step;
+    const char *dy = ln_row_address(&a->grad_output, &a->extent, r) + start * dy_step;
+    const char *x = ln_row_address(&a->input, &a->extent, r) + start * x_step;
+    char *dx = ln_row_address(&a->grad_input, &a->extent, r) + start * dx_step;
+    const double mean = group->mean[0], rstd = group->rstd[0], g_mean = group->g_mean[0], gx_mean = group->gx_mean[0];
+    for (ptrdiff_t i = 0; i < len; i++) {
+        const double xhat = (ln_part_element(a->dtype, x, x_step, i) - mean) * rstd;
+        const double w = weight ? ln_load1_param_as_f64(a->dtype, weight, i) : 1.0;
+        const double g = ln_part_element(a->dtype, dy, dy_step, i) * w;
+        const double value = ((g - g_mean) - xhat * gx_mean) * rstd;
+        ln_store1_from_f64(a->dtype, dx + i * dx_step, 0, isnan(value) ? NAN : value);
+    }
 }
 
 /* Tasks [begin, end): backward pass 1 over their chunks. */
@@ -243,6 +391,11 @@ static void ln_part_grad_input_tasks(void *ctx, ptrdiff_t begin, ptrdiff_t end)
             .g_mean = {ln_part_stat(&a->g, &a->extent, r, 0.0)},
             .gx_mean = {ln_part_stat(&a->g_xhat, &a->extent, r, 0.0)},
         };
+        const void *weight = a->weight ? (const char *)a->weight + start * param_elsize : NULL;
+        if (ln_grad_row_needs_exact(a->dtype, group.rstd[0], group.g_mean[0], group.gx_mean[0])) {
+            ln_part_grad_input_exact(a, r, start, len, &group, weight);
+            continue;
+        }
         char *const dx = group.dx[0];
         if (!adjacent) {
             ln_gather(group.dy[0], a->grad_output.walk.elem_step, elsize, 0, len, dy_buffer);
@@ -251,8 +404,7 @@ static void ln_part_grad_input_tasks(void *ctx, ptrdiff_t begin, ptrdiff_t end)
             group.x[0] = (const char *)x_buffer;
             group.dx[0] = (char *)dx_buffer;
         }
-        job->kernels->grad_apply(&group, a->weight ? (const char *)a->weight + start * param_elsize : NULL, len, NULL,
-                                 NULL);
+        job->kernels->grad_apply(&group, weight, len, NULL, NULL);
         if (!adjacent) {
             ln_scatter(dx_buffer, elsize, 0, len, dx, a->grad_input.walk.elem_step);
         }
@@ -276,32 +428,33 @@ static inline int ln_part_backward_args_valid(const ln_part_backward_args *a)
 int ln_part_grad_sums(const ln_part_backward_args *a)
 {
     assert(a && ln_part_backward_args_valid(a));
-    const ptrdiff_t rows = ln_rows_of(&a->extent), n = a->extent.row_len;
-    ln_part_job job = {
-        .dtype = a->dtype,
-        .extent = &a->extent,
-        .kernels = &ln_kernels_in_use()->by_dtype[a->dtype].by_kind[a->kind],
-        .chunks = (n + LN_CHUNK - 1) / LN_CHUNK,
-        .backward = a,
-    };
+    const ptrdiff_t rows = ln_rows_of(&a->extent);
     if (rows <= 0) {
         return 0;
     }
+    ln_part_job job = ln_part_job_of(a->kind, a->dtype, &a->extent);
+    job.backward = a;
     job.chunk_sums = malloc((size_t)(2 * rows * job.chunks + 1) * sizeof(double));
     if (!job.chunk_sums) {
         return -1;
     }
     ln_part_run(&job, ln_part_grad_sums_tasks);
     for (ptrdiff_t r = 0; r < rows; r++) {
-        double g_sum = 0.0, g_xhat_sum = 0.0;
+        double sums[2] = {0.0, 0.0};  /* g_sum, g_xhat_sum */
         for (ptrdiff_t c = 0; c < job.chunks; c++) {
-            g_sum += job.chunk_sums[2 * (r * job.chunks + c)];
-            g_xhat_sum += job.chunk_sums[2 * (r * job.chunks + c) + 1];
+            sums[0] += job.chunk_sums[2 * (r * job.chunks + c)];
+            sums[1] += job.chunk_sums[2 * (r * job.chunks + c) + 1];
+        }
+        /* where the kernels' products overflowed, or rstd leaves their range (the test with
+           means of 0 is rstd's alone) */
+        const double rstd = ln_part_stat(&a->rstd, &a->extent, r, 0.0);
+        if (!isfinite(sums[0]) || !isfinite(sums[1]) || ln_grad_row_needs_exact(a->dtype, rstd, 0.0, 0.0)) {
+            ln_part_grad_sums_exact(a, r, ln_part_stat(&a->mean, &a->extent, r, 0.0), rstd, sums);
         }
         if (a->g.data) {
-            *(double *)ln_row_address(&a->g, &a->extent, r) = g_sum;
+            *(double *)ln_row_address(&a->g, &a->extent, r) = sums[0];
         }
-        *(double *)ln_row_address(&a->g_xhat, &a->extent, r) = g_xhat_sum;
+        *(double *)ln_row_address(&a->g_xhat, &a->extent, r) = sums[1];
     }
     free(job.chunk_sums);
     return 0;
@@ -310,17 +463,12 @@ int ln_part_grad_sums(const ln_part_backward_args *a)
 int ln_part_grad_input(const ln_part_backward_args *a)
 {
     assert(a && ln_part_backward_args_valid(a) && a->grad_input.data);
-    const ptrdiff_t n = a->extent.row_len;
-    ln_part_job job = {
-        .dtype = a->dtype,
-        .extent = &a->extent,
-        .kernels = &ln_kernels_in_use()->by_dtype[a->dtype].by_kind[a->kind],
-        .chunks = (n + LN_CHUNK - 1) / LN_CHUNK,
-        .backward = a,
-        .streams = ln_dx_streams(a->dtype, &a->extent, &a->grad_input),
-    };
-    if (ln_rows_of(&a->extent) > 0 && n > 0) {
-        ln_part_run(&job, ln_part_grad_input_tasks);
+    if (ln_rows_of(&a->extent) <= 0 || a->extent.row_len == 0) {
+        return 0;
     }
+    ln_part_job job = ln_part_job_of(a->kind, a->dtype, &a->extent);
+    job.backward = a;
+    job.streams = ln_dx_streams(a->dtype, &a->extent, &a->grad_input);
+    ln_part_run(&job, ln_part_grad_input_tasks);
     return 0;
 }

@@ -9,8 +9,10 @@ import sys
 import time
 from typing import NamedTuple
 
+import hypothesis
 import numpy as np
 import pytest
+from hypothesis import strategies as st
 
 da = pytest.importorskip("dask.array", reason="dask is not installed: pip install 'dask[array,distributed]'")
 import dask  # noqa: E402
@@ -307,6 +309,169 @@ def test_split_rows_keep_their_digits_at_a_large_offset(dtype, offset):
         # the kernel's own float64 promise (tests/test_accuracy.py)
         y, _, _ = _reference.layer_norm(x, 6000)
         assert np.abs(output - y).max() <= 1e-13 + 4 * np.finfo(np.float64).eps * offset
+
+
+# Rows of extreme magnitude split across chunks: (dtype name, x of EXTREME_SHAPE) for each
+# magnitude; each has an extreme row of random values, an extreme constant row, an ordinary
+# row and, for float64, a row near the largest float.
+EXTREME_SHAPE, EXTREME_CHUNKS = (4, 600), (3, 250)
+
+
+def _bfloat16():
+    ml_dtypes = pytest.importorskip("ml_dtypes", reason="ml_dtypes is not installed: NumPy has no bfloat16")
+    return ml_dtypes.bfloat16
+
+
+def _extreme_input(dtype, magnitude):
+    rng = np.random.default_rng(11)
+    rows = rng.uniform(-1.0, 1.0, EXTREME_SHAPE) * magnitude
+    rows[1] = magnitude
+    rows[2] = rng.standard_normal(EXTREME_SHAPE[1])
+    if dtype == np.float64 and magnitude > 1.0:
+        rows[3] = rng.uniform(-1.0, 1.0, EXTREME_SHAPE[1]) * np.finfo(np.float64).max
+    return rows.astype(dtype)
+
+
+EXTREMES = {
+    "float64-1e300": (np.float64, 1e300),
+    "float64-1e-300": (np.float64, 1e-300),
+    "float64-subnormal": (np.float64, 1e-310),
+    "float32-subnormal": (np.float32, 1e-39),
+    "float32-3e38": (np.float32, 3e38),
+    "float16-subnormal": (np.float16, 3e-7),
+    "float16-6e4": (np.float16, 6e4),
+    "bfloat16-1e-39": ("bfloat16", 1e-39),
+    "bfloat16-3e38": ("bfloat16", 3e38),
+}
+
+
+def _bfloat16_finfo():
+    return pytest.importorskip("ml_dtypes").finfo(_bfloat16())
+
+
+def extreme_input(name):
+    dtype, magnitude = EXTREMES[name]
+    return _extreme_input(_bfloat16() if dtype == "bfloat16" else dtype, magnitude)
+
+
+def extreme_tolerance(want, dtype):
+    """The reference's tolerance of each row's largest value (and an ulp of the dtype, whose
+    rounding of the float64 truth the whole-array call's exact rows make), plus the smallest
+    subnormal, as tests/test_extreme_rows.py holds the whole-array call."""
+    info = _bfloat16_finfo() if dtype.name == "bfloat16" else np.finfo(dtype)
+    size = np.abs(np.nan_to_num(want, nan=0.0, posinf=0.0, neginf=0.0)).max(axis=-1, keepdims=True, initial=0.0)
+    rel = REF_REL_TOL.get(np.dtype(dtype), REF_REL_TOL[np.dtype(np.float32)]) + float(info.eps)
+    return rel * size + float(info.smallest_subnormal)
+
+
+def assert_like_the_whole_array_call(got, whole, want, what):
+    """got (split) and whole (NumPy) within the tolerance of want (the float64 truth rounded to
+    their dtype); NaN where the NumPy call has NaN, and then the one quiet NaN."""
+    dtype, got_bits = whole.dtype, got
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = want.astype(dtype).astype(np.float64)
+    tol = extreme_tolerance(want, dtype)
+    finite = np.isfinite(want)
+    got, whole = got.astype(np.float64), whole.astype(np.float64)
+    assert_within(np.where(finite, whole, 0.0), np.where(finite, want, 0.0), tol, f"{what}: the NumPy call")
+    assert_within(np.where(finite, got, 0.0), np.where(finite, want, 0.0), tol, what)
+    np.testing.assert_array_equal(got[~finite], whole[~finite], err_msg=what)  # Inf as Inf, NaN as NaN
+    quiet = np.array(np.nan, dtype)
+    assert all(value.tobytes() == quiet.tobytes() for value in got_bits[np.isnan(got)]), what
+
+
+@pytest.mark.parametrize("eps", ["default", 0.0])
+@pytest.mark.parametrize("magnitude", EXTREMES)
+@pytest.mark.parametrize("kind", KINDS, ids=str)
+def test_split_rows_of_extreme_magnitude_get_the_numpy_calls_answer(kind, magnitude, eps):
+    x = extreme_input(magnitude)
+    ns = (x.shape[1],)
+    eps = kind.eps_value(x) if eps == "default" else eps
+    whole = kind.native(x, ns, eps=eps)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        split = computed(kind.native(da.from_array(x, chunks=EXTREME_CHUNKS), ns, eps=eps))
+        want = kind.reference(x.astype(np.float64), ns, eps=eps)
+    for what, got, whole_value, want_value in zip(("output", "mean", "rstd") if kind.centred else ("output", "rstd"),
+                                                  split, whole, want):
+        assert_like_the_whole_array_call(got, whole_value, want_value, what)
+
+
+@pytest.mark.parametrize("eps", ["default", 0.0])
+@pytest.mark.parametrize("magnitude", EXTREMES)
+@pytest.mark.parametrize("kind", KINDS, ids=str)
+def test_split_rows_of_extreme_magnitude_get_the_numpy_calls_gradients(kind, magnitude, eps):
+    x = extreme_input(magnitude)
+    ns = (x.shape[1],)
+    eps = kind.eps_value(x) if eps == "default" else eps
+    dy = make_input(x.shape, np.float32, seed=4).astype(x.dtype)
+    weight = (1 + 0.5 * np.random.default_rng(5).standard_normal(ns)).astype(np.float64 if x.dtype == np.float64
+                                                                             else np.float32)
+    stats = kind.native(x, ns, weight, eps=eps)[1:]
+    whole = kind.backward(dy, x, ns, stats, weight)
+    chunked = [da.from_array(s, chunks=(EXTREME_CHUNKS[0], 1)) for s in stats]
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        split = computed([g for g in kind.backward(da.from_array(dy, chunks=EXTREME_CHUNKS),
+                                                   da.from_array(x, chunks=EXTREME_CHUNKS), ns, chunked,
+                                                   da.from_array(weight, chunks=EXTREME_CHUNKS[1]))
+                          if g is not None])
+        want = kind.reference_backward(dy, x.astype(np.float64), ns, [s.astype(np.float64) for s in stats], weight)
+    for what, got, whole_value, want_value in zip(("grad_input", "grad_weight", "grad_bias"), split, whole, want):
+        assert_like_the_whole_array_call(got, whole_value, want_value, what)
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("kind", KINDS, ids=str)
+def test_split_rows_holding_nan_or_inf_give_the_one_quiet_nan(kind, dtype, value):
+    x = make_input(EXTREME_SHAPE, dtype, seed=9)
+    x[0, 300] = value
+    x[1, 10] = value
+    ns = (x.shape[1],)
+    dy = make_input(x.shape, dtype, seed=10)
+    weight = make_input(ns, np.float64 if dtype == np.float64 else np.float32, seed=12)
+    whole = kind.native(x, ns, weight)
+    with np.errstate(invalid="ignore"):
+        split = computed(kind.native(da.from_array(x, chunks=EXTREME_CHUNKS), ns, da.from_array(weight, chunks=250)))
+        stats = [da.from_array(s, chunks=(EXTREME_CHUNKS[0], 1)) for s in whole[1:]]
+        split_grads = computed([g for g in kind.backward(da.from_array(dy, chunks=EXTREME_CHUNKS),
+                                                         da.from_array(x, chunks=EXTREME_CHUNKS), ns, stats,
+                                                         da.from_array(weight, chunks=250)) if g is not None])
+    whole_grads = [g for g in kind.backward(dy, x, ns, whole[1:], weight) if g is not None]
+    quiet = {np.dtype(dtype): np.array(np.nan, dtype).tobytes() for dtype in (np.float16, np.float32, np.float64)}
+    # output, rstd and the gradients (a row's mean is the sum's, Inf for a row of one Inf)
+    for got, want in zip(split[:1] + split[-1:] + split_grads, whole[:1] + whole[-1:] + tuple(whole_grads)):
+        nan = np.isnan(want)
+        assert nan.any()
+        np.testing.assert_array_equal(np.isnan(got), nan)
+        assert {value.tobytes() for value in got[nan]} == {quiet[got.dtype]}
+
+
+@hypothesis.settings(max_examples=40, derandomize=True, database=None, deadline=None)
+@hypothesis.given(
+    kind=st.sampled_from(KINDS),
+    dtype=st.sampled_from([np.float16, np.float32, np.float64]),
+    exponent=st.integers(-1080, 1023),
+    row_len=st.integers(2, 300),
+    chunk=st.integers(1, 120),
+    eps=st.sampled_from(["default", 0.0]),
+    seed=st.integers(0, 2**16),
+)
+def test_split_rows_at_any_scale_get_the_numpy_calls_answer(kind, dtype, exponent, row_len, chunk, eps, seed):
+    """A row of 2**exponent-sized values (clipped to the dtype's range) split into chunks of any
+    length, against the whole-array call and the float64 truth."""
+    info = np.finfo(dtype)
+    exponent = int(np.clip(exponent, np.log2(float(info.smallest_subnormal)) + 4, info.maxexp - 2))
+    rng = np.random.default_rng(seed)
+    x = (rng.uniform(-1.0, 1.0, (2, row_len)) * 2.0**exponent).astype(dtype)
+    ns = (row_len,)
+    eps = kind.eps_value(x) if eps == "default" else eps
+    whole = kind.native(x, ns, eps=eps)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        split = computed(kind.native(da.from_array(x, chunks=(1, chunk)), ns, eps=eps))
+        want = kind.reference(x.astype(np.float64), ns, eps=eps)
+    for what, got, whole_value, want_value in zip(("output", "mean", "rstd") if kind.centred else ("output", "rstd"),
+                                                  split, whole, want):
+        assert_like_the_whole_array_call(got, whole_value, want_value, what)
 
 
 def per_column(values, layout):

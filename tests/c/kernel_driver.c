@@ -464,6 +464,7 @@ typedef struct {
     buffer outputs[4];      /* what a run writes (besides x), in the order the hash covers */
     int output_count;
     int output_at, mean_at, rstd_at, sum_at;  /* forward: their indices in outputs, or -1 */
+    int scale_at;           /* forward parts: the moments' units' index in outputs, or -1 */
 } test_case;
 
 /* Reports what went wrong in which case and exits with status 1. */
@@ -597,7 +598,7 @@ static ln_backward_args backward_args(const test_case *c)
 static void case_setup(test_case *c, const variant *v, ln_dtype dtype, ln_extent extent)
 {
     *c = (test_case){.variant = v, .dtype = dtype, .extent = extent, .output_at = -1, .mean_at = -1,
-                     .rstd_at = -1, .sum_at = -1};
+                     .rstd_at = -1, .sum_at = -1, .scale_at = -1};
     if (extent.blocks == 1) {
         snprintf(c->name, sizeof c->name, "%s-%s-%tdx%td", v->name, dtype_names[dtype], extent.rows,
                  extent.row_len);
@@ -623,6 +624,7 @@ static void case_setup(test_case *c, const variant *v, ln_dtype dtype, ln_extent
         c->output_at = add_output(c, c->out.count, size);
         c->mean_at = v->kind == LN_NORM_LAYER ? add_output(c, rows, sizeof(double)) : -1;
         c->rstd_at = add_output(c, rows, sizeof(double));  /* m2, from which rstd is made */
+        c->scale_at = add_output(c, rows, sizeof(double));
         c->rstd = new_buffer(c, rows, sizeof(double));
         return;
     }
@@ -720,6 +722,7 @@ static int run_parts(const test_case *c)
         .input = element_array(c, &c->x, &c->in),
         .mean = part_stats_array(c, mean),
         .m2 = part_stats_array(c, m2),
+        .scale = part_stats_array(c, output_at(c, c->scale_at)),
     };
     if (ln_part_moments(&moments) != 0) {
         return -1;
@@ -738,6 +741,8 @@ static int run_parts(const test_case *c)
         .bias = c->bias.data,
         .mean = moments.mean,
         .rstd = part_stats_array(c, &c->rstd),
+        .scale = moments.scale,
+        .row_len = c->extent.row_len,
     };
     return ln_part_normalize(&normalize);
 }
