@@ -944,12 +944,14 @@ stats_over_bytes(PyObject *owner, char *data, PyArrayObject *input, const norm_a
     return view;
 }
 
-/* New reference: input's data in an array nobody else holds (for backward to read after the
-   caller may have changed its own), C-contiguous and native: the array NumPy made here from a
-   list or tuple input_obj, else a copy; NULL with an exception set. */
+/* New reference: an array for input's data that nobody else holds (for backward to read after
+   the caller may have changed its own), C-contiguous and native: the array NumPy made here
+   from a list or tuple input_obj, else a copy; NULL with an exception set.  *kernel_fills is
+   set when the data is not there yet: the forward kernel copies each row as it reads it. */
 static PyArrayObject *
-private_input(PyObject *input_obj, PyArrayObject *input)
+private_input(PyObject *input_obj, PyArrayObject *input, int *kernel_fills)
 {
+    *kernel_fills = 0;
     /* Only an array made here is known to be private: an array that came out of the caller's
        object, even one owning its data, may be that object's own buffer (an __array__ that
        returns a kept array). */
@@ -959,14 +961,10 @@ private_input(PyObject *input_obj, PyArrayObject *input)
         return input;
     }
     if (PyArray_ISCARRAY_RO(input) && PyArray_ISNOTSWAPPED(input)) {
-        /* the common case, without NumPy's general copy machinery (a third of a small
-           call's time) */
-        PyArrayObject *copy = (PyArrayObject *)PyArray_SimpleNew(
-            PyArray_NDIM(input), PyArray_DIMS(input), PyArray_TYPE(input));
-        if (copy) {
-            memcpy(PyArray_DATA(copy), PyArray_DATA(input), (size_t)PyArray_NBYTES(input));
-        }
-        return copy;
+        /* the common case: no second pass over the input, nor NumPy's general copy machinery
+           (a third of a small call's time) */
+        *kernel_fills = 1;
+        return (PyArrayObject *)PyArray_SimpleNew(PyArray_NDIM(input), PyArray_DIMS(input), PyArray_TYPE(input));
     }
     return (PyArrayObject *)PyArray_FromArray(input, PyArray_DescrFromType(PyArray_TYPE(input)),
                                               NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED |
@@ -1392,6 +1390,7 @@ forward(module_state *state, const norm_kind *kind, const char *what, const forw
 {
     PyObject *result = NULL, *saved_stats = NULL, *saved = NULL;
     PyArrayObject *input = NULL, *residual = NULL, *output = NULL, *sum = NULL, *saved_input = NULL;
+    PyArrayObject *copy = NULL;  /* borrowed: saved_input when the kernel fills it */
     PyArrayObject *params[2] = {NULL, NULL}, *stats[2] = {NULL, NULL};
     kernel_call call = {0};
     shape_t ns;
@@ -1494,15 +1493,21 @@ forward(module_state *state, const norm_kind *kind, const char *what, const forw
                 goto done;
             }
         }
-        /* the kernel reads the private copy backward will read */
-        saved_input = private_input(objs->input, input);
+        int kernel_fills;
+        saved_input = private_input(objs->input, input, &kernel_fills);
         if (!saved_input) {
             allocation_failed(what, "the copy of the input saved for backward", PyArray_NDIM(input),
                               PyArray_DIMS(input), PyArray_TYPE(input));
             goto done;
         }
-        Py_INCREF(saved_input);
-        Py_SETREF(input, saved_input);
+        if (kernel_fills) {
+            copy = saved_input;
+        }
+        else {
+            /* the kernel reads the private copy backward will read */
+            Py_INCREF(saved_input);
+            Py_SETREF(input, saved_input);
+        }
         char *saved_param = PyBytes_AS_STRING(saved_stats) + kind->n_stats * layout.stat_bytes;
         for (int p = 0; p < kind->n_params; p++) {
             if (params[p]) {
@@ -1532,13 +1537,14 @@ forward(module_state *state, const norm_kind *kind, const char *what, const forw
     }
 
     call_init(&call, input, &ax);
-    enum { INPUT, RESIDUAL, SUM, OUTPUT, MEAN, RSTD };
+    enum { INPUT, RESIDUAL, SUM, OUTPUT, MEAN, RSTD, COPY };
     call_add(&call, input, "the input", 0, 0);
     call_add(&call, residual, "the residual", 0, 0);
     call_add(&call, sum, "the sum", 1, 0);
     call_add(&call, output, "the output", 1, 0);
     call_add(&call, stats[0], "the mean", 1, 1);
     call_add(&call, stats[1], "the rstd", 1, 1);
+    call_add(&call, copy, "the copy of the input saved for backward", 1, 0);
     /* Nothing to write, nothing to compute: the kernel would still walk every empty row. */
     const int produces = PyArray_SIZE(output) > 0 || (returns != RETURN_OUTPUT && batch > 0);
     int status = 0;
@@ -1559,6 +1565,7 @@ forward(module_state *state, const norm_kind *kind, const char *what, const forw
             .eps = eps,
             .mean = call_array_at(&call, MEAN),
             .rstd = call_array_at(&call, RSTD),
+            .copy = call_array_at(&call, COPY),
         };
         Py_BEGIN_ALLOW_THREADS
         status = ln_forward(&args);

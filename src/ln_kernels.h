@@ -67,6 +67,8 @@ typedef struct {
     double eps;
     ln_array mean;           /* out, or absent; always absent for RMS */
     ln_array rstd;           /* out, or absent */
+    ln_array copy;           /* present (never with a residual): the input's values are written
+                                here too, each row while it is in cache for normalizing */
 } ln_forward_args;
 
 typedef struct {

@@ -94,9 +94,9 @@
    allocation) qualify; float16 is stored as usual. */
 #define LN_BACKWARD_STREAM_MIN_BYTES ((ptrdiff_t)4 << 20)
 
-/* With a residual, the contiguous route sums rows into `sum` this many bytes at a time (one
-   row at least) and normalizes them from it next, so that the sums are read back from L1
-   or L2 rather than memory. */
+/* With a residual (or a copy), the contiguous route sums (copies) rows into `sum` (`copy`)
+   this many bytes at a time (one row at least) and normalizes them from there next, so that
+   they are read back from L1 or L2 rather than memory. */
 #define LN_SUM_BATCH_BYTES ((ptrdiff_t)32 << 10)
 
 /* The strided route asks for each element's cache line this many tiles ahead: a tile of
