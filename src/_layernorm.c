@@ -1567,7 +1567,14 @@ forward(module_state *state, const norm_kind *kind, const char *what, const forw
             .rstd = call_array_at(&call, RSTD),
             .copy = call_array_at(&call, COPY),
         };
+        PyArrayObject *const made_here[3] = {objs->out && objs->out != Py_None ? NULL : output,
+                                             objs->residual_out && objs->residual_out != Py_None ? NULL : sum, copy};
         Py_BEGIN_ALLOW_THREADS
+        for (int m = 0; m < 3; m++) {
+            if (made_here[m]) {
+                ln_fault_in(PyArray_DATA(made_here[m]), (size_t)PyArray_NBYTES(made_here[m]));
+            }
+        }
         status = ln_forward(&args);
         Py_END_ALLOW_THREADS
     }
@@ -1857,6 +1864,9 @@ backward(module_state *state, const norm_kind *kind, const char *what, const bac
             .grad_bias = grad_params[1] ? PyArray_DATA(grad_params[1]) : NULL,
         };
         Py_BEGIN_ALLOW_THREADS
+        if (grad_input) {
+            ln_fault_in(PyArray_DATA(grad_input), (size_t)PyArray_NBYTES(grad_input));
+        }
         status = ln_backward(&args);
         Py_END_ALLOW_THREADS
     }

@@ -170,4 +170,8 @@ int ln_threads_get(void);
 void ln_threads_set(int n);                  /* n >= 1 */
 int ln_threads_default(void);                /* CPUs this process may run on */
 
+/* Memory just allocated for a result that a kernel is about to write whole: its pages faulted
+   in first, by the pool's threads, when it is large (Linux; elsewhere nothing). */
+void ln_fault_in(void *data, size_t bytes);
+
 #endif
