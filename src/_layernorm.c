@@ -912,9 +912,9 @@ line_aligned(const char *fname, const char *name, PyArrayObject *result)
     if (!result || bytes < LN_BACKWARD_STREAM_MIN_BYTES || (uintptr_t)PyArray_DATA(result) % line == 0) {
         return result;
     }
-    const npy_intp buffer_bytes = bytes + line - 1;
+    npy_intp buffer_bytes = bytes + line - 1;
     PyArrayObject *aligned = NULL;
-    PyArrayObject *buffer = (PyArrayObject *)PyArray_SimpleNew(1, (npy_intp *)&buffer_bytes, NPY_UINT8);
+    PyArrayObject *buffer = (PyArrayObject *)PyArray_SimpleNew(1, &buffer_bytes, NPY_UINT8);
     if (buffer) {
         char *const data = PyArray_BYTES(buffer) + (line - (npy_intp)((uintptr_t)PyArray_BYTES(buffer) % line)) % line;
         PyArray_Descr *descr = PyArray_DESCR(result);
