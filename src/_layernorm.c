@@ -1605,10 +1605,12 @@ forward(module_state *state, const norm_kind *kind, const char *what, const forw
             .rstd = call_array_at(&call, RSTD),
             .copy = call_array_at(&call, COPY),
         };
-        PyArrayObject *const made_here[3] = {objs->out && objs->out != Py_None ? NULL : output,
-                                             objs->residual_out && objs->residual_out != Py_None ? NULL : sum, copy};
+        /* the results made here that the kernel may write by non-temporal stores (the copy is
+           written by memcpy, whose stores meet the zeroed lines in cache) */
+        PyArrayObject *const made_here[2] = {objs->out && objs->out != Py_None ? NULL : output,
+                                             objs->residual_out && objs->residual_out != Py_None ? NULL : sum};
         Py_BEGIN_ALLOW_THREADS
-        for (int m = 0; m < 3; m++) {
+        for (int m = 0; m < 2; m++) {
             if (made_here[m]) {
                 ln_fault_in(PyArray_DATA(made_here[m]), (size_t)PyArray_NBYTES(made_here[m]));
             }
