@@ -903,7 +903,7 @@ new_result(const char *fname, const char *name, PyArrayObject *input, const norm
    non-temporal stores and does not start a cache line, a result of the same shape and strides
    that does; NULL with an exception set.  Backward's 16-byte non-temporal stores of a group
    of 16 elements then fill one whole line, not parts of two left open in the write-combining
-   buffers (512x4096 float32 backward, one thread, x and dy at page offsets 0..224: slowest
+   buffers (Xeon, 512x4096 float32 backward, one thread, x and dy at page offsets 0..224: slowest
    2.2-2.4 -> 1.4-1.5 ms, slowest/fastest 1.71-1.91 -> 1.08-1.09). */
 static PyArrayObject *
 line_aligned(const char *fname, const char *name, PyArrayObject *result)

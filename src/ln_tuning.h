@@ -98,7 +98,7 @@
 /* Results the binding allocates of at least this many bytes have their pages faulted in by
    the pool's threads before the kernel writes them (ln_fault_in).  The OS zeroes a page on its
    first write, and the non-temporal stores that follow then cost several times that zeroing
-   (2048x4096 float32 forward into a new array, one thread, load ~5: 9.3 -> 7.7 ms, a copy
+   (Xeon, 2048x4096 float32 forward into a new array, one thread, load ~5: 9.3 -> 7.7 ms, a copy
    into a new array 6.5 ms; backward 2048x4096 16.5-17.0 -> 14.2-14.4 ms).  glibc's malloc
    maps fresh pages for every request this large (its largest mmap threshold); smaller ones
    mostly come back from its heap faulted in already, where the call would cost a walk of
