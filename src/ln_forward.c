@@ -7,9 +7,11 @@
  * output's walks alone: a call with a residual gives what a call on its sum gives, bit for
  * bit.  On the contiguous route the residual is summed into `sum` a few rows at a time (from
  * input and residual walked any way), and those rows are then normalized from `sum` by the
- * ordinary row kernels.
+ * ordinary row kernels.  A copy of the input is made the same way: rows copied a few at a time
+ * and normalized from the copy while they are in cache.
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include "ln_internal.h"
 
@@ -17,8 +19,9 @@ typedef struct {
     const ln_forward_args *args;
     const ln_dtype_kernels *dtype_kernels;  /* the level in use, for args->dtype */
     const ln_row_kernels *kernels;          /* ... and args->kind */
-    ln_forward_args of_sum;                 /* with a residual: args normalizing `sum` */
-    ptrdiff_t sum_rows;                     /* with a residual: rows summed at a time */
+    ln_forward_args of_staged;              /* with a residual or a copy: args normalizing `sum`
+                                               or `copy`, where the rows are staged */
+    ptrdiff_t staged_rows;                  /* ... rows staged at a time */
     /* for one huge row split across threads: */
     const char *row_x, *row_residual;       /* the row's input and residual (or NULL) */
     char *row_sum;                          /* ... and its sum (or NULL) */
@@ -37,31 +40,61 @@ static inline int ln_forward_args_valid(const ln_forward_args *a)
     return 0 <= a->kind && a->kind < LN_NORM_KINDS && 0 <= a->dtype && a->dtype < LN_DTYPES &&
            e->blocks >= 0 && e->rows >= 0 && e->row_len >= 0 &&
            (!has_work || (a->input.data && a->output.data)) &&
-           (a->residual.data != NULL) == (a->sum.data != NULL) &&
+           (a->residual.data != NULL) == (a->sum.data != NULL) && !(a->residual.data && a->copy.data) &&
            (a->kind == LN_NORM_LAYER || (!a->bias && !a->mean.data)) &&
            ln_element_array_valid(&a->input, a->dtype) && ln_element_array_valid(&a->residual, a->dtype) &&
            ln_element_array_valid(&a->sum, a->dtype) && ln_element_array_valid(&a->output, a->dtype) &&
+           ln_element_array_valid(&a->copy, a->dtype) &&
            ln_stat_array_valid(&a->mean, a->dtype, e) && ln_stat_array_valid(&a->rstd, a->dtype, e);
 }
 
-/* Rows [begin, end) by the row kernels; a residual first summed into `sum`, sum_rows rows at
-   a time, and those rows normalized from it while they are in cache. */
+/* Row r of the input copied to a->copy. */
+static void ln_copy_row(const ln_forward_args *a, ptrdiff_t r)
+{
+    const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(a->dtype);
+    const char *x = ln_row_address(&a->input, &a->extent, r);
+    char *copy = ln_row_address(&a->copy, &a->extent, r);
+    if (a->input.walk.elem_step == elsize && a->copy.walk.elem_step == elsize) {
+        memcpy(copy, x, (size_t)(a->extent.row_len * elsize));
+        return;
+    }
+    for (ptrdiff_t j = 0; j < a->extent.row_len; j++) {
+        memcpy(copy + j * a->copy.walk.elem_step, x + j * a->input.walk.elem_step, (size_t)elsize);
+    }
+}
+
+/* Rows [begin, end) of the input copied to a->copy. */
+static void ln_forward_copy_rows(void *ctx, ptrdiff_t begin, ptrdiff_t end)
+{
+    const ln_forward_job *job = ctx;
+    for (ptrdiff_t r = begin; r < end; r++) {
+        ln_copy_row(job->args, r);
+    }
+}
+
+/* Rows [begin, end) by the row kernels; with a residual or a copy, rows first staged in `sum`
+   (summed) or `copy` (copied), staged_rows at a time, and normalized from there while they
+   are in cache. */
 static void ln_forward_rows(void *ctx, ptrdiff_t begin, ptrdiff_t end)
 {
     const ln_forward_job *job = ctx;
     const ln_forward_args *a = job->args;
-    if (!a->residual.data) {
+    if (!a->residual.data && !a->copy.data) {
         job->kernels->forward_rows(a, &job->bounds, begin, end);
         return;
     }
-    for (ptrdiff_t first = begin; first < end; first += job->sum_rows) {
-        const ptrdiff_t last = end - first < job->sum_rows ? end : first + job->sum_rows;
+    for (ptrdiff_t first = begin; first < end; first += job->staged_rows) {
+        const ptrdiff_t last = end - first < job->staged_rows ? end : first + job->staged_rows;
         for (ptrdiff_t r = first; r < last; r++) {
+            if (a->copy.data) {
+                ln_copy_row(a, r);
+                continue;
+            }
             job->dtype_kernels->add_row(ln_row_address(&a->input, &a->extent, r), a->input.walk.elem_step,
                                         ln_row_address(&a->residual, &a->extent, r), a->residual.walk.elem_step,
                                         ln_row_address(&a->sum, &a->extent, r), a->extent.row_len);
         }
-        job->kernels->forward_rows(&job->of_sum, &job->bounds, first, last);
+        job->kernels->forward_rows(&job->of_staged, &job->bounds, first, last);
     }
 }
 
@@ -123,8 +156,22 @@ int ln_forward(const ln_forward_args *a)
     const int threads = ln_threads_get();
     const int parallel = threads > 1 && (double)rows * (double)n >= LN_PARALLEL_MIN_ELEMENTS;
     const ptrdiff_t min_rows = LN_PARALLEL_MIN_ELEMENTS / 4 / n;
-    const ln_array *normalized = a->residual.data ? &a->sum : &a->input;
+    const ln_array *normalized = a->residual.data ? &a->sum : a->copy.data ? &a->copy : &a->input;
     const int contiguous = ln_elements_adjacent(normalized, a->dtype) && ln_elements_adjacent(&a->output, a->dtype);
+    const int huge_rows = parallel && n >= LN_SPLIT_ROW_MIN && rows < 4 * (ptrdiff_t)threads;
+    if (a->copy.data && (!contiguous || huge_rows)) {
+        /* routes that do not stage rows: the copy made first, then normalized */
+        if (parallel) {
+            ln_parallel_for(rows, min_rows > 1 ? min_rows : 1, ln_forward_copy_rows, &job);
+        }
+        else {
+            ln_forward_copy_rows(&job, 0, rows);
+        }
+        ln_forward_args of_copy = *a;
+        of_copy.input = a->copy;
+        of_copy.copy = (ln_array){0};
+        return ln_forward(&of_copy);
+    }
     if (!contiguous) {
         const ptrdiff_t tiles = ln_tiles_of(&a->extent), min_tiles = min_rows / LN_TILE_ROWS;
         if (parallel) {
@@ -135,18 +182,18 @@ int ln_forward(const ln_forward_args *a)
         }
         return 0;
     }
-    if (a->residual.data) {
-        job.of_sum = *a;
-        job.of_sum.input = a->sum;
-        job.of_sum.residual = job.of_sum.sum = (ln_array){0};
-        job.sum_rows = LN_SUM_BATCH_BYTES / (n * elsize);
-        job.sum_rows = job.sum_rows > 1 ? job.sum_rows : 1;
+    if (a->residual.data || a->copy.data) {
+        job.of_staged = *a;
+        job.of_staged.input = *normalized;
+        job.of_staged.residual = job.of_staged.sum = job.of_staged.copy = (ln_array){0};
+        job.staged_rows = LN_SUM_BATCH_BYTES / (n * elsize);
+        job.staged_rows = job.staged_rows > 1 ? job.staged_rows : 1;
     }
     if (!parallel) {
         ln_forward_rows(&job, 0, rows);
         return 0;
     }
-    if (n < LN_SPLIT_ROW_MIN || rows >= 4 * (ptrdiff_t)threads) {
+    if (!huge_rows) {
         ln_parallel_for(rows, min_rows > 1 ? min_rows : 1, ln_forward_rows, &job);
         return 0;
     }

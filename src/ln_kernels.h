@@ -67,6 +67,8 @@ typedef struct {
     double eps;
     ln_array mean;           /* out, or absent; always absent for RMS */
     ln_array rstd;           /* out, or absent */
+    ln_array copy;           /* present (never with a residual): the input's values are written
+                                here too, each row while it is in cache for normalizing */
 } ln_forward_args;
 
 typedef struct {
@@ -175,5 +177,9 @@ const char *ln_simd_name(ln_simd_level level);
 int ln_threads_get(void);
 void ln_threads_set(int n);                  /* n >= 1 */
 int ln_threads_default(void);                /* CPUs this process may run on */
+
+/* Memory just allocated for a result that a kernel is about to write whole: its pages faulted
+   in first, by the pool's threads, when it is large (Linux; elsewhere nothing). */
+void ln_fault_in(void *data, size_t bytes);
 
 #endif

@@ -1,6 +1,7 @@
 /*
  * ln_threads.c -- the thread pool that runs a call's parts, how many threads it uses by
- * default, and the scratch buffer that backward keeps between calls.
+ * default, the scratch buffer that backward keeps between calls, and the faulting in of new
+ * results' pages.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -11,6 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #if defined(__x86_64__)
 #include <emmintrin.h>
@@ -353,4 +357,46 @@ void ln_scratch_give(double *data, int kept)
     else {
         free(data);
     }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Faulting in new results                                                   */
+/* ------------------------------------------------------------------------ */
+
+typedef struct {
+    uintptr_t start, end;  /* the whole pages of the memory */
+} ln_fault_in_job;
+
+/* Pieces [begin, end) of the memory, counted in LN_FAULT_IN_PIECE from the one holding
+   start, faulted in. */
+static void ln_fault_in_pieces(void *ctx, ptrdiff_t begin, ptrdiff_t end)
+{
+#if defined(MADV_POPULATE_WRITE)
+    const ln_fault_in_job *job = ctx;
+    const uintptr_t base = job->start & ~(LN_FAULT_IN_PIECE - 1);
+    const uintptr_t first = base + (uintptr_t)begin * LN_FAULT_IN_PIECE, last = base + (uintptr_t)end * LN_FAULT_IN_PIECE;
+    const uintptr_t from = first > job->start ? first : job->start, to = last < job->end ? last : job->end;
+    /* before Linux 5.14 this fails, and the pages fault in as the kernel writes them */
+    (void)madvise((void *)from, to - from, MADV_POPULATE_WRITE);
+#else
+    (void)ctx;
+    (void)begin;
+    (void)end;
+#endif
+}
+
+void ln_fault_in(void *data, size_t bytes)
+{
+    if (bytes < LN_FAULT_IN_MIN_BYTES) {
+        return;
+    }
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    ln_fault_in_job job = {.start = ((uintptr_t)data + page - 1) & ~(page - 1),
+                           .end = ((uintptr_t)data + bytes) & ~(page - 1)};
+    if (job.end <= job.start) {
+        return;
+    }
+    const uintptr_t base = job.start & ~(LN_FAULT_IN_PIECE - 1);
+    const ptrdiff_t pieces = (ptrdiff_t)((job.end - base + LN_FAULT_IN_PIECE - 1) / LN_FAULT_IN_PIECE);
+    ln_parallel_for(pieces, 1, ln_fault_in_pieces, &job);
 }

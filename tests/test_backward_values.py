@@ -374,3 +374,23 @@ def test_saved_backward_matches_layer_norm_backward():
     want = layernorm.layer_norm_backward(dy, x, (9,), mean, rstd, w, b)
     for g, e in zip(got, want):
         np.testing.assert_array_equal(g, e)
+
+
+@pytest.mark.parametrize("layout", ["rows", "channels_first"])
+def test_large_grad_input_starts_a_cache_line_and_keeps_its_layout(layout):
+    # the binding places a grad_input the kernel streams at a cache line, in the layout and
+    # with the values of any other
+    rng = np.random.default_rng(41)
+    shape, ns, axis = ((300, 4096), (4096,), None) if layout == "rows" else ((4, 64, 64, 64), (64,), 1)
+    x = rng.standard_normal(shape).astype(np.float32)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    weight = rng.standard_normal(ns).astype(np.float32)
+    _, mean, rstd = layernorm.native_layer_norm(x, ns, weight, None, 1e-5, axis=axis)
+    grad_input = layernorm.layer_norm_backward(dy, x, ns, mean, rstd, weight, None, (True, False, False),
+                                               axis=axis)[0]
+    assert grad_input.ctypes.data % 64 == 0
+    assert grad_input.strides == np.empty_like(x).strides
+    half = shape[0] // 2
+    expected = layernorm.layer_norm_backward(dy[:half], x[:half], ns, mean[:half], rstd[:half], weight, None,
+                                             (True, False, False), axis=axis)[0]
+    np.testing.assert_array_equal(grad_input[:half], expected)

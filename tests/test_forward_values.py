@@ -442,3 +442,22 @@ def test_param_dtypes_converted(in_dtype, p_dtype):
     # Exactly as if the caller had converted them to the compute dtype first.
     np.testing.assert_array_equal(out, layernorm.layer_norm(x, (19,), w.astype(cdt), b.astype(cdt)))
     assert_matches_reference(out, x, (19,), w.astype(cdt), b.astype(cdt))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_results_made_here_large_enough_to_be_faulted_in_first(threads, restore_runtime):
+    # 32 MiB: the binding faults in the pages of its own results this large before the kernel
+    # writes them; the values are the ones written into an array the caller gives
+    layernorm.set_num_threads(threads)
+    rng = np.random.default_rng(40)
+    x = rng.standard_normal((2048, 4096)).astype(np.float32)
+    dy = rng.standard_normal((2048, 4096)).astype(np.float32)
+    weight, bias = rng.standard_normal(4096).astype(np.float32), rng.standard_normal(4096).astype(np.float32)
+    given = np.empty_like(x)
+    layernorm.layer_norm(x, (4096,), weight, bias, out=given)
+    np.testing.assert_array_equal(layernorm.layer_norm(x, (4096,), weight, bias), given)
+    _, mean, rstd = layernorm.native_layer_norm(x, (4096,), weight, bias, 1e-5)
+    grad_input = layernorm.layer_norm_backward(dy, x, (4096,), mean, rstd, weight, bias, (True, False, False))[0]
+    expected = layernorm.layer_norm_backward(dy[:1024], x[:1024], (4096,), mean[:1024], rstd[:1024], weight, bias,
+                                             (True, False, False))[0]
+    np.testing.assert_array_equal(grad_input[:1024], expected)

@@ -971,6 +971,38 @@ def test_input_changed_after_training_forward_does_not_change_backward(kind, how
         np.testing.assert_allclose(getattr(ours, name + "_grad"), t_grads[name], rtol=1e-5, atol=1e-5)
 
 
+# (input shape, normalized_shape, axis, how the input is laid out): each route by which the
+# forward kernel copies the input that backward reads, as it normalizes each row
+TRAINING_ROUTES = {
+    "few_rows": ((5, 6), (6,), None, "C"),
+    "rows_split_across_threads": ((96, 1024), (1024,), None, "C"),
+    "huge_rows_split_into_chunks": ((2, 40000), (40000,), None, "C"),
+    "channels_first": ((3, 16, 40, 40), (16,), 1, "C"),
+    "fortran_order": ((128, 768), (768,), None, "F"),
+}
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("route", list(TRAINING_ROUTES))
+@BY_KIND
+def test_training_forward_saves_the_input_it_normalized(kind, route, threads, restore_runtime):
+    shape, ns, axis, order = TRAINING_ROUTES[route]
+    layernorm.set_num_threads(threads)
+    rng = np.random.default_rng(32)
+    x = np.asarray(rng.standard_normal(shape).astype(np.float32), order=order)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    ours, untouched = randomize(kind.ours(ns, axis=axis), seed=33), randomize(kind.ours(ns, axis=axis), seed=33)
+    y_train = ours(x)
+    y_eval = ours.eval()(x)
+    ours.train()(x)
+    untouched(x.copy())
+    x[...] = rng.standard_normal(shape)
+    np.testing.assert_array_equal(y_train, y_eval)
+    np.testing.assert_array_equal(ours.backward(dy), untouched.backward(dy))
+    for name in kind.names:
+        np.testing.assert_array_equal(getattr(ours, name + "_grad"), getattr(untouched, name + "_grad"))
+
+
 @BY_KIND
 def test_failed_training_forward_leaves_nothing_for_backward(kind):
     # backward() goes through the last training-mode call; when that call raised, there is

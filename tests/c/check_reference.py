@@ -63,7 +63,8 @@ class Array(ctypes.Structure):
 class ForwardArgs(ctypes.Structure):
     _fields_ = [("kind", ctypes.c_int), ("dtype", ctypes.c_int), ("extent", Extent), ("input", Array),
                 ("residual", Array), ("sum", Array), ("output", Array), ("weight", ctypes.c_void_p),
-                ("bias", ctypes.c_void_p), ("eps", ctypes.c_double), ("mean", Array), ("rstd", Array)]
+                ("bias", ctypes.c_void_p), ("eps", ctypes.c_double), ("mean", Array), ("rstd", Array),
+                ("copy", Array)]
 
 
 class BackwardArgs(ctypes.Structure):
