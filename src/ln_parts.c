@@ -216,7 +216,7 @@ static void ln_part_grad_sums_tasks(void *ctx, ptrdiff_t begin, ptrdiff_t end)
         }
         job->kernels->grad_sums(dy, x, a->weight ? (const char *)a->weight + start * param_elsize : NULL, len,
                                 ln_part_stat(&a->mean, &a->extent, r, 0.0), ln_part_stat(&a->rstd, &a->extent, r, 0.0),
-                                job->chunk_sums + 2 * t);
+                                job->chunk_sums + 2 * t, NULL);
     }
 }
 

@@ -723,15 +723,29 @@ static LN_ALWAYS_INLINE void forward_rows(ln_norm_kind kind, ln_dtype dtype, con
 /* Backward: pass 1, the row sums                                            */
 /* ------------------------------------------------------------------------ */
 
+/* The largest of 16 magnitudes, none NaN, spent in the process: a halving tree of compares
+   (fmax() is a call or a NaN-handling sequence on x86). */
+static LN_ALWAYS_INLINE double largest_of_lanes(double tops[16])
+{
+    for (int half = 8; half >= 1; half /= 2) {
+        for (int k = 0; k < half; k++) {
+            tops[k] = tops[k + half] > tops[k] ? tops[k + half] : tops[k];
+        }
+    }
+    return tops[0];
+}
+
 /* Pass 1 over a span of n elements of one row, for float16/float32 data:
        sums[0] = sum(g),  sums[1] = sum(g * xhat),   g = dy * weight, xhat = (x - mean) * rstd
    The products are formed in float32 (mean and rstd are float32 for this data, so x - mean
    is exact for x near the mean) and summed in float32 over blocks of LN_GRAD_SUM_BLOCK
    groups whose sums are added in float64.  `weight` points at the span's first column,
-   or is NULL.  RMSNorm (mean 0) needs no sum(g): sums[0] is 0 then. */
+   or is NULL.  RMSNorm (mean 0) needs no sum(g): sums[0] is 0 then.  largest = (max |g|,
+   max |dy|), which tell whether those products could have underflowed
+   (ln_grad_row_needs_exact); NULL: not wanted. */
 static LN_ALWAYS_INLINE void grad_sums_single(ln_norm_kind kind, ln_dtype dtype, const void *dy, const void *x,
                                               const float *weight, ptrdiff_t n, double mean, double rstd,
-                                              double sums[2])
+                                              double sums[2], double largest[2])
 {
     const int has_mean = kind == LN_NORM_LAYER;
     const gf mean_v = gf_splat((float)mean);
@@ -739,13 +753,16 @@ static LN_ALWAYS_INLINE void grad_sums_single(ln_norm_kind kind, ln_dtype dtype,
     double g_lanes[16], gc_lanes[16];
     ptrdiff_t i = 0;
     const gf zero_v = gf_splat(0.0f);
+    gf g_top = zero_v, dy_top = zero_v;
     while (i + 16 <= n) {
         /* even and odd groups in separate accumulators, so no add waits on the one before */
         gf even_g = zero_v, even_gc = zero_v, odd_g = zero_v, odd_gc = zero_v;
         do {
-            gf g = load_as_f32(dtype, dy, i);
-            if (weight) {
-                g = gf_mul(g, gf_load(weight + i));
+            const gf dy_v = load_as_f32(dtype, dy, i);
+            const gf g = weight ? gf_mul(dy_v, gf_load(weight + i)) : dy_v;
+            if (largest) {
+                g_top = gf_max_magnitude(g_top, g);
+                dy_top = weight ? gf_max_magnitude(dy_top, dy_v) : g_top;
             }
             const gf value_x = load_as_f32(dtype, x, i);
             const gf centred = has_mean ? gf_sub(value_x, mean_v) : value_x;
@@ -764,34 +781,43 @@ static LN_ALWAYS_INLINE void grad_sums_single(ln_norm_kind kind, ln_dtype dtype,
     }
     gd_store(g_lanes, g_sum);
     gd_store(gc_lanes, gc_sum);
+    double g_tops[16], dy_tops[16];
+    gd_store(g_tops, gf_widen(g_top));
+    gd_store(dy_tops, gf_widen(dy_top));
     for (; i < n; i++) {
-        float g = (float)ln_load1_as_f64(dtype, dy, i);
-        if (weight) {
-            g *= weight[i];
-        }
+        const float dy_1 = (float)ln_load1_as_f64(dtype, dy, i);
+        const float g = weight ? dy_1 * weight[i] : dy_1;
         const float value_x = (float)ln_load1_as_f64(dtype, x, i);
         const float centred = has_mean ? value_x - (float)mean : value_x;
         g_lanes[i & 15] += g;
         gc_lanes[i & 15] += g * centred;
+        g_tops[i & 15] = fabsf(g) > g_tops[i & 15] ? fabsf(g) : g_tops[i & 15];
+        dy_tops[i & 15] = fabsf(dy_1) > dy_tops[i & 15] ? fabsf(dy_1) : dy_tops[i & 15];
     }
     sums[0] = has_mean ? ln_sum_lanes(g_lanes) : 0.0;
     sums[1] = ln_sum_lanes(gc_lanes) * rstd;
+    if (largest) {
+        largest[0] = largest_of_lanes(g_tops);
+        largest[1] = largest_of_lanes(dy_tops);
+    }
 }
 
 /* The same for float64 data, all in float64. */
 static LN_ALWAYS_INLINE void grad_sums_double(ln_norm_kind kind, const double *dy, const double *x,
                                               const double *weight, ptrdiff_t n, double mean, double rstd,
-                                              double sums[2])
+                                              double sums[2], double largest[2])
 {
     const int has_mean = kind == LN_NORM_LAYER;
     const gd mean_v = gd_splat(mean), rstd_v = gd_splat(rstd);
-    gd g_sum = gd_splat(0.0), gx_sum = gd_splat(0.0);
+    gd g_sum = gd_splat(0.0), gx_sum = gd_splat(0.0), g_top = g_sum, dy_top = g_sum;
     double g_lanes[16], gx_lanes[16];
     ptrdiff_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        gd g = gd_load(dy + i);
-        if (weight) {
-            g = gd_mul(g, gd_load(weight + i));
+        const gd dy_v = gd_load(dy + i);
+        const gd g = weight ? gd_mul(dy_v, gd_load(weight + i)) : dy_v;
+        if (largest) {
+            g_top = gd_max_magnitude(g_top, g);
+            dy_top = weight ? gd_max_magnitude(dy_top, dy_v) : g_top;
         }
         const gd value_x = gd_load(x + i);
         const gd xhat = gd_mul(has_mean ? gd_sub(value_x, mean_v) : value_x, rstd_v);
@@ -800,24 +826,34 @@ static LN_ALWAYS_INLINE void grad_sums_double(ln_norm_kind kind, const double *d
     }
     gd_store(g_lanes, g_sum);
     gd_store(gx_lanes, gx_sum);
+    double g_tops[16], dy_tops[16];
+    gd_store(g_tops, g_top);
+    gd_store(dy_tops, dy_top);
     for (; i < n; i++) {
         const double g = weight ? dy[i] * weight[i] : dy[i];
         g_lanes[i & 15] += g;
         gx_lanes[i & 15] += g * ((has_mean ? x[i] - mean : x[i]) * rstd);
+        g_tops[i & 15] = fabs(g) > g_tops[i & 15] ? fabs(g) : g_tops[i & 15];
+        dy_tops[i & 15] = fabs(dy[i]) > dy_tops[i & 15] ? fabs(dy[i]) : dy_tops[i & 15];
     }
     sums[0] = has_mean ? ln_sum_lanes(g_lanes) : 0.0;
     sums[1] = ln_sum_lanes(gx_lanes);
+    if (largest) {
+        largest[0] = largest_of_lanes(g_tops);
+        largest[1] = largest_of_lanes(dy_tops);
+    }
 }
 
 static LN_ALWAYS_INLINE void grad_sums(ln_norm_kind kind, ln_dtype dtype, const void *dy, const void *x,
-                                       const void *weight, ptrdiff_t n, double mean, double rstd, double sums[2])
+                                       const void *weight, ptrdiff_t n, double mean, double rstd, double sums[2],
+                                       double largest[2])
 {
     assert(dy && x && n >= 1 && sums);
     if (dtype == LN_F64) {
-        grad_sums_double(kind, dy, x, weight, n, mean, rstd, sums);
+        grad_sums_double(kind, dy, x, weight, n, mean, rstd, sums, largest);
     }
     else {
-        grad_sums_single(kind, dtype, dy, x, weight, n, mean, rstd, sums);
+        grad_sums_single(kind, dtype, dy, x, weight, n, mean, rstd, sums, largest);
     }
 }
 
@@ -1113,12 +1149,13 @@ static LN_ALWAYS_INLINE void backward_rows(ln_norm_kind kind, ln_dtype dtype, co
             group.rstd[k] = ln_load_stat(dtype, &a->rstd, &a->extent, r);
             /* pass 1 also without dx, so that which rows go by ln_backward_exact_row, and so
                dweight's bits, do not depend on what else the call asks for */
-            double sums[2];
-            grad_sums(kind, dtype, group.dy[k], group.x[k], a->weight, n, group.mean[k], group.rstd[k], sums);
+            double sums[2], largest[2];
+            grad_sums(kind, dtype, group.dy[k], group.x[k], a->weight, n, group.mean[k], group.rstd[k], sums,
+                      largest);
             group.g_mean[k] = sums[0] / (double)n;
             group.gx_mean[k] = sums[1] / (double)n;
             /* a row the group's float32 (or rstd**2) arithmetic cannot carry */
-            exact[k] = ln_grad_row_needs_exact(dtype, group.rstd[k], group.g_mean[k], group.gx_mean[k]);
+            exact[k] = ln_grad_row_needs_exact(dtype, group.rstd[k], group.g_mean[k], group.gx_mean[k], largest);
             any_exact |= exact[k];
         }
         if (!any_exact) {
@@ -1567,9 +1604,10 @@ static LN_ALWAYS_INLINE void backward_tiles(ln_norm_kind kind, ln_dtype dtype, c
     }                                                                                              \
     static void grad_sums_##kind_suffix##_##suffix(const void *dy, const void *x,                  \
                                                    const void *weight, ptrdiff_t n, double mean,   \
-                                                   double rstd, double sums[2])                    \
+                                                   double rstd, double sums[2],                    \
+                                                   double largest[2])                              \
     {                                                                                              \
-        grad_sums(KIND, DTYPE, dy, x, weight, n, mean, rstd, sums);                                \
+        grad_sums(KIND, DTYPE, dy, x, weight, n, mean, rstd, sums, largest);                       \
     }                                                                                              \
     static void grad_apply_##kind_suffix##_##suffix(const ln_grad_rows *group, const void *weight, \
                                                     ptrdiff_t n, double *dweight, double *dbias)   \

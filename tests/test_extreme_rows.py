@@ -216,3 +216,55 @@ def test_a_nan_in_dy_gives_one_quiet_nan(dtype, row_len):
     assert all(dx[0, i].tobytes() == canonical for i in (0, row_len // 2, row_len - 1))
     assert np.isfinite(dx[1]).all()
     assert dweight[row_len // 2].tobytes() == dbias[row_len // 2].tobytes() == canonical_param
+
+
+# (x, dy) magnitudes whose products dy * (x - mean) lie below the compute type's normal range
+# while x, dy and the gradients do not: float32 arithmetic for float16/bfloat16/float32 data
+TINY_PRODUCT_MAGNITUDES = {
+    np.dtype(np.float16): [(1e-4, 1e-7)],
+    np.dtype(np.float32): [(1e-30, 1e-20), (1e-20, 1e-30), (1e-18, 1e-25), (1e-36, 1e-6)],
+    np.dtype(np.float64): [(1e-150, 1e-170), (1e-100, 1e-215), (1e-300, 1e-20)],
+}
+if BF16 is not None:
+    TINY_PRODUCT_MAGNITUDES[BF16] = [(1e-30, 1e-20)]
+BACKWARD_ROUTES = {"rows": 64, "short-rows": 5, "huge-rows": 70000, "transposed": 64, "axis": 64}
+
+
+@pytest.mark.parametrize("route", list(BACKWARD_ROUTES))
+@pytest.mark.parametrize("dtype_magnitudes", [(dtype, m) for dtype, ms in TINY_PRODUCT_MAGNITUDES.items() for m in ms],
+                         ids=lambda p: f"{p[0].name}-x{p[1][0]:g}-dy{p[1][1]:g}")
+@pytest.mark.parametrize("norm", ["layer", "rms"])
+def test_tiny_products_get_the_reference_gradients(norm, dtype_magnitudes, route):
+    """Rows whose x and dy are small enough that dy * (x - mean) underflows the compute type,
+    eps 0: every route gives the reference's gradients, as for ordinary rows."""
+    dtype, (x_size, dy_size) = dtype_magnitudes
+    row_len = BACKWARD_ROUTES[route]
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((4, row_len)) * x_size).astype(dtype)
+    dy = (rng.standard_normal((4, row_len)) * dy_size).astype(dtype)
+    pdt = np.float64 if dtype == np.float64 else np.float32
+    weight = rng.uniform(0.5, 2.0, row_len).astype(pdt)
+    ns = (row_len,)
+    if norm == "layer":
+        _, mean, rstd = layernorm.native_layer_norm(x, ns, weight, None, 0.0)
+        stats, want = (mean, rstd), _reference.layer_norm_backward_given_stats(dy, x, ns, mean, rstd, weight)
+    else:
+        _, rstd = layernorm.native_rms_norm(x, ns, weight, 0.0)
+        stats, want = (rstd,), _reference.rms_norm_backward_given_stats(dy, x, ns, rstd, weight)
+    backward = layernorm.layer_norm_backward if norm == "layer" else layernorm.rms_norm_backward
+    params = (weight, np.zeros_like(weight)) if norm == "layer" else (weight,)
+    if route == "axis":
+        got = backward(dy.T.copy(), x.T.copy(), ns, *(s.T.copy() for s in stats), *params, axis=0)
+        got = (got[0].T,) + tuple(got[1:])
+    elif route == "transposed":
+        got = backward(np.ascontiguousarray(dy.T).T, np.ascontiguousarray(x.T).T, ns, *stats, *params)
+    else:
+        got = backward(dy, x, ns, *stats, *params)
+    rel = 2e-3 if np.dtype(dtype) == np.float16 else 4e-3 if np.dtype(dtype) == BF16 else REF_REL_TOL[np.dtype(dtype)]
+    # grad_input's terms are rstd * dy * w per row: its tolerance is theirs
+    terms = np.asarray(rstd, np.float64) * np.abs(dy.astype(np.float64) * weight).max(axis=-1, keepdims=True)
+    for name, g, w, scale in zip(("grad_input", "grad_weight", "grad_bias"), got, want,
+                                 (terms, np.abs(want[1]).max(), np.abs(dy.astype(np.float64)).sum(axis=0))):
+        finfo = ml_dtypes.finfo(g.dtype) if g.dtype == BF16 else np.finfo(g.dtype)
+        assert_within(g, w, 4 * rel * scale + float(finfo.smallest_subnormal), name)
+
