@@ -179,9 +179,8 @@ void ln_scratch_give(double *data, int kept);
 /* ------------------------------------------------------------------------ */
 
 /* Row r forward (statistics and output) by float64 arithmetic on the row scaled by a power
-   of two, reading the row from `source` (the input, or the residual sum); fast_mean is the
-   row kernels' mean, kept for a row holding NaN or Inf. */
-void ln_forward_exact_row(const ln_forward_args *a, const ln_array *source, ptrdiff_t r, double fast_mean);
+   of two, reading the row from `source` (the input, or the residual sum). */
+void ln_forward_exact_row(const ln_forward_args *a, const ln_array *source, ptrdiff_t r);
 
 /* Row r backward (dx, and dy * xhat added into the float64 column sums dweight, which may be
    NULL) in float64 with rstd applied last; its dbias terms are ln_grad_apply_without's. */

@@ -268,3 +268,66 @@ def test_tiny_products_get_the_reference_gradients(norm, dtype_magnitudes, route
         finfo = ml_dtypes.finfo(g.dtype) if g.dtype == BF16 else np.finfo(g.dtype)
         assert_within(g, w, 4 * rel * scale + float(finfo.smallest_subnormal), name)
 
+
+def _levels_and_threads():
+    """Every SIMD level this machine runs, at 1 and 2 threads."""
+    return [(level, threads) for level in layernorm.available_simd_levels() for threads in (1, 2)]
+
+
+@pytest.mark.parametrize("layout_name", ["rows", "transposed", "axis"])
+@pytest.mark.parametrize("row_len", [3, 16, 32, 100, 2048, 3000, 5000, 70000])
+@pytest.mark.parametrize("value", [np.inf, -np.inf, np.nan])
+def test_a_row_holding_nan_or_inf_has_nan_statistics(value, row_len, layout_name, restore_runtime):
+    """mean and rstd of such a row are the one quiet NaN wherever the value is, at every length,
+    route, level and thread count (torch's mean is NaN too, but Inf for an Inf at the end of
+    some lengths)."""
+    canonical = np.array(np.nan, np.float32).tobytes()
+    for level, threads in _levels_and_threads():
+        layernorm.set_simd_level(level)
+        layernorm.set_num_threads(threads)
+        for position in (0, row_len // 2, row_len - 1):
+            x = np.tile(np.linspace(-1.0, 1.0, row_len, dtype=np.float32), (3, 1))
+            x[1, position] = value
+            if layout_name == "axis":
+                mean, rstd = (s.T for s in layernorm.native_layer_norm(x.T.copy(), (row_len,), axis=0)[1:])
+            else:
+                source = np.ascontiguousarray(x.T).T if layout_name == "transposed" else x
+                mean, rstd = layernorm.native_layer_norm(source, (row_len,))[1:]
+            where = f"{level}, {threads} threads, at {position}"
+            assert mean[1].tobytes() == rstd[1].tobytes() == canonical, where
+            assert np.isfinite(mean[[0, 2]]).all() and np.isfinite(rstd[[0, 2]]).all(), where
+
+
+@pytest.mark.parametrize("route", ["short-rows", "rows", "transposed", "axis"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("norm", ["layer", "rms"])
+def test_a_nan_in_dy_gives_one_quiet_nan_on_every_route(norm, dtype, route, restore_runtime):
+    row_len = 5 if route == "short-rows" else 40
+    x = np.linspace(-1.0, 1.0, 3 * row_len).reshape(3, row_len).astype(dtype)
+    dy = np.ones_like(x)
+    dy[1, row_len // 2] = -np.nan
+    pdt = np.float64 if dtype == np.float64 else np.float32
+    weight = np.ones(row_len, pdt)
+    canonical, canonical_param = np.array(np.nan, dtype).tobytes(), np.array(np.nan, pdt).tobytes()
+    for level, threads in _levels_and_threads():
+        layernorm.set_simd_level(level)
+        layernorm.set_num_threads(threads)
+        if norm == "layer":
+            _, mean, rstd = layernorm.native_layer_norm(x, (row_len,), weight, np.zeros_like(weight))
+            stats, backward, params = (mean, rstd), layernorm.layer_norm_backward, (weight, np.zeros_like(weight))
+        else:
+            _, rstd = layernorm.native_rms_norm(x, (row_len,), weight)
+            stats, backward, params = (rstd,), layernorm.rms_norm_backward, (weight,)
+        if route == "axis":
+            grads = backward(dy.T.copy(), x.T.copy(), (row_len,), *(s.T.copy() for s in stats), *params, axis=0)
+            grads = (grads[0].T,) + tuple(grads[1:])
+        elif route == "transposed":
+            grads = backward(np.ascontiguousarray(dy.T).T, np.ascontiguousarray(x.T).T, (row_len,), *stats, *params)
+        else:
+            grads = backward(dy, x, (row_len,), *stats, *params)
+        where = f"{level}, {threads} threads"
+        assert all(v.tobytes() == canonical for v in grads[0][1]), where
+        assert np.isfinite(grads[0][[0, 2]]).all(), where
+        for param_grad in grads[1:]:
+            assert param_grad[row_len // 2].tobytes() == canonical_param, where
+
