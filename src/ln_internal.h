@@ -68,7 +68,7 @@ typedef void (*ln_normalize_fn)(const void *x, void *y, ptrdiff_t n, double mean
 
 /* The range of rstd whose rows the row kernels normalize: float16/bfloat16/float32 rows take
    float(rstd) * w_j in float32, so rstd outside [low, high] leaves float32's normal range
-   for some weight, float64 rows the same in float64; low > 0, so a row whose squares
+   for some normal weight or the largest, float64 rows the same in float64; low > 0, so a row whose squares
    overflowed (rstd 0) or whose moments are not finite (rstd NaN) is outside.  One call's,
    from its weight and bias (the levels' rstd_bounds); empty where those hold NaN or Inf. */
 typedef struct {

@@ -434,85 +434,66 @@ static LN_ALWAYS_INLINE void add_row(ln_dtype dtype, const char *x, ptrdiff_t x_
 /* Forward: rows                                                             */
 /* ------------------------------------------------------------------------ */
 
-/* The largest magnitude of params[0 .. n) and the smallest nonzero one less one (0 wraps to
-   the largest), as the integers of their bit patterns, ordered as the values are (NaN above
-   Inf).  Integer min/max with no branch, which the compiler vectorizes at the level's width:
-   a scalar float scan of 768 weights and biases cost 16x768 float32 forward a third. */
-static LN_ALWAYS_INLINE void param_bits_range_f32(const float *params, ptrdiff_t n, uint32_t *smallest_less_one,
-                                                  uint32_t *largest)
+/* The smallest normal magnitude of params[0 .. n) (Inf when none is normal) and the largest
+   (NaN when one is NaN).  Integer min/max over the bit patterns, ordered as the magnitudes are
+   (NaN above Inf), with no branch, which the compiler vectorizes at the level's width: a scalar
+   float scan of 768 weights and biases cost 16x768 float32 forward a third. */
+typedef struct {
+    double smallest_normal, largest;
+} param_magnitudes;
+
+static LN_ALWAYS_INLINE param_magnitudes param_magnitudes_of(ln_dtype dtype, const void *params, ptrdiff_t n)
 {
+    if (dtype == LN_F64) {
+        typedef uint64_t bits_alias __attribute__((may_alias));
+        const bits_alias *bits = params;
+        uint64_t low = UINT64_MAX, high = 0;  /* subnormals and zeros count as UINT64_MAX for low */
+        for (ptrdiff_t j = 0; j < n; j++) {
+            const uint64_t magnitude = bits[j] & 0x7fffffffffffffffu;
+            const uint64_t normal = magnitude < 0x0010000000000000u ? UINT64_MAX : magnitude;
+            low = normal < low ? normal : low;
+            high = magnitude > high ? magnitude : high;
+        }
+        double low_value, high_value;
+        memcpy(&low_value, &low, sizeof low_value);
+        memcpy(&high_value, &high, sizeof high_value);
+        return (param_magnitudes){low == UINT64_MAX ? INFINITY : low_value, high_value};
+    }
     typedef uint32_t bits_alias __attribute__((may_alias));
-    const bits_alias *bits = (const bits_alias *)params;
+    const bits_alias *bits = params;
     uint32_t low = UINT32_MAX, high = 0;
     for (ptrdiff_t j = 0; j < n; j++) {
         const uint32_t magnitude = bits[j] & 0x7fffffffu;
-        low = magnitude - 1u < low ? magnitude - 1u : low;
+        const uint32_t normal = magnitude < 0x00800000u ? UINT32_MAX : magnitude;
+        low = normal < low ? normal : low;
         high = magnitude > high ? magnitude : high;
     }
-    *smallest_less_one = low;
-    *largest = high;
-}
-
-static LN_ALWAYS_INLINE void param_bits_range_f64(const double *params, ptrdiff_t n, uint64_t *smallest_less_one,
-                                                  uint64_t *largest)
-{
-    typedef uint64_t bits_alias __attribute__((may_alias));
-    const bits_alias *bits = (const bits_alias *)params;
-    uint64_t low = UINT64_MAX, high = 0;
-    for (ptrdiff_t j = 0; j < n; j++) {
-        const uint64_t magnitude = bits[j] & 0x7fffffffffffffffu;
-        low = magnitude - 1u < low ? magnitude - 1u : low;
-        high = magnitude > high ? magnitude : high;
-    }
-    *smallest_less_one = low;
-    *largest = high;
+    float low_value, high_value;
+    memcpy(&low_value, &low, sizeof low_value);
+    memcpy(&high_value, &high, sizeof high_value);
+    return (param_magnitudes){low == UINT32_MAX ? INFINITY : low_value, high_value};
 }
 
 /* The call's rstd bounds (ln_rstd_bounds): float16/bfloat16/float32 rows need float(rstd)
-   and float(rstd) * w_j normal and finite for every w_j != 0, float64 rows rstd * w_j; a
-   NaN or Inf weight or bias sends every row to ln_forward_exact_row, so that its NaNs are
-   the one quiet NaN. */
+   and float(rstd) * w_j normal and finite for every normal w_j, float64 rows rstd * w_j; a
+   weight below the normal range needs only rstd * max|w| normal: its a_j = rstd * w_j, off
+   by at most half the smallest subnormal, puts an error of |x - mean| times that into y_j, below
+   the precision of the row's largest term |xhat| max|w| (so one subnormal weight sends no row
+   to the exact path, where it sent every row of std below ~1e-38 / w_j).  A NaN or Inf weight
+   or bias sends every row to ln_forward_exact_row, so that its NaNs are the one quiet NaN. */
 static LN_ALWAYS_INLINE ln_rstd_bounds rstd_bounds(ln_dtype dtype, const ln_forward_args *a)
 {
     const ptrdiff_t n = a->extent.row_len;
     const void *bias = a->kind == LN_NORM_LAYER ? a->bias : NULL;
-    double smallest = 1.0, largest = 1.0;  /* the weight's nonzero magnitudes, and 1 */
-    int finite = 1;
-    if (dtype == LN_F64) {
-        uint64_t low = UINT64_MAX, high = 0, bias_low, bias_high = 0;
-        if (a->weight) {
-            param_bits_range_f64(a->weight, n, &low, &high);
-        }
-        if (bias) {
-            param_bits_range_f64(bias, n, &bias_low, &bias_high);
-        }
-        finite = high < 0x7ff0000000000000u && bias_high < 0x7ff0000000000000u;
-        const uint64_t low_bits = low + 1u;
-        double low_value, high_value;
-        memcpy(&low_value, &low_bits, sizeof low_value);
-        memcpy(&high_value, &high, sizeof high_value);
-        smallest = low != UINT64_MAX && low_value < 1.0 ? low_value : 1.0;
-        largest = high_value > 1.0 ? high_value : 1.0;
-    }
-    else {
-        uint32_t low = UINT32_MAX, high = 0, bias_low, bias_high = 0;
-        if (a->weight) {
-            param_bits_range_f32(a->weight, n, &low, &high);
-        }
-        if (bias) {
-            param_bits_range_f32(bias, n, &bias_low, &bias_high);
-        }
-        finite = high < 0x7f800000u && bias_high < 0x7f800000u;
-        const uint32_t low_bits = low + 1u;
-        float low_value, high_value;
-        memcpy(&low_value, &low_bits, sizeof low_value);
-        memcpy(&high_value, &high, sizeof high_value);
-        smallest = low != UINT32_MAX && low_value < 1.0f ? low_value : 1.0;
-        largest = high_value > 1.0f ? high_value : 1.0;
-    }
-    if (!finite) {
+    const param_magnitudes weight = a->weight ? param_magnitudes_of(dtype, a->weight, n) : (param_magnitudes){1.0, 1.0};
+    if (!isfinite(weight.largest) || (bias && !isfinite(param_magnitudes_of(dtype, bias, n).largest))) {
         return (ln_rstd_bounds){INFINITY, 0.0};
     }
+    /* the nonzero magnitudes that rstd * w must keep normal, and 1 */
+    const double kept = weight.smallest_normal <= weight.largest ? weight.smallest_normal
+                      : weight.largest > 0.0                     ? weight.largest
+                                                                 : 1.0;
+    const double smallest = kept < 1.0 ? kept : 1.0, largest = weight.largest > 1.0 ? weight.largest : 1.0;
     if (dtype == LN_F64) {
         return (ln_rstd_bounds){DBL_MIN / smallest, DBL_MAX / largest};
     }

@@ -331,3 +331,29 @@ def test_a_nan_in_dy_gives_one_quiet_nan_on_every_route(norm, dtype, route, rest
         for param_grad in grads[1:]:
             assert param_grad[row_len // 2].tobytes() == canonical_param, where
 
+
+@pytest.mark.parametrize("layout_name", LAYOUTS)
+@pytest.mark.parametrize("row_len", ROW_LENGTHS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("subnormal_weights", ["one", "all"])
+def test_subnormal_weights_get_the_reference_answer(subnormal_weights, dtype, row_len, layout_name):
+    """A weight below the normal range (one of them, or all) costs ordinary rows nothing and
+    gives every row the reference's answer, rows of large values next to them included."""
+    pdt = np.float64 if np.dtype(dtype) == np.float64 else np.float32
+    tiny = np.finfo(pdt).smallest_subnormal * 7
+    rng = np.random.default_rng(3)
+    weight = rng.uniform(0.5, 2.0, row_len).astype(pdt)
+    weight[row_len // 2] = tiny
+    if subnormal_weights == "all":
+        weight[:] = tiny
+    x = rng.standard_normal((3, row_len))
+    x[2] *= 1e4
+    x = x.astype(dtype)
+    for norm in ("layer", "rms"):
+        y, _ = _run(norm, layout_name, x, weight, 1e-5)
+        if norm == "layer":
+            want = _reference.layer_norm(x, (row_len,), weight, None, 1e-5)[0]
+        else:
+            want = _reference.rms_norm(x, (row_len,), weight, 1e-5)[0]
+        want = want.astype(dtype).astype(np.float64)
+        assert_within(y, want, _tolerance(want, dtype), f"{norm} output")
