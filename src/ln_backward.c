@@ -144,10 +144,14 @@ static void ln_backward_span_sums(void *ctx, ptrdiff_t begin, ptrdiff_t end)
     }
 }
 
-/* Whether huge row r's backward goes by ln_backward_exact_row, from pass 1's means. */
+/* Whether huge row r's backward goes by ln_backward_exact_row, from pass 1's means (none
+   when dbias alone is wanted: pass 1 is skipped then). */
 static int ln_backward_span_row_exact(const ln_backward_job *job, ptrdiff_t r)
 {
     const ln_backward_args *a = job->args;
+    if (!a->grad_input.data && !a->grad_weight) {
+        return 0;
+    }
     const double *row = job->row_means + 4 * r;
     return ln_grad_row_needs_exact(a->dtype, ln_load_stat(a->dtype, &a->rstd, &a->extent, r), row[0], row[1],
                                    row + 2);
@@ -210,8 +214,11 @@ static int ln_backward_by_column_spans(ln_backward_job *job)
         goto done;
     }
     job->row_means = job->sums + 4 * rows * job->spans;
-    /* pass 1 also without dx: which rows ln_backward_exact_row takes must not depend on it */
-    ln_parallel_for(rows * job->spans, 4, ln_backward_span_sums, job);
+    /* pass 1 also without dx: which rows ln_backward_exact_row takes must not depend on it;
+       dbias alone needs none of it */
+    if (a->grad_input.data || a->grad_weight) {
+        ln_parallel_for(rows * job->spans, 4, ln_backward_span_sums, job);
+    }
     for (ptrdiff_t r = 0; r < rows; r++) {
         double *row = job->row_means + 4 * r;
         for (ptrdiff_t s = 0; s < job->spans; s++) {

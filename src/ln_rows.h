@@ -1129,14 +1129,20 @@ static LN_ALWAYS_INLINE void backward_rows(ln_norm_kind kind, ln_dtype dtype, co
             group.mean[k] = has_mean ? ln_load_stat(dtype, &a->mean, &a->extent, r) : 0.0;
             group.rstd[k] = ln_load_stat(dtype, &a->rstd, &a->extent, r);
             /* pass 1 also without dx, so that which rows go by ln_backward_exact_row, and so
-               dweight's bits, do not depend on what else the call asks for */
-            double sums[2], largest[2];
-            grad_sums(kind, dtype, group.dy[k], group.x[k], a->weight, n, group.mean[k], group.rstd[k], sums,
-                      largest);
-            group.g_mean[k] = sums[0] / (double)n;
-            group.gx_mean[k] = sums[1] / (double)n;
-            /* a row the group's float32 (or rstd**2) arithmetic cannot carry */
-            exact[k] = ln_grad_row_needs_exact(dtype, group.rstd[k], group.g_mean[k], group.gx_mean[k], largest);
+               dweight's bits, do not depend on what else the call asks for; dbias alone needs
+               none of it (ln_grad_apply_without sums dbias over every row) */
+            group.g_mean[k] = group.gx_mean[k] = 0.0;
+            exact[k] = 0;
+            if (a->grad_input.data || dweight) {
+                double sums[2], largest[2];
+                grad_sums(kind, dtype, group.dy[k], group.x[k], a->weight, n, group.mean[k], group.rstd[k], sums,
+                          largest);
+                group.g_mean[k] = sums[0] / (double)n;
+                group.gx_mean[k] = sums[1] / (double)n;
+                /* a row the group's float32 (or rstd**2) arithmetic cannot carry */
+                exact[k] = ln_grad_row_needs_exact(dtype, group.rstd[k], group.g_mean[k], group.gx_mean[k],
+                                                   largest);
+            }
             any_exact |= exact[k];
         }
         if (!any_exact) {
