@@ -437,7 +437,9 @@ static LN_ALWAYS_INLINE void add_row(ln_dtype dtype, const char *x, ptrdiff_t x_
 /* The smallest normal magnitude of params[0 .. n) (Inf when none is normal) and the largest
    (NaN when one is NaN).  Integer min/max over the bit patterns, ordered as the magnitudes are
    (NaN above Inf), with no branch, which the compiler vectorizes at the level's width: a scalar
-   float scan of 768 weights and biases cost 16x768 float32 forward a third. */
+   float scan of 768 weights and biases cost 16x768 float32 forward a third.  The minimum is
+   taken less the smallest normal's bits, so that zeros and subnormals wrap above every
+   normal (a compare against the smallest normal became a scalar loop: 3.6 -> 5.2 us). */
 typedef struct {
     double smallest_normal, largest;
 } param_magnitudes;
@@ -447,31 +449,33 @@ static LN_ALWAYS_INLINE param_magnitudes param_magnitudes_of(ln_dtype dtype, con
     if (dtype == LN_F64) {
         typedef uint64_t bits_alias __attribute__((may_alias));
         const bits_alias *bits = params;
-        uint64_t low = UINT64_MAX, high = 0;  /* subnormals and zeros count as UINT64_MAX for low */
+        const uint64_t normal_min = 0x0010000000000000u;
+        uint64_t low = UINT64_MAX, high = 0;
         for (ptrdiff_t j = 0; j < n; j++) {
             const uint64_t magnitude = bits[j] & 0x7fffffffffffffffu;
-            const uint64_t normal = magnitude < 0x0010000000000000u ? UINT64_MAX : magnitude;
-            low = normal < low ? normal : low;
+            low = magnitude - normal_min < low ? magnitude - normal_min : low;
             high = magnitude > high ? magnitude : high;
         }
+        const uint64_t low_bits = low + normal_min;
         double low_value, high_value;
-        memcpy(&low_value, &low, sizeof low_value);
+        memcpy(&low_value, &low_bits, sizeof low_value);
         memcpy(&high_value, &high, sizeof high_value);
-        return (param_magnitudes){low == UINT64_MAX ? INFINITY : low_value, high_value};
+        return (param_magnitudes){low > 0x7fffffffffffffffu ? INFINITY : low_value, high_value};
     }
     typedef uint32_t bits_alias __attribute__((may_alias));
     const bits_alias *bits = params;
+    const uint32_t normal_min = 0x00800000u;
     uint32_t low = UINT32_MAX, high = 0;
     for (ptrdiff_t j = 0; j < n; j++) {
         const uint32_t magnitude = bits[j] & 0x7fffffffu;
-        const uint32_t normal = magnitude < 0x00800000u ? UINT32_MAX : magnitude;
-        low = normal < low ? normal : low;
+        low = magnitude - normal_min < low ? magnitude - normal_min : low;
         high = magnitude > high ? magnitude : high;
     }
+    const uint32_t low_bits = low + normal_min;
     float low_value, high_value;
-    memcpy(&low_value, &low, sizeof low_value);
+    memcpy(&low_value, &low_bits, sizeof low_value);
     memcpy(&high_value, &high, sizeof high_value);
-    return (param_magnitudes){low == UINT32_MAX ? INFINITY : low_value, high_value};
+    return (param_magnitudes){low > 0x7fffffffu ? INFINITY : low_value, high_value};
 }
 
 /* The call's rstd bounds (ln_rstd_bounds): float16/bfloat16/float32 rows need float(rstd)
