@@ -56,8 +56,8 @@ typedef struct {
     ptrdiff_t lanes;         /* partial sums per column a block: 1, or 16 on the strided route */
     ptrdiff_t spans;         /* LN_CHUNK-column spans per row */
     double *dparams;         /* grad_blocks x [dweight (lanes x row_len), dbias (lanes x row_len)] */
-    double *sums;            /* column spans: rows x spans x [sum g, sum g * xhat] */
-    double *row_means;       /* column spans: rows x [mean g, mean g * xhat] */
+    double *sums;            /* column spans: rows x spans x [sum g, sum g * xhat, max |g|, max |dy|] */
+    double *row_means;       /* column spans: rows x [mean g, mean g * xhat, max |g|, max |dy|] */
 } ln_backward_job;
 
 /* Debug builds' check of what ln_kernels.h promises the kernels. */
@@ -140,16 +140,21 @@ static void ln_backward_span_sums(void *ctx, ptrdiff_t begin, ptrdiff_t end)
                                 ln_row_address(&a->input, &a->extent, r) + start * job->elsize,
                                 a->weight ? (const char *)a->weight + start * job->param_elsize : NULL, len,
                                 ln_backward_mean(a, r), ln_load_stat(a->dtype, &a->rstd, &a->extent, r),
-                                job->sums + 2 * t);
+                                job->sums + 4 * t, job->sums + 4 * t + 2);
     }
 }
 
-/* Whether huge row r's backward goes by ln_backward_exact_row, from pass 1's means. */
+/* Whether huge row r's backward goes by ln_backward_exact_row, from pass 1's means (none
+   when dbias alone is wanted: pass 1 is skipped then). */
 static int ln_backward_span_row_exact(const ln_backward_job *job, ptrdiff_t r)
 {
     const ln_backward_args *a = job->args;
-    return ln_grad_row_needs_exact(a->dtype, ln_load_stat(a->dtype, &a->rstd, &a->extent, r), job->row_means[2 * r],
-                                   job->row_means[2 * r + 1]);
+    if (!a->grad_input.data && !a->grad_weight) {
+        return 0;
+    }
+    const double *row = job->row_means + 4 * r;
+    return ln_grad_row_needs_exact(a->dtype, ln_load_stat(a->dtype, &a->rstd, &a->extent, r), row[0], row[1],
+                                   row + 2);
 }
 
 /* Task s: pass 2 over column span s of every row, rows in order (the rows
@@ -175,8 +180,8 @@ static void ln_backward_span_apply(void *ctx, ptrdiff_t begin, ptrdiff_t end)
                                                  : NULL;
                 group.mean[k] = ln_backward_mean(a, r);
                 group.rstd[k] = ln_load_stat(a->dtype, &a->rstd, &a->extent, r);
-                group.g_mean[k] = job->row_means[2 * r];
-                group.gx_mean[k] = job->row_means[2 * r + 1];
+                group.g_mean[k] = job->row_means[4 * r];
+                group.gx_mean[k] = job->row_means[4 * r + 1];
                 exact[k] = ln_backward_span_row_exact(job, r);
                 any_exact |= exact[k];
             }
@@ -204,21 +209,27 @@ static int ln_backward_by_column_spans(ln_backward_job *job)
     const ptrdiff_t rows = ln_rows_of(&a->extent);
     int status = -1;
     job->spans = (a->extent.row_len + LN_CHUNK - 1) / LN_CHUNK;
-    job->sums = calloc((size_t)(2 * rows * (job->spans + 1)), sizeof(double));
+    job->sums = calloc((size_t)(4 * rows * (job->spans + 1)), sizeof(double));
     if (!job->sums) {
         goto done;
     }
-    job->row_means = job->sums + 2 * rows * job->spans;
-    /* pass 1 also without dx: which rows ln_backward_exact_row takes must not depend on it */
-    ln_parallel_for(rows * job->spans, 4, ln_backward_span_sums, job);
+    job->row_means = job->sums + 4 * rows * job->spans;
+    /* pass 1 also without dx: which rows ln_backward_exact_row takes must not depend on it;
+       dbias alone needs none of it */
+    if (a->grad_input.data || a->grad_weight) {
+        ln_parallel_for(rows * job->spans, 4, ln_backward_span_sums, job);
+    }
     for (ptrdiff_t r = 0; r < rows; r++) {
-        double g_sum = 0.0, gx_sum = 0.0;
+        double *row = job->row_means + 4 * r;
         for (ptrdiff_t s = 0; s < job->spans; s++) {
-            g_sum += job->sums[2 * (r * job->spans + s)];
-            gx_sum += job->sums[2 * (r * job->spans + s) + 1];
+            const double *span = job->sums + 4 * (r * job->spans + s);
+            row[0] += span[0];
+            row[1] += span[1];
+            row[2] = fmax(row[2], span[2]);
+            row[3] = fmax(row[3], span[3]);
         }
-        job->row_means[2 * r] = g_sum / (double)a->extent.row_len;
-        job->row_means[2 * r + 1] = gx_sum / (double)a->extent.row_len;
+        row[0] /= (double)a->extent.row_len;
+        row[1] /= (double)a->extent.row_len;
     }
     ln_parallel_for(job->spans, 4, ln_backward_span_apply, job);
     for (ptrdiff_t r = 0; r < rows; r++) {

@@ -12,7 +12,8 @@
  *     y = (x / s - mean_s) / root_s * w + b, in float64, rounded once to the element type
  *
  * (where var_s is 0 or eps / s**2 overflows, eps is all there is: rstd = 1 / sqrt(eps) and
- * xhat = (x - mean) * rstd).  A row holding NaN or Inf has NaN rstd and output, as in torch.
+ * xhat = (x - mean) * rstd).  A row holding NaN or Inf has NaN mean, rstd and output: torch's
+ * mean is NaN too, but Inf for an Inf at the end of some lengths (16, 32, 2048), so one rule here.
  * Every NaN written here is the one quiet NaN, and a call whose weight or bias holds NaN or
  * Inf sends all its rows here, so the forward writes no other NaN.
  *
@@ -31,7 +32,7 @@ static double ln_element(ln_dtype dtype, const char *row, ptrdiff_t step, ptrdif
     return ln_load1_as_f64(dtype, row + i * step, 0);
 }
 
-void ln_forward_exact_row(const ln_forward_args *a, const ln_array *source, ptrdiff_t r, double fast_mean)
+void ln_forward_exact_row(const ln_forward_args *a, const ln_array *source, ptrdiff_t r)
 {
     const ln_dtype dtype = a->dtype;
     const ptrdiff_t n = a->extent.row_len;
@@ -50,7 +51,7 @@ void ln_forward_exact_row(const ln_forward_args *a, const ln_array *source, ptrd
         largest = v > largest ? v : largest;
     }
     if (!finite) {
-        ln_store_stats(a, r, isnan(fast_mean) ? NAN : fast_mean, NAN);
+        ln_store_stats(a, r, NAN, NAN);
         for (ptrdiff_t i = 0; i < n; i++) {
             ln_store1_from_f64(dtype, y + i * y_step, 0, NAN);
         }

@@ -217,7 +217,7 @@ int ln_forward(const ln_forward_args *a)
         job.mean = m.mean;
         job.rstd = ln_rstd_of(m, a->eps);
         if (ln_row_needs_exact(job.rstd, &job.bounds)) {
-            ln_forward_exact_row(a, a->sum.data ? &a->sum : &a->input, r, m.mean);
+            ln_forward_exact_row(a, a->sum.data ? &a->sum : &a->input, r);
             continue;
         }
         ln_store_stats(a, r, job.mean, job.rstd);

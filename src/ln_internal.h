@@ -68,7 +68,7 @@ typedef void (*ln_normalize_fn)(const void *x, void *y, ptrdiff_t n, double mean
 
 /* The range of rstd whose rows the row kernels normalize: float16/bfloat16/float32 rows take
    float(rstd) * w_j in float32, so rstd outside [low, high] leaves float32's normal range
-   for some weight, float64 rows the same in float64; low > 0, so a row whose squares
+   for some normal weight or the largest, float64 rows the same in float64; low > 0, so a row whose squares
    overflowed (rstd 0) or whose moments are not finite (rstd NaN) is outside.  One call's,
    from its weight and bias (the levels' rstd_bounds); empty where those hold NaN or Inf. */
 typedef struct {
@@ -115,9 +115,10 @@ typedef struct {
        column j's lanes at dweight_lanes[16 j .. 16 j + 16) (each may be NULL) */
     void (*backward_tiles)(const ln_backward_args *a, ptrdiff_t begin, ptrdiff_t end,
                            double *dweight_lanes, double *dbias_lanes);
-    /* backward pass 1 over a span of one row: sums of g and g * xhat */
+    /* backward pass 1 over a span of one row: sums of g and g * xhat, and largest =
+       (max |g|, max |dy|) unless NULL */
     void (*grad_sums)(const void *dy, const void *x, const void *weight, ptrdiff_t n,
-                      double mean, double rstd, double sums[2]);
+                      double mean, double rstd, double sums[2], double largest[2]);
     /* backward pass 2 over a span of a group of rows */
     ln_grad_apply_fn grad_apply;
 } ln_row_kernels;
@@ -178,9 +179,8 @@ void ln_scratch_give(double *data, int kept);
 /* ------------------------------------------------------------------------ */
 
 /* Row r forward (statistics and output) by float64 arithmetic on the row scaled by a power
-   of two, reading the row from `source` (the input, or the residual sum); fast_mean is the
-   row kernels' mean, kept for a row holding NaN or Inf. */
-void ln_forward_exact_row(const ln_forward_args *a, const ln_array *source, ptrdiff_t r, double fast_mean);
+   of two, reading the row from `source` (the input, or the residual sum). */
+void ln_forward_exact_row(const ln_forward_args *a, const ln_array *source, ptrdiff_t r);
 
 /* Row r backward (dx, and dy * xhat added into the float64 column sums dweight, which may be
    NULL) in float64 with rstd applied last; its dbias terms are ln_grad_apply_without's. */
@@ -223,21 +223,30 @@ static inline int ln_row_needs_exact(double rstd, const ln_rstd_bounds *bounds)
     return !(bounds->low <= rstd && rstd <= bounds->high);
 }
 
-/* Whether a row's backward needs ln_backward_exact_row, given its rstd and pass 1's means
-   of g and g * xhat: pass 2's per-row factors rstd, -rstd**2 * gx_mean and -rstd * g_mean
-   are not finite, or below the normal range in the compute type (float32 for
-   float16/bfloat16/float32 data) but for a factor with a zero operand.  So it is where pass
-   1's float32 products overflowed, rstd**2 overflows or underflows (to 0 in float64 too, as
-   for float64 rows of 1e300), or the row, its dy or its statistics hold NaN or Inf. */
-static inline int ln_grad_row_needs_exact(ln_dtype dtype, double rstd, double g_mean, double gx_mean)
+/* Whether a row's backward needs ln_backward_exact_row, given its rstd, pass 1's means of g
+   and g * xhat and largest = (max |g|, max |dy|): pass 2's per-row factors rstd,
+   -rstd**2 * gx_mean and -rstd * g_mean are not finite, or below the normal range in the
+   compute type (float32 for float16/bfloat16/float32 data) but for a factor with a zero
+   operand; or g, or the products g * (x - mean) and dy * (x - mean) that pass 1 and 2 form
+   before scaling by rstd (|x - mean| of the order of 1 / rstd), come within the compute
+   type's precision of its subnormals, where they would lose bits or vanish (x ~ 1e-30,
+   dy ~ 1e-20 in float32).  So it is where pass 1's products overflowed or underflowed,
+   rstd**2 overflows or underflows (to 0 in float64 too, as for float64 rows of 1e300), or
+   the row, its dy or its statistics hold NaN or Inf. */
+static inline int ln_grad_row_needs_exact(ln_dtype dtype, double rstd, double g_mean, double gx_mean,
+                                          const double largest[2])
 {
     const double factors[3] = {rstd, -rstd * rstd * gx_mean, -rstd * g_mean};
     const int zero_operand[3] = {rstd == 0.0, rstd == 0.0 || gx_mean == 0.0, rstd == 0.0 || g_mean == 0.0};
+    const double normal_min = dtype == LN_F64 ? DBL_MIN : (double)FLT_MIN;
+    const double precise_min = dtype == LN_F64 ? DBL_MIN / DBL_EPSILON : (double)FLT_MIN / (double)FLT_EPSILON;
     int normal = 1;
     for (int i = 0; i < 3; i++) {
         const double factor = dtype == LN_F64 ? factors[i] : (double)(float)factors[i];
-        const double normal_min = dtype == LN_F64 ? DBL_MIN : (double)FLT_MIN;
         normal &= (factors[i] == 0.0 && zero_operand[i]) || (isfinite(factor) && fabs(factor) >= normal_min);
+    }
+    for (int i = 0; i < 2; i++) {
+        normal &= largest[i] == 0.0 || (largest[i] >= precise_min && largest[i] / rstd >= precise_min);
     }
     return !normal;
 }

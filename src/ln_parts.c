@@ -32,6 +32,10 @@
 
 #include "ln_internal.h"
 
+/* The largest |g| and |dy| of a row, which ln_grad_row_needs_exact checks for products near
+   the subnormals: a part sees only its own, so the parts pass none (zeros: not checked). */
+static const double no_largest[2] = {0.0, 0.0};
+
 typedef struct {
     ln_dtype dtype;
     const ln_extent *extent;
@@ -364,7 +368,7 @@ static void ln_part_grad_sums_tasks(void *ctx, ptrdiff_t begin, ptrdiff_t end)
         }
         job->kernels->grad_sums(dy, x, a->weight ? (const char *)a->weight + start * param_elsize : NULL, len,
                                 ln_part_stat(&a->mean, &a->extent, r, 0.0), ln_part_stat(&a->rstd, &a->extent, r, 0.0),
-                                job->chunk_sums + 2 * t);
+                                job->chunk_sums + 2 * t, NULL);
     }
 }
 
@@ -392,7 +396,7 @@ static void ln_part_grad_input_tasks(void *ctx, ptrdiff_t begin, ptrdiff_t end)
             .gx_mean = {ln_part_stat(&a->g_xhat, &a->extent, r, 0.0)},
         };
         const void *weight = a->weight ? (const char *)a->weight + start * param_elsize : NULL;
-        if (ln_grad_row_needs_exact(a->dtype, group.rstd[0], group.g_mean[0], group.gx_mean[0])) {
+        if (ln_grad_row_needs_exact(a->dtype, group.rstd[0], group.g_mean[0], group.gx_mean[0], no_largest)) {
             ln_part_grad_input_exact(a, r, start, len, &group, weight);
             continue;
         }
@@ -448,7 +452,7 @@ int ln_part_grad_sums(const ln_part_backward_args *a)
         /* where the kernels' products overflowed, or rstd leaves their range (the test with
            means of 0 is rstd's alone) */
         const double rstd = ln_part_stat(&a->rstd, &a->extent, r, 0.0);
-        if (!isfinite(sums[0]) || !isfinite(sums[1]) || ln_grad_row_needs_exact(a->dtype, rstd, 0.0, 0.0)) {
+        if (!isfinite(sums[0]) || !isfinite(sums[1]) || ln_grad_row_needs_exact(a->dtype, rstd, 0.0, 0.0, no_largest)) {
             ln_part_grad_sums_exact(a, r, ln_part_stat(&a->mean, &a->extent, r, 0.0), rstd, sums);
         }
         if (a->g.data) {

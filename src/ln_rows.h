@@ -434,85 +434,70 @@ static LN_ALWAYS_INLINE void add_row(ln_dtype dtype, const char *x, ptrdiff_t x_
 /* Forward: rows                                                             */
 /* ------------------------------------------------------------------------ */
 
-/* The largest magnitude of params[0 .. n) and the smallest nonzero one less one (0 wraps to
-   the largest), as the integers of their bit patterns, ordered as the values are (NaN above
-   Inf).  Integer min/max with no branch, which the compiler vectorizes at the level's width:
-   a scalar float scan of 768 weights and biases cost 16x768 float32 forward a third. */
-static LN_ALWAYS_INLINE void param_bits_range_f32(const float *params, ptrdiff_t n, uint32_t *smallest_less_one,
-                                                  uint32_t *largest)
+/* The smallest normal magnitude of params[0 .. n) (Inf when none is normal) and the largest
+   (NaN when one is NaN).  Integer min/max over the bit patterns, ordered as the magnitudes are
+   (NaN above Inf), with no branch, which the compiler vectorizes at the level's width: a scalar
+   float scan of 768 weights and biases cost 16x768 float32 forward a third.  The minimum is
+   taken less the smallest normal's bits, so that zeros and subnormals wrap above every
+   normal (a compare against the smallest normal became a scalar loop: 3.6 -> 5.2 us). */
+typedef struct {
+    double smallest_normal, largest;
+} param_magnitudes;
+
+static LN_ALWAYS_INLINE param_magnitudes param_magnitudes_of(ln_dtype dtype, const void *params, ptrdiff_t n)
 {
+    if (dtype == LN_F64) {
+        typedef uint64_t bits_alias __attribute__((may_alias));
+        const bits_alias *bits = params;
+        const uint64_t normal_min = 0x0010000000000000u;
+        uint64_t low = UINT64_MAX, high = 0;
+        for (ptrdiff_t j = 0; j < n; j++) {
+            const uint64_t magnitude = bits[j] & 0x7fffffffffffffffu;
+            low = magnitude - normal_min < low ? magnitude - normal_min : low;
+            high = magnitude > high ? magnitude : high;
+        }
+        const uint64_t low_bits = low + normal_min;
+        double low_value, high_value;
+        memcpy(&low_value, &low_bits, sizeof low_value);
+        memcpy(&high_value, &high, sizeof high_value);
+        return (param_magnitudes){low > 0x7fffffffffffffffu ? INFINITY : low_value, high_value};
+    }
     typedef uint32_t bits_alias __attribute__((may_alias));
-    const bits_alias *bits = (const bits_alias *)params;
+    const bits_alias *bits = params;
+    const uint32_t normal_min = 0x00800000u;
     uint32_t low = UINT32_MAX, high = 0;
     for (ptrdiff_t j = 0; j < n; j++) {
         const uint32_t magnitude = bits[j] & 0x7fffffffu;
-        low = magnitude - 1u < low ? magnitude - 1u : low;
+        low = magnitude - normal_min < low ? magnitude - normal_min : low;
         high = magnitude > high ? magnitude : high;
     }
-    *smallest_less_one = low;
-    *largest = high;
-}
-
-static LN_ALWAYS_INLINE void param_bits_range_f64(const double *params, ptrdiff_t n, uint64_t *smallest_less_one,
-                                                  uint64_t *largest)
-{
-    typedef uint64_t bits_alias __attribute__((may_alias));
-    const bits_alias *bits = (const bits_alias *)params;
-    uint64_t low = UINT64_MAX, high = 0;
-    for (ptrdiff_t j = 0; j < n; j++) {
-        const uint64_t magnitude = bits[j] & 0x7fffffffffffffffu;
-        low = magnitude - 1u < low ? magnitude - 1u : low;
-        high = magnitude > high ? magnitude : high;
-    }
-    *smallest_less_one = low;
-    *largest = high;
+    const uint32_t low_bits = low + normal_min;
+    float low_value, high_value;
+    memcpy(&low_value, &low_bits, sizeof low_value);
+    memcpy(&high_value, &high, sizeof high_value);
+    return (param_magnitudes){low > 0x7fffffffu ? INFINITY : low_value, high_value};
 }
 
 /* The call's rstd bounds (ln_rstd_bounds): float16/bfloat16/float32 rows need float(rstd)
-   and float(rstd) * w_j normal and finite for every w_j != 0, float64 rows rstd * w_j; a
-   NaN or Inf weight or bias sends every row to ln_forward_exact_row, so that its NaNs are
-   the one quiet NaN. */
+   and float(rstd) * w_j normal and finite for every normal w_j, float64 rows rstd * w_j; a
+   weight below the normal range needs only rstd * max|w| normal: its a_j = rstd * w_j, off
+   by at most half the smallest subnormal, puts an error of |x - mean| times that into y_j, below
+   the precision of the row's largest term |xhat| max|w| (so one subnormal weight sends no row
+   to the exact path, where it sent every row of std below ~1e-38 / w_j).  A NaN or Inf weight
+   or bias sends every row to ln_forward_exact_row, so that its NaNs are the one quiet NaN. */
 static LN_ALWAYS_INLINE ln_rstd_bounds rstd_bounds(ln_dtype dtype, const ln_forward_args *a)
 {
     const ptrdiff_t n = a->extent.row_len;
     const void *bias = a->kind == LN_NORM_LAYER ? a->bias : NULL;
-    double smallest = 1.0, largest = 1.0;  /* the weight's nonzero magnitudes, and 1 */
-    int finite = 1;
-    if (dtype == LN_F64) {
-        uint64_t low = UINT64_MAX, high = 0, bias_low, bias_high = 0;
-        if (a->weight) {
-            param_bits_range_f64(a->weight, n, &low, &high);
-        }
-        if (bias) {
-            param_bits_range_f64(bias, n, &bias_low, &bias_high);
-        }
-        finite = high < 0x7ff0000000000000u && bias_high < 0x7ff0000000000000u;
-        const uint64_t low_bits = low + 1u;
-        double low_value, high_value;
-        memcpy(&low_value, &low_bits, sizeof low_value);
-        memcpy(&high_value, &high, sizeof high_value);
-        smallest = low != UINT64_MAX && low_value < 1.0 ? low_value : 1.0;
-        largest = high_value > 1.0 ? high_value : 1.0;
-    }
-    else {
-        uint32_t low = UINT32_MAX, high = 0, bias_low, bias_high = 0;
-        if (a->weight) {
-            param_bits_range_f32(a->weight, n, &low, &high);
-        }
-        if (bias) {
-            param_bits_range_f32(bias, n, &bias_low, &bias_high);
-        }
-        finite = high < 0x7f800000u && bias_high < 0x7f800000u;
-        const uint32_t low_bits = low + 1u;
-        float low_value, high_value;
-        memcpy(&low_value, &low_bits, sizeof low_value);
-        memcpy(&high_value, &high, sizeof high_value);
-        smallest = low != UINT32_MAX && low_value < 1.0f ? low_value : 1.0;
-        largest = high_value > 1.0f ? high_value : 1.0;
-    }
-    if (!finite) {
+    const param_magnitudes weight = a->weight ? param_magnitudes_of(dtype, a->weight, n) : (param_magnitudes){1.0, 1.0};
+    if (!isfinite(weight.largest) || (bias && !isfinite(param_magnitudes_of(dtype, bias, n).largest))) {
         return (ln_rstd_bounds){INFINITY, 0.0};
     }
+    /* the nonzero magnitudes that rstd * w must keep normal, and 1 */
+    const double kept = weight.smallest_normal <= weight.largest ? weight.smallest_normal
+                      : weight.largest > 0.0                     ? weight.largest
+                                                                 : 1.0;
+    const double smallest = kept < 1.0 ? kept : 1.0, largest = weight.largest > 1.0 ? weight.largest : 1.0;
     if (dtype == LN_F64) {
         return (ln_rstd_bounds){DBL_MIN / smallest, DBL_MAX / largest};
     }
@@ -580,7 +565,7 @@ static LN_ALWAYS_INLINE void forward_short_rows(ln_norm_kind kind, ln_dtype dtyp
             const ln_moments m = {(double)n, mean, m2s[k]};
             const double rstd = ln_moments_finite(m) ? rstds[k] : NAN;
             if (ln_row_needs_exact(rstd, bounds)) {
-                ln_forward_exact_row(a, &a->input, block + k, mean);
+                ln_forward_exact_row(a, &a->input, block + k);
                 continue;
             }
             char *y = ln_row_address(&a->output, &a->extent, block + k);
@@ -658,7 +643,7 @@ static LN_ALWAYS_INLINE void forward_rows_pipelined(ln_norm_kind kind, ln_dtype 
             const double rstd = ln_rstd_of(m, a->eps);
             previous_done = ln_row_needs_exact(rstd, bounds);
             if (previous_done) {
-                ln_forward_exact_row(a, &a->input, r, m.mean);
+                ln_forward_exact_row(a, &a->input, r);
             }
             else {
                 ln_store_stats(a, r, m.mean, rstd);
@@ -711,7 +696,7 @@ static LN_ALWAYS_INLINE void forward_rows(ln_norm_kind kind, ln_dtype dtype, con
         const ln_moments m = row_moments(kind, dtype, x, n);
         const double rstd = ln_rstd_of(m, a->eps);
         if (ln_row_needs_exact(rstd, bounds)) {
-            ln_forward_exact_row(a, &a->input, r, m.mean);
+            ln_forward_exact_row(a, &a->input, r);
             continue;
         }
         ln_store_stats(a, r, m.mean, rstd);
@@ -723,15 +708,29 @@ static LN_ALWAYS_INLINE void forward_rows(ln_norm_kind kind, ln_dtype dtype, con
 /* Backward: pass 1, the row sums                                            */
 /* ------------------------------------------------------------------------ */
 
+/* The largest of 16 magnitudes, none NaN, spent in the process: a halving tree of compares
+   (fmax() is a call or a NaN-handling sequence on x86). */
+static LN_ALWAYS_INLINE double largest_of_lanes(double tops[16])
+{
+    for (int half = 8; half >= 1; half /= 2) {
+        for (int k = 0; k < half; k++) {
+            tops[k] = tops[k + half] > tops[k] ? tops[k + half] : tops[k];
+        }
+    }
+    return tops[0];
+}
+
 /* Pass 1 over a span of n elements of one row, for float16/float32 data:
        sums[0] = sum(g),  sums[1] = sum(g * xhat),   g = dy * weight, xhat = (x - mean) * rstd
    The products are formed in float32 (mean and rstd are float32 for this data, so x - mean
    is exact for x near the mean) and summed in float32 over blocks of LN_GRAD_SUM_BLOCK
    groups whose sums are added in float64.  `weight` points at the span's first column,
-   or is NULL.  RMSNorm (mean 0) needs no sum(g): sums[0] is 0 then. */
+   or is NULL.  RMSNorm (mean 0) needs no sum(g): sums[0] is 0 then.  largest = (max |g|,
+   max |dy|), which tell whether those products could have underflowed
+   (ln_grad_row_needs_exact); NULL: not wanted. */
 static LN_ALWAYS_INLINE void grad_sums_single(ln_norm_kind kind, ln_dtype dtype, const void *dy, const void *x,
                                               const float *weight, ptrdiff_t n, double mean, double rstd,
-                                              double sums[2])
+                                              double sums[2], double largest[2])
 {
     const int has_mean = kind == LN_NORM_LAYER;
     const gf mean_v = gf_splat((float)mean);
@@ -739,13 +738,16 @@ static LN_ALWAYS_INLINE void grad_sums_single(ln_norm_kind kind, ln_dtype dtype,
     double g_lanes[16], gc_lanes[16];
     ptrdiff_t i = 0;
     const gf zero_v = gf_splat(0.0f);
+    gf g_top = zero_v, dy_top = zero_v;
     while (i + 16 <= n) {
         /* even and odd groups in separate accumulators, so no add waits on the one before */
         gf even_g = zero_v, even_gc = zero_v, odd_g = zero_v, odd_gc = zero_v;
         do {
-            gf g = load_as_f32(dtype, dy, i);
-            if (weight) {
-                g = gf_mul(g, gf_load(weight + i));
+            const gf dy_v = load_as_f32(dtype, dy, i);
+            const gf g = weight ? gf_mul(dy_v, gf_load(weight + i)) : dy_v;
+            if (largest) {
+                g_top = gf_max_magnitude(g_top, g);
+                dy_top = weight ? gf_max_magnitude(dy_top, dy_v) : g_top;
             }
             const gf value_x = load_as_f32(dtype, x, i);
             const gf centred = has_mean ? gf_sub(value_x, mean_v) : value_x;
@@ -764,34 +766,43 @@ static LN_ALWAYS_INLINE void grad_sums_single(ln_norm_kind kind, ln_dtype dtype,
     }
     gd_store(g_lanes, g_sum);
     gd_store(gc_lanes, gc_sum);
+    double g_tops[16], dy_tops[16];
+    gd_store(g_tops, gf_widen(g_top));
+    gd_store(dy_tops, gf_widen(dy_top));
     for (; i < n; i++) {
-        float g = (float)ln_load1_as_f64(dtype, dy, i);
-        if (weight) {
-            g *= weight[i];
-        }
+        const float dy_1 = (float)ln_load1_as_f64(dtype, dy, i);
+        const float g = weight ? dy_1 * weight[i] : dy_1;
         const float value_x = (float)ln_load1_as_f64(dtype, x, i);
         const float centred = has_mean ? value_x - (float)mean : value_x;
         g_lanes[i & 15] += g;
         gc_lanes[i & 15] += g * centred;
+        g_tops[i & 15] = fabsf(g) > g_tops[i & 15] ? fabsf(g) : g_tops[i & 15];
+        dy_tops[i & 15] = fabsf(dy_1) > dy_tops[i & 15] ? fabsf(dy_1) : dy_tops[i & 15];
     }
     sums[0] = has_mean ? ln_sum_lanes(g_lanes) : 0.0;
     sums[1] = ln_sum_lanes(gc_lanes) * rstd;
+    if (largest) {
+        largest[0] = largest_of_lanes(g_tops);
+        largest[1] = largest_of_lanes(dy_tops);
+    }
 }
 
 /* The same for float64 data, all in float64. */
 static LN_ALWAYS_INLINE void grad_sums_double(ln_norm_kind kind, const double *dy, const double *x,
                                               const double *weight, ptrdiff_t n, double mean, double rstd,
-                                              double sums[2])
+                                              double sums[2], double largest[2])
 {
     const int has_mean = kind == LN_NORM_LAYER;
     const gd mean_v = gd_splat(mean), rstd_v = gd_splat(rstd);
-    gd g_sum = gd_splat(0.0), gx_sum = gd_splat(0.0);
+    gd g_sum = gd_splat(0.0), gx_sum = gd_splat(0.0), g_top = g_sum, dy_top = g_sum;
     double g_lanes[16], gx_lanes[16];
     ptrdiff_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        gd g = gd_load(dy + i);
-        if (weight) {
-            g = gd_mul(g, gd_load(weight + i));
+        const gd dy_v = gd_load(dy + i);
+        const gd g = weight ? gd_mul(dy_v, gd_load(weight + i)) : dy_v;
+        if (largest) {
+            g_top = gd_max_magnitude(g_top, g);
+            dy_top = weight ? gd_max_magnitude(dy_top, dy_v) : g_top;
         }
         const gd value_x = gd_load(x + i);
         const gd xhat = gd_mul(has_mean ? gd_sub(value_x, mean_v) : value_x, rstd_v);
@@ -800,24 +811,34 @@ static LN_ALWAYS_INLINE void grad_sums_double(ln_norm_kind kind, const double *d
     }
     gd_store(g_lanes, g_sum);
     gd_store(gx_lanes, gx_sum);
+    double g_tops[16], dy_tops[16];
+    gd_store(g_tops, g_top);
+    gd_store(dy_tops, dy_top);
     for (; i < n; i++) {
         const double g = weight ? dy[i] * weight[i] : dy[i];
         g_lanes[i & 15] += g;
         gx_lanes[i & 15] += g * ((has_mean ? x[i] - mean : x[i]) * rstd);
+        g_tops[i & 15] = fabs(g) > g_tops[i & 15] ? fabs(g) : g_tops[i & 15];
+        dy_tops[i & 15] = fabs(dy[i]) > dy_tops[i & 15] ? fabs(dy[i]) : dy_tops[i & 15];
     }
     sums[0] = has_mean ? ln_sum_lanes(g_lanes) : 0.0;
     sums[1] = ln_sum_lanes(gx_lanes);
+    if (largest) {
+        largest[0] = largest_of_lanes(g_tops);
+        largest[1] = largest_of_lanes(dy_tops);
+    }
 }
 
 static LN_ALWAYS_INLINE void grad_sums(ln_norm_kind kind, ln_dtype dtype, const void *dy, const void *x,
-                                       const void *weight, ptrdiff_t n, double mean, double rstd, double sums[2])
+                                       const void *weight, ptrdiff_t n, double mean, double rstd, double sums[2],
+                                       double largest[2])
 {
     assert(dy && x && n >= 1 && sums);
     if (dtype == LN_F64) {
-        grad_sums_double(kind, dy, x, weight, n, mean, rstd, sums);
+        grad_sums_double(kind, dy, x, weight, n, mean, rstd, sums, largest);
     }
     else {
-        grad_sums_single(kind, dtype, dy, x, weight, n, mean, rstd, sums);
+        grad_sums_single(kind, dtype, dy, x, weight, n, mean, rstd, sums, largest);
     }
 }
 
@@ -1112,13 +1133,20 @@ static LN_ALWAYS_INLINE void backward_rows(ln_norm_kind kind, ln_dtype dtype, co
             group.mean[k] = has_mean ? ln_load_stat(dtype, &a->mean, &a->extent, r) : 0.0;
             group.rstd[k] = ln_load_stat(dtype, &a->rstd, &a->extent, r);
             /* pass 1 also without dx, so that which rows go by ln_backward_exact_row, and so
-               dweight's bits, do not depend on what else the call asks for */
-            double sums[2];
-            grad_sums(kind, dtype, group.dy[k], group.x[k], a->weight, n, group.mean[k], group.rstd[k], sums);
-            group.g_mean[k] = sums[0] / (double)n;
-            group.gx_mean[k] = sums[1] / (double)n;
-            /* a row the group's float32 (or rstd**2) arithmetic cannot carry */
-            exact[k] = ln_grad_row_needs_exact(dtype, group.rstd[k], group.g_mean[k], group.gx_mean[k]);
+               dweight's bits, do not depend on what else the call asks for; dbias alone needs
+               none of it (ln_grad_apply_without sums dbias over every row) */
+            group.g_mean[k] = group.gx_mean[k] = 0.0;
+            exact[k] = 0;
+            if (a->grad_input.data || dweight) {
+                double sums[2], largest[2];
+                grad_sums(kind, dtype, group.dy[k], group.x[k], a->weight, n, group.mean[k], group.rstd[k], sums,
+                          largest);
+                group.g_mean[k] = sums[0] / (double)n;
+                group.gx_mean[k] = sums[1] / (double)n;
+                /* a row the group's float32 (or rstd**2) arithmetic cannot carry */
+                exact[k] = ln_grad_row_needs_exact(dtype, group.rstd[k], group.g_mean[k], group.gx_mean[k],
+                                                   largest);
+            }
             any_exact |= exact[k];
         }
         if (!any_exact) {
@@ -1331,7 +1359,7 @@ static void forward_tile_rows(ln_norm_kind kind, ln_dtype dtype, const ln_forwar
     const char *weight = a->weight, *bias = kind == LN_NORM_LAYER ? a->bias : NULL;
     for (int k = 0; k < count; k++) {
         if (ln_row_needs_exact(rstds[k], bounds)) {
-            ln_forward_exact_row(a, source, first + k, means[k]);
+            ln_forward_exact_row(a, source, first + k);
             continue;
         }
         ln_store_stats(a, first + k, means[k], rstds[k]);
@@ -1490,7 +1518,7 @@ static LN_ALWAYS_INLINE void backward_tile(ln_norm_kind kind, ln_dtype dtype, co
             gd_store(values, gd_mul(inner, rstd_v));
             void *target = tile_target(dtype, &dx, j, dx_lanes);
             for (int k = 0; k < 16; k++) {
-                ln_store1_from_f64(dtype, target, k, values[k]);
+                ln_store1_from_f64(dtype, target, k, isnan(values[k]) ? NAN : values[k]);  /* the one quiet NaN */
             }
             tile_scatter(dtype, &dx, count, j, target);
         }
@@ -1567,9 +1595,10 @@ static LN_ALWAYS_INLINE void backward_tiles(ln_norm_kind kind, ln_dtype dtype, c
     }                                                                                              \
     static void grad_sums_##kind_suffix##_##suffix(const void *dy, const void *x,                  \
                                                    const void *weight, ptrdiff_t n, double mean,   \
-                                                   double rstd, double sums[2])                    \
+                                                   double rstd, double sums[2],                    \
+                                                   double largest[2])                              \
     {                                                                                              \
-        grad_sums(KIND, DTYPE, dy, x, weight, n, mean, rstd, sums);                                \
+        grad_sums(KIND, DTYPE, dy, x, weight, n, mean, rstd, sums, largest);                       \
     }                                                                                              \
     static void grad_apply_##kind_suffix##_##suffix(const ln_grad_rows *group, const void *weight, \
                                                     ptrdiff_t n, double *dweight, double *dbias)   \

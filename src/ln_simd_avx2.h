@@ -48,6 +48,21 @@ static LN_ALWAYS_INLINE gf gf_fma(gf a, gf b, gf c)
     return a;
 }
 
+/* Per lane, the larger of top (magnitudes) and |a|; a NaN lane of a leaves top as it was. */
+static LN_ALWAYS_INLINE gd gd_max_magnitude(gd top, gd a)
+{
+    const __m256d magnitude = _mm256_castsi256_pd(_mm256_set1_epi64x(0x7fffffffffffffff));
+    FOR_VD(k) { top.v[k] = (ln_vd)_mm256_max_pd(_mm256_and_pd((__m256d)a.v[k], magnitude), (__m256d)top.v[k]); }
+    return top;
+}
+
+static LN_ALWAYS_INLINE gf gf_max_magnitude(gf top, gf a)
+{
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    FOR_VF(k) { top.v[k] = (ln_vf)_mm256_max_ps(_mm256_and_ps((__m256)a.v[k], magnitude), (__m256)top.v[k]); }
+    return top;
+}
+
 static LN_ALWAYS_INLINE gd gf_widen(gf a)
 {
     gd r;

@@ -48,6 +48,19 @@ static LN_ALWAYS_INLINE gf gf_fma(gf a, gf b, gf c)
     return a;
 }
 
+/* Per lane, the larger of top (magnitudes) and |a|; a NaN lane of a leaves top as it was. */
+static LN_ALWAYS_INLINE gd gd_max_magnitude(gd top, gd a)
+{
+    FOR_VD(k) { top.v[k] = (ln_vd)_mm512_max_pd(_mm512_abs_pd((__m512d)a.v[k]), (__m512d)top.v[k]); }
+    return top;
+}
+
+static LN_ALWAYS_INLINE gf gf_max_magnitude(gf top, gf a)
+{
+    FOR_VF(k) { top.v[k] = (ln_vf)_mm512_max_ps(_mm512_abs_ps((__m512)a.v[k]), (__m512)top.v[k]); }
+    return top;
+}
+
 static LN_ALWAYS_INLINE gd gf_widen(gf a)
 {
     gd r;

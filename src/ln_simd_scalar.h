@@ -43,6 +43,19 @@ static LN_ALWAYS_INLINE gf gf_fma(gf a, gf b, gf c)
     return a;
 }
 
+/* Per lane, the larger of top (magnitudes) and |a|; a NaN lane of a leaves top as it was. */
+static LN_ALWAYS_INLINE gd gd_max_magnitude(gd top, gd a)
+{
+    FOR_VD(k) { top.v[k] = fabs(a.v[k]) > top.v[k] ? fabs(a.v[k]) : top.v[k]; }
+    return top;
+}
+
+static LN_ALWAYS_INLINE gf gf_max_magnitude(gf top, gf a)
+{
+    FOR_VF(k) { top.v[k] = fabsf(a.v[k]) > top.v[k] ? fabsf(a.v[k]) : top.v[k]; }
+    return top;
+}
+
 static LN_ALWAYS_INLINE gd gf_widen(gf a)
 {
     gd r;

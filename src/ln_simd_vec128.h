@@ -76,6 +76,29 @@ static LN_ALWAYS_INLINE gf gf_fma(gf a, gf b, gf c)
     return a;
 }
 
+/* Per lane, the larger of top (magnitudes) and |a|; a NaN lane of a leaves top as it was. */
+static LN_ALWAYS_INLINE gd gd_max_magnitude(gd top, gd a)
+{
+#if defined(__aarch64__)
+    FOR_VD(k) { top.v[k] = (ln_vd)vmaxnmq_f64(vabsq_f64((float64x2_t)a.v[k]), (float64x2_t)top.v[k]); }
+#else
+    const __m128d magnitude = _mm_castsi128_pd(_mm_set1_epi64x(0x7fffffffffffffff));
+    FOR_VD(k) { top.v[k] = (ln_vd)_mm_max_pd(_mm_and_pd((__m128d)a.v[k], magnitude), (__m128d)top.v[k]); }
+#endif
+    return top;
+}
+
+static LN_ALWAYS_INLINE gf gf_max_magnitude(gf top, gf a)
+{
+#if defined(__aarch64__)
+    FOR_VF(k) { top.v[k] = (ln_vf)vmaxnmq_f32(vabsq_f32((float32x4_t)a.v[k]), (float32x4_t)top.v[k]); }
+#else
+    const __m128 magnitude = _mm_castsi128_ps(_mm_set1_epi32(0x7fffffff));
+    FOR_VF(k) { top.v[k] = (ln_vf)_mm_max_ps(_mm_and_ps((__m128)a.v[k], magnitude), (__m128)top.v[k]); }
+#endif
+    return top;
+}
+
 static LN_ALWAYS_INLINE gd gf_widen(gf a)
 {
     gd r;

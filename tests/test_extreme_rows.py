@@ -216,3 +216,144 @@ def test_a_nan_in_dy_gives_one_quiet_nan(dtype, row_len):
     assert all(dx[0, i].tobytes() == canonical for i in (0, row_len // 2, row_len - 1))
     assert np.isfinite(dx[1]).all()
     assert dweight[row_len // 2].tobytes() == dbias[row_len // 2].tobytes() == canonical_param
+
+
+# (x, dy) magnitudes whose products dy * (x - mean) lie below the compute type's normal range
+# while x, dy and the gradients do not: float32 arithmetic for float16/bfloat16/float32 data
+TINY_PRODUCT_MAGNITUDES = {
+    np.dtype(np.float16): [(1e-4, 1e-7)],
+    np.dtype(np.float32): [(1e-30, 1e-20), (1e-20, 1e-30), (1e-18, 1e-25), (1e-36, 1e-6)],
+    np.dtype(np.float64): [(1e-150, 1e-170), (1e-100, 1e-215), (1e-300, 1e-20)],
+}
+if BF16 is not None:
+    TINY_PRODUCT_MAGNITUDES[BF16] = [(1e-30, 1e-20)]
+BACKWARD_ROUTES = {"rows": 64, "short-rows": 5, "huge-rows": 70000, "transposed": 64, "axis": 64}
+
+
+@pytest.mark.parametrize("route", list(BACKWARD_ROUTES))
+@pytest.mark.parametrize("dtype_magnitudes", [(dtype, m) for dtype, ms in TINY_PRODUCT_MAGNITUDES.items() for m in ms],
+                         ids=lambda p: f"{p[0].name}-x{p[1][0]:g}-dy{p[1][1]:g}")
+@pytest.mark.parametrize("norm", ["layer", "rms"])
+def test_tiny_products_get_the_reference_gradients(norm, dtype_magnitudes, route):
+    """Rows whose x and dy are small enough that dy * (x - mean) underflows the compute type,
+    eps 0: every route gives the reference's gradients, as for ordinary rows."""
+    dtype, (x_size, dy_size) = dtype_magnitudes
+    row_len = BACKWARD_ROUTES[route]
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((4, row_len)) * x_size).astype(dtype)
+    dy = (rng.standard_normal((4, row_len)) * dy_size).astype(dtype)
+    pdt = np.float64 if dtype == np.float64 else np.float32
+    weight = rng.uniform(0.5, 2.0, row_len).astype(pdt)
+    ns = (row_len,)
+    if norm == "layer":
+        _, mean, rstd = layernorm.native_layer_norm(x, ns, weight, None, 0.0)
+        stats, want = (mean, rstd), _reference.layer_norm_backward_given_stats(dy, x, ns, mean, rstd, weight)
+    else:
+        _, rstd = layernorm.native_rms_norm(x, ns, weight, 0.0)
+        stats, want = (rstd,), _reference.rms_norm_backward_given_stats(dy, x, ns, rstd, weight)
+    backward = layernorm.layer_norm_backward if norm == "layer" else layernorm.rms_norm_backward
+    params = (weight, np.zeros_like(weight)) if norm == "layer" else (weight,)
+    if route == "axis":
+        got = backward(dy.T.copy(), x.T.copy(), ns, *(s.T.copy() for s in stats), *params, axis=0)
+        got = (got[0].T,) + tuple(got[1:])
+    elif route == "transposed":
+        got = backward(np.ascontiguousarray(dy.T).T, np.ascontiguousarray(x.T).T, ns, *stats, *params)
+    else:
+        got = backward(dy, x, ns, *stats, *params)
+    rel = 2e-3 if np.dtype(dtype) == np.float16 else 4e-3 if np.dtype(dtype) == BF16 else REF_REL_TOL[np.dtype(dtype)]
+    # grad_input's terms are rstd * dy * w per row: its tolerance is theirs
+    terms = np.asarray(rstd, np.float64) * np.abs(dy.astype(np.float64) * weight).max(axis=-1, keepdims=True)
+    for name, g, w, scale in zip(("grad_input", "grad_weight", "grad_bias"), got, want,
+                                 (terms, np.abs(want[1]).max(), np.abs(dy.astype(np.float64)).sum(axis=0))):
+        finfo = ml_dtypes.finfo(g.dtype) if g.dtype == BF16 else np.finfo(g.dtype)
+        assert_within(g, w, 4 * rel * scale + float(finfo.smallest_subnormal), name)
+
+
+def _levels_and_threads():
+    """Every SIMD level this machine runs, at 1 and 2 threads."""
+    return [(level, threads) for level in layernorm.available_simd_levels() for threads in (1, 2)]
+
+
+@pytest.mark.parametrize("layout_name", ["rows", "transposed", "axis"])
+@pytest.mark.parametrize("row_len", [3, 16, 32, 100, 2048, 3000, 5000, 70000])
+@pytest.mark.parametrize("value", [np.inf, -np.inf, np.nan])
+def test_a_row_holding_nan_or_inf_has_nan_statistics(value, row_len, layout_name, restore_runtime):
+    """mean and rstd of such a row are the one quiet NaN wherever the value is, at every length,
+    route, level and thread count (torch's mean is NaN too, but Inf for an Inf at the end of
+    some lengths)."""
+    canonical = np.array(np.nan, np.float32).tobytes()
+    for level, threads in _levels_and_threads():
+        layernorm.set_simd_level(level)
+        layernorm.set_num_threads(threads)
+        for position in (0, row_len // 2, row_len - 1):
+            x = np.tile(np.linspace(-1.0, 1.0, row_len, dtype=np.float32), (3, 1))
+            x[1, position] = value
+            if layout_name == "axis":
+                mean, rstd = (s.T for s in layernorm.native_layer_norm(x.T.copy(), (row_len,), axis=0)[1:])
+            else:
+                source = np.ascontiguousarray(x.T).T if layout_name == "transposed" else x
+                mean, rstd = layernorm.native_layer_norm(source, (row_len,))[1:]
+            where = f"{level}, {threads} threads, at {position}"
+            assert mean[1].tobytes() == rstd[1].tobytes() == canonical, where
+            assert np.isfinite(mean[[0, 2]]).all() and np.isfinite(rstd[[0, 2]]).all(), where
+
+
+@pytest.mark.parametrize("route", ["short-rows", "rows", "transposed", "axis"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("norm", ["layer", "rms"])
+def test_a_nan_in_dy_gives_one_quiet_nan_on_every_route(norm, dtype, route, restore_runtime):
+    row_len = 5 if route == "short-rows" else 40
+    x = np.linspace(-1.0, 1.0, 3 * row_len).reshape(3, row_len).astype(dtype)
+    dy = np.ones_like(x)
+    dy[1, row_len // 2] = -np.nan
+    pdt = np.float64 if dtype == np.float64 else np.float32
+    weight = np.ones(row_len, pdt)
+    canonical, canonical_param = np.array(np.nan, dtype).tobytes(), np.array(np.nan, pdt).tobytes()
+    for level, threads in _levels_and_threads():
+        layernorm.set_simd_level(level)
+        layernorm.set_num_threads(threads)
+        if norm == "layer":
+            _, mean, rstd = layernorm.native_layer_norm(x, (row_len,), weight, np.zeros_like(weight))
+            stats, backward, params = (mean, rstd), layernorm.layer_norm_backward, (weight, np.zeros_like(weight))
+        else:
+            _, rstd = layernorm.native_rms_norm(x, (row_len,), weight)
+            stats, backward, params = (rstd,), layernorm.rms_norm_backward, (weight,)
+        if route == "axis":
+            grads = backward(dy.T.copy(), x.T.copy(), (row_len,), *(s.T.copy() for s in stats), *params, axis=0)
+            grads = (grads[0].T,) + tuple(grads[1:])
+        elif route == "transposed":
+            grads = backward(np.ascontiguousarray(dy.T).T, np.ascontiguousarray(x.T).T, (row_len,), *stats, *params)
+        else:
+            grads = backward(dy, x, (row_len,), *stats, *params)
+        where = f"{level}, {threads} threads"
+        assert all(v.tobytes() == canonical for v in grads[0][1]), where
+        assert np.isfinite(grads[0][[0, 2]]).all(), where
+        for param_grad in grads[1:]:
+            assert param_grad[row_len // 2].tobytes() == canonical_param, where
+
+
+@pytest.mark.parametrize("layout_name", LAYOUTS)
+@pytest.mark.parametrize("row_len", ROW_LENGTHS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("subnormal_weights", ["one", "all"])
+def test_subnormal_weights_get_the_reference_answer(subnormal_weights, dtype, row_len, layout_name):
+    """A weight below the normal range (one of them, or all) costs ordinary rows nothing and
+    gives every row the reference's answer, rows of large values next to them included."""
+    pdt = np.float64 if np.dtype(dtype) == np.float64 else np.float32
+    tiny = np.finfo(pdt).smallest_subnormal * 7
+    rng = np.random.default_rng(3)
+    weight = rng.uniform(0.5, 2.0, row_len).astype(pdt)
+    weight[row_len // 2] = tiny
+    if subnormal_weights == "all":
+        weight[:] = tiny
+    x = rng.standard_normal((3, row_len))
+    x[2] *= 1e4
+    x = x.astype(dtype)
+    for norm in ("layer", "rms"):
+        y, _ = _run(norm, layout_name, x, weight, 1e-5)
+        if norm == "layer":
+            want = _reference.layer_norm(x, (row_len,), weight, None, 1e-5)[0]
+        else:
+            want = _reference.rms_norm(x, (row_len,), weight, 1e-5)[0]
+        want = want.astype(dtype).astype(np.float64)
+        assert_within(y, want, _tolerance(want, dtype), f"{norm} output")
