@@ -536,13 +536,18 @@ def _merged_moments(parts: np.ndarray, axis: Tuple[int, ...], keepdims: bool = T
     scale = np.where(parts["count"] > 0, parts["scale"], 0.0).max(axis=axis, keepdims=True)
     scale[scale == 0.0] = 1.0  # only empty parts
     ratio = np.where(parts["count"] > 0, parts["scale"] / scale, 0.0)
-    means = parts["mean"] * ratio
-    pivot = means[tuple(slice(0, 1) if a in axis else slice(None) for a in range(parts.ndim))]
-    # (a group of empty parts, from chunks of size 0, keeps count 0 and the pivot's mean)
-    offset = (parts["count"] * (means - pivot)).sum(axis=axis, keepdims=True)
-    mean = pivot + offset / np.maximum(count, 1)
-    deviation = means - mean
-    m2 = (parts["m2"] * ratio * ratio + parts["count"] * deviation * deviation).sum(axis=axis, keepdims=True)
+    with np.errstate(invalid="ignore", over="ignore"):  # parts holding NaN or Inf, dealt with below
+        means = parts["mean"] * ratio
+        pivot = means[tuple(slice(0, 1) if a in axis else slice(None) for a in range(parts.ndim))]
+        # (a group of empty parts, from chunks of size 0, keeps count 0 and the pivot's mean)
+        offset = (parts["count"] * (means - pivot)).sum(axis=axis, keepdims=True)
+        mean = pivot + offset / np.maximum(count, 1)
+        deviation = means - mean
+        m2 = (parts["m2"] * ratio * ratio + parts["count"] * deviation * deviation).sum(axis=axis, keepdims=True)
+    # a row holding NaN or Inf has NaN statistics, its mean too, as the kernels give it
+    non_finite = (~np.isfinite(parts["mean"]) | ~np.isfinite(parts["m2"])).any(axis=axis, keepdims=True)
+    mean[non_finite] = np.nan
+    m2[non_finite] = np.nan
     merged = np.empty(count.shape, _MOMENTS)
     merged["count"], merged["mean"], merged["m2"], merged["scale"] = count, mean, m2, scale
     return merged

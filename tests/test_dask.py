@@ -424,8 +424,9 @@ def test_split_rows_of_extreme_magnitude_get_the_numpy_calls_gradients(kind, mag
 @pytest.mark.parametrize("kind", KINDS, ids=str)
 def test_split_rows_holding_nan_or_inf_give_the_one_quiet_nan(kind, dtype, value):
     x = make_input(EXTREME_SHAPE, dtype, seed=9)
-    x[0, 300] = value
-    x[1, 10] = value
+    x[0, 300] = value  # a middle chunk's
+    x[1, 10] = value  # the first chunk's
+    x[3, -1] = value  # the last chunk's last element
     ns = (x.shape[1],)
     dy = make_input(x.shape, dtype, seed=10)
     weight = make_input(ns, np.float64 if dtype == np.float64 else np.float32, seed=12)
@@ -438,8 +439,8 @@ def test_split_rows_holding_nan_or_inf_give_the_one_quiet_nan(kind, dtype, value
                                                          da.from_array(weight, chunks=250)) if g is not None])
     whole_grads = [g for g in kind.backward(dy, x, ns, whole[1:], weight) if g is not None]
     quiet = {np.dtype(dtype): np.array(np.nan, dtype).tobytes() for dtype in (np.float16, np.float32, np.float64)}
-    # output, rstd and the gradients (a row's mean is the sum's, Inf for a row of one Inf)
-    for got, want in zip(split[:1] + split[-1:] + split_grads, whole[:1] + whole[-1:] + tuple(whole_grads)):
+    # output, statistics (a row holding NaN or Inf has NaN mean too, wherever it is) and gradients
+    for got, want in zip(split + split_grads, whole + tuple(whole_grads)):
         nan = np.isnan(want)
         assert nan.any()
         np.testing.assert_array_equal(np.isnan(got), nan)
