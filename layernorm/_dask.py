@@ -26,7 +26,10 @@ results give the outputs' dtypes), then builds one of two graphs:
   RMSNorm is the same with every mean 0 (M2 is then the sum of squares); the fused adds
   normalize NumPy's sum of each pair of chunks.  Backward merges the row sums it needs the same
   way: with g = grad_output * weight and xhat = (x - mean) * rstd,
-  grad_input = rstd * (g - mean(g) - xhat * mean(g * xhat)) (RMSNorm: no mean(g)).
+  grad_input = rstd * (g - mean(g) - xhat * mean(g * xhat)) (RMSNorm: no mean(g)), with each
+  row's largest |g| and |grad_output| merged alongside (by maximum): the kernels compute a row
+  whose products come near the subnormals in float64, as the NumPy call does, and need the
+  whole row's to tell.
   Each chunk's moments, its normalized values, its row sums and its grad_input come from the
   kernel layer's private part entry points (_layernorm._layer_norm_part_moments, ...), one
   read of the chunk each; the merges happen here, in float64.
@@ -437,8 +440,12 @@ def _stacked_gradients(places: Tuple[int, ...], batch_ndim: int, results: Tuple[
 _MOMENTS = np.dtype([("count", np.float64), ("mean", np.float64), ("m2", np.float64), ("scale", np.float64)])
 # A row's statistics, in float64, in units of scale (mean * scale and rstd / scale are theirs).
 _STATS = np.dtype([("mean", np.float64), ("rstd", np.float64), ("scale", np.float64)])
-# A chunk's part of the row sums backward needs (g = grad_output * weight), then their means.
-_ROW_SUMS = np.dtype([("g", np.float64), ("g_xhat", np.float64)])
+# A chunk's part of the row sums backward needs (g = grad_output * weight), then their means;
+# and the largest magnitudes of g and grad_output, of the chunk's part, then of the row.
+_ROW_SUMS = np.dtype([("g", np.float64), ("g_xhat", np.float64), ("g_largest", np.float64),
+                      ("dy_largest", np.float64)])
+_SUMMED = ("g", "g_xhat")
+_LARGEST = ("g_largest", "dy_largest")
 
 # Elements per slab: the parameter gradients work through a chunk slab by slab, so that their
 # float64 intermediates (512 KiB each) stay in a core's cache instead of being chunk-sized
@@ -613,30 +620,33 @@ def _block_row_sums(input: np.ndarray, grad_output: np.ndarray, mean: Optional[n
                     rstd: np.ndarray, weight: Optional[np.ndarray], *,
                     axes: Tuple[int, ...]) -> np.ndarray:
     """_ROW_SUMS of the chunk's part of each row, sum(g) and sum(g * xhat), as the kernels sum
-    a row's (RMSNorm, without a mean: no sum(g))."""
+    a row's (RMSNorm, without a mean: no sum(g)), and its largest |g| and |grad_output|."""
     sizes = tuple(input.shape[a] for a in axes)
     sums = np.empty(tuple(1 if a in axes else n for a, n in enumerate(input.shape)), _ROW_SUMS)
     if mean is None:
         sums["g"] = 0.0
-        sums["g_xhat"] = _core._rms_norm_part_grad_sums(grad_output, input, sizes, rstd, weight, axis=axes)
+        sums["g_xhat"], sums["g_largest"], sums["dy_largest"] = _core._rms_norm_part_grad_sums(
+            grad_output, input, sizes, rstd, weight, axis=axes)
     else:
-        sums["g"], sums["g_xhat"] = _core._layer_norm_part_grad_sums(grad_output, input, sizes, mean, rstd, weight,
-                                                                     axis=axes)
+        sums["g"], sums["g_xhat"], sums["g_largest"], sums["dy_largest"] = _core._layer_norm_part_grad_sums(
+            grad_output, input, sizes, mean, rstd, weight, axis=axes)
     return sums
 
 
 def _merged_row_sums(parts: np.ndarray, axis: Tuple[int, ...], keepdims: bool = True) -> np.ndarray:
     """The _ROW_SUMS of the union of the parts along `axis`."""
     sums = np.empty(tuple(1 if a in axis else n for a, n in enumerate(parts.shape)), parts.dtype)
-    for field in _ROW_SUMS.names or ():
+    for field in _SUMMED:
         sums[field] = parts[field].sum(axis=axis, keepdims=True)
+    for field in _LARGEST:
+        sums[field] = parts[field].max(axis=axis, keepdims=True)
     return sums
 
 
 def _row_means(parts: np.ndarray, axis: Tuple[int, ...], keepdims: bool, row_len: int) -> np.ndarray:
-    """The row sums' means: mean(g) and mean(g * xhat)."""
+    """The row sums' means, mean(g) and mean(g * xhat), and the row's largest magnitudes."""
     sums = _merged_row_sums(parts, axis)
-    for field in _ROW_SUMS.names or ():
+    for field in _SUMMED:
         sums[field] /= row_len
     return sums
 
@@ -648,9 +658,10 @@ def _grad_input_block(input: np.ndarray, grad_output: np.ndarray, mean: Optional
     mean: without mean(g)), as the kernels compute it from the row means given."""
     sizes = tuple(input.shape[a] for a in axes)
     if mean is None:
-        return _core._rms_norm_part_grad_input(grad_output, input, sizes, rstd, means["g_xhat"], weight, axis=axes)
+        return _core._rms_norm_part_grad_input(grad_output, input, sizes, rstd, means["g_xhat"], means["g_largest"],
+                                               means["dy_largest"], weight, axis=axes)
     return _core._layer_norm_part_grad_input(grad_output, input, sizes, mean, rstd, means["g"], means["g_xhat"],
-                                             weight, axis=axes)
+                                             means["g_largest"], means["dy_largest"], weight, axis=axes)
 
 
 def _block_gradients(which: Tuple[str, ...], input: np.ndarray, grad_output: np.ndarray,

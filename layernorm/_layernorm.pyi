@@ -11,6 +11,7 @@ import numpy.typing as npt
 _Shape = Union[SupportsIndex, Sequence[SupportsIndex]]
 _Axis = Union[SupportsIndex, Sequence[SupportsIndex], None]
 _FloatArray = npt.NDArray[np.floating[Any]]
+_F64 = npt.NDArray[np.float64]
 _SimdLevel = Literal["scalar", "sse2", "neon", "avx2", "avx512"]
 _Gradients = Tuple[Optional[_FloatArray], Optional[_FloatArray], Optional[_FloatArray]]
 
@@ -156,7 +157,7 @@ def rms_saved_backward(
 # Private: layernorm._dask's chunks of rows split along the normalized axes (float64 statistics).
 def _layer_norm_part_moments(
     input: npt.ArrayLike, normalized_shape: _Shape, *, axis: _Axis = None
-) -> Tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+) -> Tuple[_F64, _F64, _F64]:
     """(mean, m2, scale) of each row's part: its mean and sum of squared deviations from it,
     in units of scale (a power of two, 1 but for parts of extreme magnitude)."""
 
@@ -174,7 +175,7 @@ def _layer_norm_part_normalize(
 ) -> _FloatArray: ...
 def _rms_norm_part_moments(
     input: npt.ArrayLike, normalized_shape: _Shape, *, axis: _Axis = None
-) -> Tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+) -> Tuple[_F64, _F64]:
     """(m2, scale) of each row's part: the sum of its squares, in units of scale."""
 
 def _rms_norm_part_normalize(
@@ -196,8 +197,8 @@ def _layer_norm_part_grad_sums(
     weight: Optional[npt.ArrayLike] = None,
     *,
     axis: _Axis = None,
-) -> Tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
-    """(g_sum, g_xhat_sum) of each row's part, g = grad_output * weight."""
+) -> Tuple[_F64, _F64, _F64, _F64]:
+    """(g_sum, g_xhat_sum, g_largest, dy_largest) of each row's part, g = grad_output * weight."""
 
 def _layer_norm_part_grad_input(
     grad_output: npt.ArrayLike,
@@ -207,6 +208,8 @@ def _layer_norm_part_grad_input(
     rstd: npt.ArrayLike,
     g_mean: npt.ArrayLike,
     g_xhat_mean: npt.ArrayLike,
+    g_largest: npt.ArrayLike,
+    dy_largest: npt.ArrayLike,
     weight: Optional[npt.ArrayLike] = None,
     *,
     axis: _Axis = None,
@@ -219,8 +222,8 @@ def _rms_norm_part_grad_sums(
     weight: Optional[npt.ArrayLike] = None,
     *,
     axis: _Axis = None,
-) -> npt.NDArray[np.float64]:
-    """g_xhat_sum of each row's part."""
+) -> Tuple[_F64, _F64, _F64]:
+    """(g_xhat_sum, g_largest, dy_largest) of each row's part."""
 
 def _rms_norm_part_grad_input(
     grad_output: npt.ArrayLike,
@@ -228,6 +231,8 @@ def _rms_norm_part_grad_input(
     normalized_shape: _Shape,
     rstd: npt.ArrayLike,
     g_xhat_mean: npt.ArrayLike,
+    g_largest: npt.ArrayLike,
+    dy_largest: npt.ArrayLike,
     weight: Optional[npt.ArrayLike] = None,
     *,
     axis: _Axis = None,

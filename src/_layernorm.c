@@ -73,6 +73,8 @@ typedef enum {
     KW_RESIDUAL_OUT,
     KW_G_MEAN,
     KW_G_XHAT_MEAN,
+    KW_G_LARGEST,
+    KW_DY_LARGEST,
     KW_SCALE,
     KW_ROW_LEN,
     KW_COUNT
@@ -95,6 +97,8 @@ static const char *const keyword_text[KW_COUNT] = {
     [KW_RESIDUAL_OUT] = "residual_out",
     [KW_G_MEAN] = "g_mean",
     [KW_G_XHAT_MEAN] = "g_xhat_mean",
+    [KW_G_LARGEST] = "g_largest",
+    [KW_DY_LARGEST] = "dy_largest",
     [KW_SCALE] = "scale",
     [KW_ROW_LEN] = "row_len",
 };
@@ -1017,7 +1021,7 @@ private_input(PyObject *input_obj, PyArrayObject *input, int *kernel_fills)
 /* Layouts: the arrays of one kernel call and how the kernel walks them      */
 /* ------------------------------------------------------------------------ */
 
-#define MAX_CALL_ARRAYS 7
+#define MAX_CALL_ARRAYS LN_LAYOUT_MAX_ARRAYS
 
 _Static_assert(sizeof(npy_intp) == sizeof(ptrdiff_t), "strides are handed to the kernel layer as they are");
 
@@ -2593,17 +2597,19 @@ typedef struct {
     PyObject *weight;
 } part_backward_objs;
 
-static const char *const row_sum_names[] = {"g_sum", "g_xhat_sum"};
-static const char *const row_mean_names[] = {"g_mean", "g_xhat_mean"};
+/* What the part's row sums give and what grad_input takes, one float64 per row each. */
+static const char *const row_sum_names[] = {"g_sum", "g_xhat_sum", "g_largest", "dy_largest"};
+static const char *const row_mean_names[] = {"g_mean", "g_xhat_mean", "g_largest", "dy_largest"};
 
-/* New reference: with row_means, grad_input; without, the part's row sums (g_sum, g_xhat_sum)
-   for a centred kind, g_xhat_sum alone for RMSNorm.  NULL with an exception set. */
+/* New reference: with row_means, grad_input; without, the part's row sums and largest
+   magnitudes (g_sum, g_xhat_sum, g_largest, dy_largest) for a centred kind, without g_sum for
+   RMSNorm.  NULL with an exception set. */
 static PyObject *
 part_backward(module_state *state, const norm_kind *kind, const char *what, const part_backward_objs *objs)
 {
     PyObject *result = NULL;
     PyArrayObject *input = NULL, *grad_out = NULL, *weight = NULL, *grad_input = NULL;
-    PyArrayObject *stats[2] = {NULL, NULL}, *rows_g[2] = {NULL, NULL};
+    PyArrayObject *stats[2] = {NULL, NULL}, *rows_g[4] = {NULL, NULL, NULL, NULL};
     kernel_call call = {0};
     shape_t ns;
     norm_axes ax;
@@ -2648,6 +2654,8 @@ part_backward(module_state *state, const norm_kind *kind, const char *what, cons
         if (!stats[s]) {
             goto done;
         }
+    }
+    for (int s = first_stat; s < 4; s++) {
         if (objs->row_means) {
             rows_g[s] = stats_input(state, objs->row_means[s - first_stat], NULL, row_mean_names[s], rows);
             if (!rows_g[s]) {
@@ -2669,13 +2677,15 @@ part_backward(module_state *state, const norm_kind *kind, const char *what, cons
         }
     }
     call_init(&call, input, &ax);
-    enum { GRAD_OUTPUT, INPUT, MEAN, RSTD, G, G_XHAT, GRAD_INPUT };
+    enum { GRAD_OUTPUT, INPUT, MEAN, RSTD, G, G_XHAT, G_LARGEST, DY_LARGEST, GRAD_INPUT };
     call_add(&call, grad_out, "grad_output", 0, 0);
     call_add(&call, input, "the input", 0, 0);
     call_add(&call, stats[0], "the mean", 0, 1);
     call_add(&call, stats[1], "the rstd", 0, 1);
     call_add(&call, rows_g[0], "the sums of g", !objs->row_means, 1);
     call_add(&call, rows_g[1], "the sums of g * xhat", !objs->row_means, 1);
+    call_add(&call, rows_g[2], "the largest |g|", !objs->row_means, 1);
+    call_add(&call, rows_g[3], "the largest |dy|", !objs->row_means, 1);
     call_add(&call, grad_input, "grad_input", 1, 0);
     if (call_prepare(what, &call) < 0) {
         goto done;
@@ -2691,6 +2701,8 @@ part_backward(module_state *state, const norm_kind *kind, const char *what, cons
         .rstd = call_array_at(&call, RSTD),
         .g = call_array_at(&call, G),
         .g_xhat = call_array_at(&call, G_XHAT),
+        .g_largest = call_array_at(&call, G_LARGEST),
+        .dy_largest = call_array_at(&call, DY_LARGEST),
         .grad_input = call_array_at(&call, GRAD_INPUT),
     };
     int status;
@@ -2711,11 +2723,11 @@ part_backward(module_state *state, const norm_kind *kind, const char *what, cons
         result = (PyObject *)grad_input;
     }
     else if (rows_g[0]) {
-        result = PyTuple_Pack(2, (PyObject *)rows_g[0], (PyObject *)rows_g[1]);
+        result = PyTuple_Pack(4, (PyObject *)rows_g[0], (PyObject *)rows_g[1], (PyObject *)rows_g[2],
+                              (PyObject *)rows_g[3]);
     }
     else {
-        Py_INCREF(rows_g[1]);
-        result = (PyObject *)rows_g[1];
+        result = PyTuple_Pack(3, (PyObject *)rows_g[1], (PyObject *)rows_g[2], (PyObject *)rows_g[3]);
     }
 done:
     call_release(&call);
@@ -2725,6 +2737,8 @@ done:
     Py_XDECREF(grad_input);
     for (int i = 0; i < 2; i++) {
         Py_XDECREF(stats[i]);
+    }
+    for (int i = 0; i < 4; i++) {
         Py_XDECREF(rows_g[i]);
     }
     return result;
@@ -2735,8 +2749,9 @@ PyDoc_STRVAR(layer_norm_part_grad_sums_doc,
 "                           weight=None, *, axis=None)\n"
 "--\n"
 "\n"
-"(g_sum, g_xhat_sum) of each row's part, float64: the sums of g = grad_output * weight and of\n"
-"g * xhat that layer_norm_backward takes (private: for layernorm._dask).\n");
+"(g_sum, g_xhat_sum, g_largest, dy_largest) of each row's part, float64: the sums of\n"
+"g = grad_output * weight and of g * xhat that layer_norm_backward takes, and the largest |g|\n"
+"and |grad_output| (private: for layernorm._dask).\n");
 
 static PyObject *
 layer_norm_part_grad_sums(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
@@ -2757,21 +2772,24 @@ layer_norm_part_grad_sums(PyObject *module, PyObject *const *args, Py_ssize_t na
 
 PyDoc_STRVAR(layer_norm_part_grad_input_doc,
 "_layer_norm_part_grad_input($module, grad_output, input, normalized_shape, mean, rstd, g_mean,\n"
-"                            g_xhat_mean, weight=None, *, axis=None)\n"
+"                            g_xhat_mean, g_largest, dy_largest, weight=None, *, axis=None)\n"
 "--\n"
 "\n"
 "rstd * (g - g_mean - xhat * g_xhat_mean) on the part, with the rows' means of g and g * xhat\n"
-"given (float64), as layer_norm_backward computes grad_input (private: for layernorm._dask).\n");
+"and the rows' largest |g| and |grad_output| given (float64), as layer_norm_backward computes\n"
+"grad_input (private: for layernorm._dask).\n");
 
 static PyObject *
 layer_norm_part_grad_input(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    enum { GRAD_OUTPUT, INPUT, NORMALIZED_SHAPE, MEAN, RSTD, G_MEAN, G_XHAT_MEAN, WEIGHT, AXIS, N };
+    enum { GRAD_OUTPUT, INPUT, NORMALIZED_SHAPE, MEAN, RSTD, G_MEAN, G_XHAT_MEAN, G_LARGEST, DY_LARGEST, WEIGHT,
+           AXIS, N };
     static const keyword_id keywords[N] = {KW_GRAD_OUTPUT, KW_INPUT, KW_NORMALIZED_SHAPE, KW_MEAN, KW_RSTD,
-                                           KW_G_MEAN, KW_G_XHAT_MEAN, KW_WEIGHT, KW_AXIS};
+                                           KW_G_MEAN, KW_G_XHAT_MEAN, KW_G_LARGEST, KW_DY_LARGEST, KW_WEIGHT,
+                                           KW_AXIS};
     module_state *state = get_state(module);
     PyObject *v[N];
-    if (parse_args(state, "_layer_norm_part_grad_input", args, nargs, kwnames, keywords, N, AXIS, 7, v) < 0) {
+    if (parse_args(state, "_layer_norm_part_grad_input", args, nargs, kwnames, keywords, N, AXIS, 9, v) < 0) {
         return NULL;
     }
     const part_backward_objs objs = {.grad_output = v[GRAD_OUTPUT], .input = v[INPUT],
@@ -2785,8 +2803,8 @@ PyDoc_STRVAR(rms_norm_part_grad_sums_doc,
 "                         axis=None)\n"
 "--\n"
 "\n"
-"g_xhat_sum of each row's part, float64: the sum of g * xhat that rms_norm_backward takes\n"
-"(private: for layernorm._dask).\n");
+"(g_xhat_sum, g_largest, dy_largest) of each row's part, float64: the sum of g * xhat that\n"
+"rms_norm_backward takes, and the largest |g| and |grad_output| (private: for layernorm._dask).\n");
 
 static PyObject *
 rms_norm_part_grad_sums(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
@@ -2807,21 +2825,22 @@ rms_norm_part_grad_sums(PyObject *module, PyObject *const *args, Py_ssize_t narg
 
 PyDoc_STRVAR(rms_norm_part_grad_input_doc,
 "_rms_norm_part_grad_input($module, grad_output, input, normalized_shape, rstd, g_xhat_mean,\n"
-"                          weight=None, *, axis=None)\n"
+"                          g_largest, dy_largest, weight=None, *, axis=None)\n"
 "--\n"
 "\n"
-"rstd * (g - xhat * g_xhat_mean) on the part, with the rows' means of g * xhat given (float64),\n"
-"as rms_norm_backward computes grad_input (private: for layernorm._dask).\n");
+"rstd * (g - xhat * g_xhat_mean) on the part, with the rows' means of g * xhat and largest |g|\n"
+"and |grad_output| given (float64), as rms_norm_backward computes grad_input (private: for\n"
+"layernorm._dask).\n");
 
 static PyObject *
 rms_norm_part_grad_input(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    enum { GRAD_OUTPUT, INPUT, NORMALIZED_SHAPE, RSTD, G_XHAT_MEAN, WEIGHT, AXIS, N };
+    enum { GRAD_OUTPUT, INPUT, NORMALIZED_SHAPE, RSTD, G_XHAT_MEAN, G_LARGEST, DY_LARGEST, WEIGHT, AXIS, N };
     static const keyword_id keywords[N] = {KW_GRAD_OUTPUT, KW_INPUT, KW_NORMALIZED_SHAPE, KW_RSTD,
-                                           KW_G_XHAT_MEAN, KW_WEIGHT, KW_AXIS};
+                                           KW_G_XHAT_MEAN, KW_G_LARGEST, KW_DY_LARGEST, KW_WEIGHT, KW_AXIS};
     module_state *state = get_state(module);
     PyObject *v[N];
-    if (parse_args(state, "_rms_norm_part_grad_input", args, nargs, kwnames, keywords, N, AXIS, 5, v) < 0) {
+    if (parse_args(state, "_rms_norm_part_grad_input", args, nargs, kwnames, keywords, N, AXIS, 7, v) < 0) {
         return NULL;
     }
     const part_backward_objs objs = {.grad_output = v[GRAD_OUTPUT], .input = v[INPUT],

@@ -145,6 +145,10 @@ int ln_part_normalize(const ln_part_normalize_args *args);
  *   sums:        g_sum = g.sum(),  g_xhat_sum = (g * xhat).sum()      (RMSNorm: no g_sum)
  *   grad_input:  dx = rstd * (g - g_mean - xhat * g_xhat_mean)         (RMSNorm: no g_mean)
  *
+ * The sums come with the part's largest |g| and |dy|, which the caller takes the maximum of
+ * across the parts: grad_input needs the row's to tell rows whose products come near the
+ * subnormals, which go in float64 as the whole row would.
+ *
  * computed as ln_backward computes a few huge rows' (LN_CHUNK-element span sums added in
  * order; its dx arithmetic): the same bits at every level, thread count and layout.
  */
@@ -160,6 +164,8 @@ typedef struct {
     ln_array g;              /* float64, one per row, absent for RMS: ln_part_grad_sums writes
                                 the part's g_sum, ln_part_grad_input reads the row's g_mean */
     ln_array g_xhat;         /* likewise: g_xhat_sum out, g_xhat_mean in */
+    ln_array g_largest;      /* float64, one per row: the part's max |g| out, the row's in */
+    ln_array dy_largest;     /* likewise for max |dy| */
     ln_array grad_input;     /* ln_part_grad_input: out */
 } ln_part_backward_args;
 

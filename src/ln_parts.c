@@ -21,7 +21,8 @@
  * and normalize takes such a row's statistics in the same units, y = (x / s - mean_s) * rstd_s
  * * w + b with rstd_s = rstd * s, as it takes every row whose rstd the kernels cannot carry
  * (ln_rstd_bounds).  Backward's parts go so for rows ln_grad_row_needs_exact flags, in
- * float64 with rstd applied last.  Every NaN written is the one quiet NaN.
+ * float64 with rstd applied last: the sums by the part's own largest |g| and |dy|, grad_input
+ * by the row's, which the caller merges from the sums'.  Every NaN written is the one quiet NaN.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -32,10 +33,6 @@
 
 #include "ln_internal.h"
 
-/* The largest |g| and |dy| of a row, which ln_grad_row_needs_exact checks for products near
-   the subnormals: a part sees only its own, so the parts pass none (zeros: not checked). */
-static const double no_largest[2] = {0.0, 0.0};
-
 typedef struct {
     ln_dtype dtype;
     const ln_extent *extent;
@@ -45,7 +42,8 @@ typedef struct {
     ln_moments *chunk_moments;           /* moments: rows x chunks */
     const ln_part_normalize_args *normalize;
     const ln_part_backward_args *backward;
-    double *chunk_sums;                  /* grad sums: rows x chunks x [sum g, sum g * xhat] */
+    double *chunk_sums;                  /* grad sums: rows x chunks x [sum g, sum g * xhat,
+                                            max |g|, max |dy|] */
     int streams;                         /* normalize, grad_input: output by non-temporal stores */
     ln_rstd_bounds bounds;               /* normalize: the rstd the kernels carry */
 } ln_part_job;
@@ -368,7 +366,7 @@ static void ln_part_grad_sums_tasks(void *ctx, ptrdiff_t begin, ptrdiff_t end)
         }
         job->kernels->grad_sums(dy, x, a->weight ? (const char *)a->weight + start * param_elsize : NULL, len,
                                 ln_part_stat(&a->mean, &a->extent, r, 0.0), ln_part_stat(&a->rstd, &a->extent, r, 0.0),
-                                job->chunk_sums + 2 * t, NULL);
+                                job->chunk_sums + 4 * t, job->chunk_sums + 4 * t + 2);
     }
 }
 
@@ -396,7 +394,9 @@ static void ln_part_grad_input_tasks(void *ctx, ptrdiff_t begin, ptrdiff_t end)
             .gx_mean = {ln_part_stat(&a->g_xhat, &a->extent, r, 0.0)},
         };
         const void *weight = a->weight ? (const char *)a->weight + start * param_elsize : NULL;
-        if (ln_grad_row_needs_exact(a->dtype, group.rstd[0], group.g_mean[0], group.gx_mean[0], no_largest)) {
+        const double largest[2] = {ln_part_stat(&a->g_largest, &a->extent, r, 0.0),
+                                   ln_part_stat(&a->dy_largest, &a->extent, r, 0.0)};
+        if (ln_grad_row_needs_exact(a->dtype, group.rstd[0], group.g_mean[0], group.gx_mean[0], largest)) {
             ln_part_grad_input_exact(a, r, start, len, &group, weight);
             continue;
         }
@@ -426,6 +426,7 @@ static inline int ln_part_backward_args_valid(const ln_part_backward_args *a)
     return 0 <= a->kind && a->kind < LN_NORM_KINDS && 0 <= a->dtype && a->dtype < LN_DTYPES &&
            ln_element_array_valid(&a->grad_output, a->dtype) && ln_element_array_valid(&a->input, a->dtype) &&
            ln_element_array_valid(&a->grad_input, a->dtype) && a->rstd.data && a->g_xhat.data &&
+           a->g_largest.data && a->dy_largest.data &&
            (a->kind == LN_NORM_RMS ? !a->mean.data && !a->g.data : a->mean.data && a->g.data);
 }
 
@@ -438,27 +439,32 @@ int ln_part_grad_sums(const ln_part_backward_args *a)
     }
     ln_part_job job = ln_part_job_of(a->kind, a->dtype, &a->extent);
     job.backward = a;
-    job.chunk_sums = malloc((size_t)(2 * rows * job.chunks + 1) * sizeof(double));
+    job.chunk_sums = malloc((size_t)(4 * rows * job.chunks + 1) * sizeof(double));
     if (!job.chunk_sums) {
         return -1;
     }
     ln_part_run(&job, ln_part_grad_sums_tasks);
     for (ptrdiff_t r = 0; r < rows; r++) {
-        double sums[2] = {0.0, 0.0};  /* g_sum, g_xhat_sum */
+        double sums[2] = {0.0, 0.0}, largest[2] = {0.0, 0.0};  /* g_sum, g_xhat_sum; max |g|, max |dy| */
         for (ptrdiff_t c = 0; c < job.chunks; c++) {
-            sums[0] += job.chunk_sums[2 * (r * job.chunks + c)];
-            sums[1] += job.chunk_sums[2 * (r * job.chunks + c) + 1];
+            const double *chunk = job.chunk_sums + 4 * (r * job.chunks + c);
+            sums[0] += chunk[0];
+            sums[1] += chunk[1];
+            largest[0] = chunk[2] > largest[0] ? chunk[2] : largest[0];
+            largest[1] = chunk[3] > largest[1] ? chunk[3] : largest[1];
         }
-        /* where the kernels' products overflowed, or rstd leaves their range (the test with
-           means of 0 is rstd's alone) */
+        /* where the kernels' products overflowed or came near the subnormals, or rstd leaves
+           their range (the test with means of 0 is rstd's and the largest magnitudes' alone) */
         const double rstd = ln_part_stat(&a->rstd, &a->extent, r, 0.0);
-        if (!isfinite(sums[0]) || !isfinite(sums[1]) || ln_grad_row_needs_exact(a->dtype, rstd, 0.0, 0.0, no_largest)) {
+        if (!isfinite(sums[0]) || !isfinite(sums[1]) || ln_grad_row_needs_exact(a->dtype, rstd, 0.0, 0.0, largest)) {
             ln_part_grad_sums_exact(a, r, ln_part_stat(&a->mean, &a->extent, r, 0.0), rstd, sums);
         }
         if (a->g.data) {
             *(double *)ln_row_address(&a->g, &a->extent, r) = sums[0];
         }
         *(double *)ln_row_address(&a->g_xhat, &a->extent, r) = sums[1];
+        *(double *)ln_row_address(&a->g_largest, &a->extent, r) = largest[0];
+        *(double *)ln_row_address(&a->dy_largest, &a->extent, r) = largest[1];
     }
     free(job.chunk_sums);
     return 0;

@@ -348,6 +348,15 @@ REF_REL_TOL = {
 }
 
 
+# (x, dy) magnitudes whose products dy * (x - mean) lie below the compute type's normal range
+# while x, dy and the gradients do not: float32 arithmetic for float16/bfloat16/float32 data
+TINY_PRODUCT_MAGNITUDES = {
+    np.dtype(np.float16): [(1e-4, 1e-7)],
+    np.dtype(np.float32): [(1e-30, 1e-20), (1e-20, 1e-30), (1e-18, 1e-25), (1e-36, 1e-6)],
+    np.dtype(np.float64): [(1e-150, 1e-170), (1e-100, 1e-215), (1e-300, 1e-20)],
+}
+
+
 def f16_ulp(values):
     """One float16 ulp at |values| (the spacing of the float16 nearest to the value)."""
     mag = np.abs(np.asarray(values, dtype=np.float64)).astype(np.float16)

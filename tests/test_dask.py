@@ -25,6 +25,7 @@ from helpers import (  # noqa: E402
     KINDS,
     LAYER_NORM,
     REF_REL_TOL,
+    TINY_PRODUCT_MAGNITUDES,
     assert_close,
     assert_matches_reference,
     assert_within,
@@ -415,6 +416,31 @@ def test_split_rows_of_extreme_magnitude_get_the_numpy_calls_gradients(kind, mag
                                                    da.from_array(weight, chunks=EXTREME_CHUNKS[1]))
                           if g is not None])
         want = kind.reference_backward(dy, x.astype(np.float64), ns, [s.astype(np.float64) for s in stats], weight)
+    for what, got, whole_value, want_value in zip(("grad_input", "grad_weight", "grad_bias"), split, whole, want):
+        assert_like_the_whole_array_call(got, whole_value, want_value, what)
+
+
+@pytest.mark.parametrize("dtype_magnitudes", [(dtype, m) for dtype, ms in TINY_PRODUCT_MAGNITUDES.items() for m in ms],
+                         ids=lambda p: f"{p[0].name}-x{p[1][0]:g}-dy{p[1][1]:g}")
+@pytest.mark.parametrize("kind", KINDS, ids=str)
+def test_split_rows_with_tiny_products_get_the_numpy_calls_gradients(kind, dtype_magnitudes):
+    """Rows whose products dy * (x - mean) underflow the compute type (eps 0), split so that
+    only one chunk holds the row's largest |dy|: grad_input is the NumPy call's, within the
+    float64 truth's tolerance (each chunk's kernels need the whole row's largest magnitudes)."""
+    dtype, (x_size, dy_size) = dtype_magnitudes
+    rng = np.random.default_rng(8)
+    x = (rng.standard_normal(EXTREME_SHAPE) * x_size).astype(dtype)
+    dy = (rng.standard_normal(EXTREME_SHAPE) * dy_size).astype(dtype)
+    dy[:, :EXTREME_CHUNKS[1]] *= np.asarray(0.5, dtype)  # the largest |dy| in a later chunk
+    ns = (x.shape[1],)
+    weight = rng.uniform(0.5, 2.0, ns).astype(param_dtype(dtype))
+    stats = kind.native(x, ns, weight, eps=0.0)[1:]
+    whole = kind.backward(dy, x, ns, stats, weight)
+    chunked = [da.from_array(s, chunks=(EXTREME_CHUNKS[0], 1)) for s in stats]
+    split = computed([g for g in kind.backward(da.from_array(dy, chunks=EXTREME_CHUNKS),
+                                               da.from_array(x, chunks=EXTREME_CHUNKS), ns, chunked,
+                                               da.from_array(weight, chunks=EXTREME_CHUNKS[1])) if g is not None])
+    want = kind.reference_backward(dy, x.astype(np.float64), ns, [s.astype(np.float64) for s in stats], weight)
     for what, got, whole_value, want_value in zip(("grad_input", "grad_weight", "grad_bias"), split, whole, want):
         assert_like_the_whole_array_call(got, whole_value, want_value, what)
 

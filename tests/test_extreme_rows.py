@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import layernorm
-from helpers import REF_REL_TOL, assert_within
+from helpers import REF_REL_TOL, TINY_PRODUCT_MAGNITUDES, assert_within
 from layernorm import _reference
 
 try:
@@ -218,13 +218,7 @@ def test_a_nan_in_dy_gives_one_quiet_nan(dtype, row_len):
     assert dweight[row_len // 2].tobytes() == dbias[row_len // 2].tobytes() == canonical_param
 
 
-# (x, dy) magnitudes whose products dy * (x - mean) lie below the compute type's normal range
-# while x, dy and the gradients do not: float32 arithmetic for float16/bfloat16/float32 data
-TINY_PRODUCT_MAGNITUDES = {
-    np.dtype(np.float16): [(1e-4, 1e-7)],
-    np.dtype(np.float32): [(1e-30, 1e-20), (1e-20, 1e-30), (1e-18, 1e-25), (1e-36, 1e-6)],
-    np.dtype(np.float64): [(1e-150, 1e-170), (1e-100, 1e-215), (1e-300, 1e-20)],
-}
+TINY_PRODUCT_MAGNITUDES = dict(TINY_PRODUCT_MAGNITUDES)
 if BF16 is not None:
     TINY_PRODUCT_MAGNITUDES[BF16] = [(1e-30, 1e-20)]
 BACKWARD_ROUTES = {"rows": 64, "short-rows": 5, "huge-rows": 70000, "transposed": 64, "axis": 64}

@@ -7,9 +7,12 @@ rows' means of them.
     m2, scale = _rms_norm_part_moments(x, sizes, axis=axes)           # the sum of squares
     y = _layer_norm_part_normalize(x, sizes, mean, rstd, weight, bias, axis=axes, scale=scale, row_len=n)
     y = _rms_norm_part_normalize(x, sizes, rstd, weight, axis=axes, scale=scale, row_len=n)
-    g_sum, g_xhat_sum = _layer_norm_part_grad_sums(dy, x, sizes, mean, rstd, weight, axis=axes)
-    dx = _layer_norm_part_grad_input(dy, x, sizes, mean, rstd, g_mean, g_xhat_mean, weight, axis=axes)
-    (RMSNorm: no mean, no g_sum, no g_mean)
+    g_sum, g_xhat_sum, g_largest, dy_largest = _layer_norm_part_grad_sums(dy, x, sizes, mean, rstd, weight,
+                                                                          axis=axes)
+    dx = _layer_norm_part_grad_input(dy, x, sizes, mean, rstd, g_mean, g_xhat_mean, g_largest, dy_largest,
+                                     weight, axis=axes)
+    (RMSNorm: no mean, no g_sum, no g_mean; g_largest and dy_largest: the largest |g| and |dy|,
+    of the part from the sums, of the whole row into grad_input)
 
 (moments in units of scale, a power of two, 1 but for parts of extreme magnitude; normalize
 takes mean / scale and rstd * scale, and row_len, the whole row's length) held to the float64
@@ -65,18 +68,23 @@ def normalize(kind, x, axes, mean, rstd, weight=None, bias=None, scale=None, row
 
 
 def grad_sums(kind, dy, x, axes, mean, rstd, weight=None):
-    """(g_sum, g_xhat_sum) of each row's part; RMSNorm's g_sum is 0."""
+    """(g_sum, g_xhat_sum, (g_largest, dy_largest)) of each row's part; RMSNorm's g_sum is 0."""
     sizes = sizes_of(np.shape(x), axes)
     if kind.centred:
-        return core._layer_norm_part_grad_sums(dy, x, sizes, mean, rstd, weight, axis=axes)
-    return np.zeros(1), core._rms_norm_part_grad_sums(dy, x, sizes, rstd, weight, axis=axes)
+        g_sum, g_xhat_sum, *largest = core._layer_norm_part_grad_sums(dy, x, sizes, mean, rstd, weight, axis=axes)
+    else:
+        g_sum = np.zeros(1)
+        g_xhat_sum, *largest = core._rms_norm_part_grad_sums(dy, x, sizes, rstd, weight, axis=axes)
+    return g_sum, g_xhat_sum, tuple(largest)
 
 
-def grad_input(kind, dy, x, axes, mean, rstd, g_mean, g_xhat_mean, weight=None):
+def grad_input(kind, dy, x, axes, mean, rstd, g_mean, g_xhat_mean, largest, weight=None):
+    """largest: the rows' (g_largest, dy_largest)"""
     sizes = sizes_of(np.shape(x), axes)
     if kind.centred:
-        return core._layer_norm_part_grad_input(dy, x, sizes, mean, rstd, g_mean, g_xhat_mean, weight, axis=axes)
-    return core._rms_norm_part_grad_input(dy, x, sizes, rstd, g_xhat_mean, weight, axis=axes)
+        return core._layer_norm_part_grad_input(dy, x, sizes, mean, rstd, g_mean, g_xhat_mean, *largest, weight,
+                                                axis=axes)
+    return core._rms_norm_part_grad_input(dy, x, sizes, rstd, g_xhat_mean, *largest, weight, axis=axes)
 
 
 def backward_data(shape, axes, dtype, kind):
@@ -186,7 +194,7 @@ def test_every_simd_level_and_layout_gives_the_same_bits(shape, axes, dtype, kin
 @pytest.mark.parametrize("shape, axes", CASES, ids=CASE_IDS)
 def test_grad_sums_match_the_reference(shape, axes, dtype, name, kind):
     x, dy, weight, mean, rstd = backward_data(shape, axes, dtype, kind)
-    g_sum, g_xhat_sum = grad_sums(kind, layout(name, dy), layout(name, x), axes, mean, rstd, weight)
+    g_sum, g_xhat_sum, largest = grad_sums(kind, layout(name, dy), layout(name, x), axes, mean, rstd, weight)
     normalized = np.moveaxis(x.astype(np.float64), axes, range(-len(axes), 0))
     g = np.moveaxis(dy.astype(np.float64), axes, range(-len(axes), 0)) * weight.astype(np.float64)
     row_mean = 0.0 if mean is None else np.moveaxis(mean.astype(np.float64), axes, range(-len(axes), 0))
@@ -201,6 +209,11 @@ def test_grad_sums_match_the_reference(shape, axes, dtype, name, kind):
         expected = np.moveaxis(g.sum(axis=summed, keepdims=True), range(-len(axes), 0), axes)
         scale = np.moveaxis(np.abs(g).sum(axis=summed, keepdims=True), range(-len(axes), 0), axes)
         assert_within(g_sum, expected, tol * scale, "g_sum")
+    g_largest, dy_largest = largest
+    expected = np.moveaxis(np.abs(g).max(axis=summed, keepdims=True), range(-len(axes), 0), axes)
+    assert_within(g_largest, expected, 1e-7 * expected, "g_largest")  # g formed in float32 for 16-bit/float32
+    expected = np.moveaxis(np.abs(dy.astype(np.float64)), axes, range(-len(axes), 0)).max(axis=summed, keepdims=True)
+    assert np.array_equal(dy_largest, np.moveaxis(expected, range(-len(axes), 0), axes))
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=str)
@@ -210,9 +223,9 @@ def test_grad_sums_match_the_reference(shape, axes, dtype, name, kind):
 def test_grad_input_from_the_row_means_matches_the_reference(shape, axes, dtype, name, kind):
     x, dy, weight, mean, rstd = backward_data(shape, axes, dtype, kind)
     count = np.prod(sizes_of(shape, axes))
-    g_sum, g_xhat_sum = grad_sums(kind, dy, x, axes, mean, rstd, weight)
+    g_sum, g_xhat_sum, largest = grad_sums(kind, dy, x, axes, mean, rstd, weight)
     dx = grad_input(kind, layout(name, dy), layout(name, x), axes, mean, rstd, g_sum / count, g_xhat_sum / count,
-                    weight)
+                    largest, weight)
     stats = (mean, rstd) if kind.centred else (rstd,)
     expected = kind.reference_backward(dy, x, sizes_of(shape, axes), stats, weight, axis=axes)[0]
     assert dx.dtype == np.dtype(dtype) and dx.shape == shape
@@ -233,9 +246,10 @@ def test_backward_every_simd_level_and_layout_gives_the_same_bits(shape, axes, d
             layernorm.set_simd_level(name)
             for arrangement in ("C", "transposed", "step_sliced"):
                 args = (layout(arrangement, dy), layout(arrangement, x), axes, mean, rstd)
-                g_sum, g_xhat_sum = grad_sums(kind, *args, weight)
-                dx = grad_input(kind, *args, g_sum / count, g_xhat_sum / count, weight)
-                results[name, arrangement] = [a.tobytes() for a in (g_sum, g_xhat_sum, np.ascontiguousarray(dx))]
+                g_sum, g_xhat_sum, largest = grad_sums(kind, *args, weight)
+                dx = grad_input(kind, *args, g_sum / count, g_xhat_sum / count, largest, weight)
+                results[name, arrangement] = [a.tobytes() for a in (g_sum, g_xhat_sum, *largest,
+                                                                    np.ascontiguousarray(dx))]
     finally:
         layernorm.set_simd_level(level)
     first = results[LEVELS[0], "C"]
@@ -317,10 +331,11 @@ def test_extreme_parts_give_the_same_bits_at_every_simd_level_and_layout(kind, m
                         part_mean, m2, scale = moments(kind, xs, (1,))
                         rstd_s = 1.0 / np.sqrt(m2 / xs.shape[1])
                         out = normalize(kind, xs, (1,), part_mean, rstd_s, part_weight, part_bias, scale, x.shape[1])
-                        g_sum, g_xhat_sum = grad_sums(kind, dys, xs, (1,), mean, rstd, part_weight)
-                        dx = grad_input(kind, dys, xs, (1,), mean, rstd, g_sum / 5000, g_xhat_sum / 5000, part_weight)
+                        g_sum, g_xhat_sum, largest = grad_sums(kind, dys, xs, (1,), mean, rstd, part_weight)
+                        dx = grad_input(kind, dys, xs, (1,), mean, rstd, g_sum / 5000, g_xhat_sum / 5000, largest,
+                                        part_weight)
                     bits += [a.tobytes() for a in (part_mean, m2, scale, np.ascontiguousarray(out), g_sum, g_xhat_sum,
-                                                   np.ascontiguousarray(dx))]
+                                                   *largest, np.ascontiguousarray(dx))]
                 results[name, arrangement] = bits
     finally:
         layernorm.set_simd_level(level)

@@ -753,6 +753,12 @@ static int run_backward_parts(const test_case *c)
 {
     const variant *v = c->variant;
     const buffer *g = output_at(c, c->mean_at), *g_xhat = output_at(c, c->rstd_at);
+    const size_t rows = c->part_rstd.count;
+    double *scratch = malloc(4 * rows * sizeof(double) + 1);  /* the largest |g| and |dy|, then the means */
+    if (!scratch) {
+        return -1;
+    }
+    const buffer g_largest = {scratch, rows, sizeof(double)}, dy_largest = {scratch + rows, rows, sizeof(double)};
     ln_part_backward_args args = {
         .kind = v->kind,
         .dtype = c->dtype,
@@ -764,16 +770,16 @@ static int run_backward_parts(const test_case *c)
         .rstd = part_stats_array(c, &c->part_rstd),
         .g = part_stats_array(c, g),
         .g_xhat = part_stats_array(c, g_xhat),
+        .g_largest = part_stats_array(c, &g_largest),
+        .dy_largest = part_stats_array(c, &dy_largest),
     };
     if (ln_part_grad_sums(&args) != 0) {
+        free(scratch);
         return -1;
     }
-    /* the means, in a buffer of their own: the sums stay as hashed */
-    const size_t rows = c->part_rstd.count;
-    double *means = malloc(2 * rows * sizeof(double) + 1);
-    if (!means) {
-        return -1;
-    }
+    /* the means, in a buffer of their own: the sums stay as hashed; one part: the largest
+       magnitudes are the rows' */
+    double *means = scratch + 2 * rows;
     for (size_t r = 0; r < rows; r++) {
         means[r] = g->data ? ((const double *)g->data)[r] / (double)c->extent.row_len : 0.0;
         means[rows + r] = ((const double *)g_xhat->data)[r] / (double)c->extent.row_len;
@@ -783,7 +789,7 @@ static int run_backward_parts(const test_case *c)
     args.g_xhat = part_stats_array(c, &g_xhat_means);
     args.grad_input = element_array(c, output_at(c, c->output_at), &c->out);
     const int status = ln_part_grad_input(&args);
-    free(means);
+    free(scratch);
     return status;
 }
 
