@@ -12,20 +12,24 @@
 #include "ln_internal.h"
 
 /* n float64 sums out as parameters (float32, or float64 for float64 data), a NaN as the one
-   quiet NaN; p may be NULL. */
+   quiet NaN; p may be NULL.  A loop per dtype with a select in it, which the compiler
+   vectorizes (1x4096 float32 backward: a third of the call went here element by element). */
 static void ln_store_params(ln_dtype dtype, void *p, const double *sums, ptrdiff_t n)
 {
     if (!p) {
         return;
     }
+    if (dtype == LN_F64) {
+        double *params = p;
+        for (ptrdiff_t i = 0; i < n; i++) {
+            params[i] = isnan(sums[i]) ? NAN : sums[i];
+        }
+        return;
+    }
+    float *params = p;
     for (ptrdiff_t i = 0; i < n; i++) {
-        const double sum = isnan(sums[i]) ? NAN : sums[i];  /* the one quiet NaN */
-        if (dtype == LN_F64) {
-            ((double *)p)[i] = sum;
-        }
-        else {
-            ((float *)p)[i] = (float)sum;
-        }
+        const float param = (float)sums[i];
+        params[i] = isnan(param) ? NAN : param;
     }
 }
 
