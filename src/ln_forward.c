@@ -8,10 +8,16 @@
  * bit.  On the contiguous route the residual is summed into `sum` a few rows at a time (from
  * input and residual walked any way), and those rows are then normalized from `sum` by the
  * ordinary row kernels.  A copy of the input is made the same way: rows copied a few at a time
- * and normalized from the copy while they are in cache.
+ * and normalized from the copy while they are in cache; a large copy is written with
+ * non-temporal stores instead, and its rows normalized from the input, which copying them
+ * brought into cache.
  */
 #include <stdlib.h>
 #include <string.h>
+
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
 
 #include "ln_internal.h"
 
@@ -22,6 +28,8 @@ typedef struct {
     ln_forward_args of_staged;              /* with a residual or a copy: args normalizing `sum`
                                                or `copy`, where the rows are staged */
     ptrdiff_t staged_rows;                  /* ... rows staged at a time */
+    int stream_copy;                        /* the copy by non-temporal stores (see
+                                               LN_STREAM_COPY_MIN_BYTES) */
     /* for one huge row split across threads: */
     const char *row_x, *row_residual;       /* the row's input and residual (or NULL) */
     char *row_sum;                          /* ... and its sum (or NULL) */
@@ -46,6 +54,39 @@ static inline int ln_forward_args_valid(const ln_forward_args *a)
            ln_element_array_valid(&a->sum, a->dtype) && ln_element_array_valid(&a->output, a->dtype) &&
            ln_element_array_valid(&a->copy, a->dtype) &&
            ln_stat_array_valid(&a->mean, a->dtype, e) && ln_stat_array_valid(&a->rstd, a->dtype, e);
+}
+
+/* Whether the copy goes by ln_stream_copy_row: large, both rows' elements adjacent, and the
+   copy's rows whole 16-byte units from 16-byte aligned starts. */
+static int ln_copy_streams(const ln_forward_args *a)
+{
+#if defined(__x86_64__)
+    const ptrdiff_t row_bytes = a->extent.row_len * (ptrdiff_t)ln_dtype_size(a->dtype);
+    return a->copy.data && ln_elements_adjacent(&a->input, a->dtype) && ln_elements_adjacent(&a->copy, a->dtype) &&
+           row_bytes % 16 == 0 && ln_rows_aligned(&a->copy, &a->extent, 16) &&
+           (double)row_bytes * (double)ln_rows_of(&a->extent) >= (double)LN_STREAM_COPY_MIN_BYTES;
+#else
+    (void)a;
+    return 0;
+#endif
+}
+
+/* Row r of the input copied to a->copy by non-temporal stores (ln_copy_streams holds, so
+   only where there are such stores). */
+static void ln_stream_copy_row(const ln_forward_args *a, ptrdiff_t r)
+{
+#if defined(__x86_64__)
+    const char *x = ln_row_address(&a->input, &a->extent, r);
+    char *copy = ln_row_address(&a->copy, &a->extent, r);
+    const ptrdiff_t row_bytes = a->extent.row_len * (ptrdiff_t)ln_dtype_size(a->dtype);
+    for (ptrdiff_t i = 0; i < row_bytes; i += 16) {
+        _mm_stream_si128((__m128i *)(copy + i), _mm_loadu_si128((const __m128i *)(x + i)));
+    }
+#else
+    (void)a;
+    (void)r;
+    assert(0);
+#endif
 }
 
 /* Row r of the input copied to a->copy. */
@@ -74,7 +115,7 @@ static void ln_forward_copy_rows(void *ctx, ptrdiff_t begin, ptrdiff_t end)
 
 /* Rows [begin, end) by the row kernels; with a residual or a copy, rows first staged in `sum`
    (summed) or `copy` (copied), staged_rows at a time, and normalized from there while they
-   are in cache. */
+   are in cache (a streamed copy: from the input, in cache from being copied). */
 static void ln_forward_rows(void *ctx, ptrdiff_t begin, ptrdiff_t end)
 {
     const ln_forward_job *job = ctx;
@@ -86,6 +127,10 @@ static void ln_forward_rows(void *ctx, ptrdiff_t begin, ptrdiff_t end)
     for (ptrdiff_t first = begin; first < end; first += job->staged_rows) {
         const ptrdiff_t last = end - first < job->staged_rows ? end : first + job->staged_rows;
         for (ptrdiff_t r = first; r < last; r++) {
+            if (job->stream_copy) {
+                ln_stream_copy_row(a, r);
+                continue;
+            }
             if (a->copy.data) {
                 ln_copy_row(a, r);
                 continue;
@@ -96,6 +141,11 @@ static void ln_forward_rows(void *ctx, ptrdiff_t begin, ptrdiff_t end)
         }
         job->kernels->forward_rows(&job->of_staged, &job->bounds, first, last);
     }
+#if defined(__x86_64__)
+    if (job->stream_copy) {
+        _mm_sfence();  /* the non-temporal stores are weakly ordered: finish them first */
+    }
+#endif
 }
 
 /* Tiles [begin, end) of the strided route (which sums a residual itself). */
@@ -184,7 +234,8 @@ int ln_forward(const ln_forward_args *a)
     }
     if (a->residual.data || a->copy.data) {
         job.of_staged = *a;
-        job.of_staged.input = *normalized;
+        job.stream_copy = ln_copy_streams(a);
+        job.of_staged.input = job.stream_copy ? a->input : *normalized;
         job.of_staged.residual = job.of_staged.sum = job.of_staged.copy = (ln_array){0};
         job.staged_rows = LN_SUM_BATCH_BYTES / (n * elsize);
         job.staged_rows = job.staged_rows > 1 ? job.staged_rows : 1;

@@ -114,6 +114,12 @@
    they are read back from L1 or L2 rather than memory. */
 #define LN_SUM_BATCH_BYTES ((ptrdiff_t)32 << 10)
 
+/* A copy of the input (what a training-mode call saves for backward) of at least this many
+   bytes is written with non-temporal stores, and its rows normalized from the input, in cache
+   from being copied: the copy is not read before backward, by when it has left the cache
+   anyway, and the stores cost no read for ownership. */
+#define LN_STREAM_COPY_MIN_BYTES ((ptrdiff_t)1 << 20)
+
 /* The strided route asks for each element's cache line this many tiles ahead: a tile of
    channels-first rows touches one line in each of row_len streams, more than the hardware
    prefetchers follow (8x64x56x56 float32 over C, forward, one thread, load ~6: no prefetch

@@ -976,6 +976,8 @@ def test_input_changed_after_training_forward_does_not_change_backward(kind, how
 TRAINING_ROUTES = {
     "few_rows": ((5, 6), (6,), None, "C"),
     "rows_split_across_threads": ((96, 1024), (1024,), None, "C"),
+    "large_copy_by_streaming_stores": ((400, 1024), (1024,), None, "C"),
+    "large_copy_of_odd_rows": ((600, 501), (501,), None, "C"),
     "huge_rows_split_into_chunks": ((2, 40000), (40000,), None, "C"),
     "channels_first": ((3, 16, 40, 40), (16,), 1, "C"),
     "fortran_order": ((128, 768), (768,), None, "F"),
