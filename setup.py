@@ -35,17 +35,15 @@ if release:
 
 # One translation unit per SIMD level, each compiled for its own instruction set; the x86
 # levels exist only in x86-64 builds (their sources compile to nothing elsewhere).
-# A level that runs only when asked for (ln_simd_set) is optimized for size (-Os, same bits):
-# the scalar level wherever a vector level is built, and SSE2, which no x86-64 CPU with AVX2
-# takes and whose speed its lane-by-lane fma() calls set.  They compiled in 45 s and 26 s of
-# the build's 110 s of CPU time at -O3, and take 10 s each at -Os.
+# The scalar level runs only when asked for (ln_simd_set) wherever a vector level is built,
+# so there it is optimized for size (-Os, same bits): 10 s to compile instead of 45 s of the
+# build's 110 s of CPU time at -O3, for a level that then runs 2-5x slower.
 LEVEL_FLAGS = {}
 platform = sysconfig.get_platform()
 size_optimized = ["-Os"] if release else []
 if platform.endswith(("x86_64", "amd64")):
     LEVEL_FLAGS = {
         os.path.normpath("src/ln_level_scalar.c"): size_optimized,
-        os.path.normpath("src/ln_level_vec128.c"): size_optimized,
         os.path.normpath("src/ln_level_avx2.c"): ["-mavx2", "-mfma", "-mf16c"],
         os.path.normpath("src/ln_level_avx512.c"): ["-mavx512f", "-mavx2", "-mfma", "-mf16c"],
     }

@@ -40,7 +40,6 @@
 #include "ln_types.h"
 
 #define LN_ALWAYS_INLINE inline __attribute__((always_inline))
-#define LN_NOINLINE __attribute__((noinline))
 
 /* The norm kinds, in ln_norm_kind order, as X(kind, suffix, DTYPE, dtype_suffix): a
    cross product with LN_FOR_EACH_DTYPE's list, for the kernel tables. */

@@ -50,35 +50,15 @@ static LN_ALWAYS_INLINE gd gd_sqrt(gd a)
     return a;
 }
 
-#if !defined(__aarch64__)
-/* SSE2 has no fused multiply-add: fma() and fmaf() lane by lane.  Out of line, because
-   the calls dominate anyway, and 16 of them inlined at every use made this level's code
-   and build time twice as large. */
-static LN_NOINLINE gd gd_fma_lanes(gd a, gd b, gd c)
-{
-    FOR_VD(k) {
-        a.v[k] = (ln_vd){fma(a.v[k][0], b.v[k][0], c.v[k][0]), fma(a.v[k][1], b.v[k][1], c.v[k][1])};
-    }
-    return a;
-}
-
-static LN_NOINLINE gf gf_fma_lanes(gf a, gf b, gf c)
-{
-    FOR_VF(k) {
-        a.v[k] = (ln_vf){fmaf(a.v[k][0], b.v[k][0], c.v[k][0]), fmaf(a.v[k][1], b.v[k][1], c.v[k][1]),
-                         fmaf(a.v[k][2], b.v[k][2], c.v[k][2]), fmaf(a.v[k][3], b.v[k][3], c.v[k][3])};
-    }
-    return a;
-}
-#endif
-
 /* a * b + c, rounded once */
 static LN_ALWAYS_INLINE gd gd_fma(gd a, gd b, gd c)
 {
 #if defined(__aarch64__)
     FOR_VD(k) { a.v[k] = (ln_vd)vfmaq_f64((float64x2_t)c.v[k], (float64x2_t)a.v[k], (float64x2_t)b.v[k]); }
 #else
-    a = gd_fma_lanes(a, b, c);
+    FOR_VD(k) {
+        a.v[k] = (ln_vd){fma(a.v[k][0], b.v[k][0], c.v[k][0]), fma(a.v[k][1], b.v[k][1], c.v[k][1])};
+    }
 #endif
     return a;
 }
@@ -88,7 +68,10 @@ static LN_ALWAYS_INLINE gf gf_fma(gf a, gf b, gf c)
 #if defined(__aarch64__)
     FOR_VF(k) { a.v[k] = (ln_vf)vfmaq_f32((float32x4_t)c.v[k], (float32x4_t)a.v[k], (float32x4_t)b.v[k]); }
 #else
-    a = gf_fma_lanes(a, b, c);
+    FOR_VF(k) {
+        a.v[k] = (ln_vf){fmaf(a.v[k][0], b.v[k][0], c.v[k][0]), fmaf(a.v[k][1], b.v[k][1], c.v[k][1]),
+                         fmaf(a.v[k][2], b.v[k][2], c.v[k][2]), fmaf(a.v[k][3], b.v[k][3], c.v[k][3])};
+    }
 #endif
     return a;
 }
@@ -126,35 +109,16 @@ static LN_ALWAYS_INLINE gd gf_widen(gf a)
     return r;
 }
 
-#if !defined(__aarch64__)
-/* SSE2 has no float16 conversions: ln_types.h's, lane by lane, out of line like the fma. */
-static LN_NOINLINE gf gf_from_halves(const uint16_t *p)
-{
-    gf r;
-    FOR_VF(k) {
-        r.v[k] = (ln_vf){ln_half_to_float(p[4 * k]), ln_half_to_float(p[4 * k + 1]),
-                         ln_half_to_float(p[4 * k + 2]), ln_half_to_float(p[4 * k + 3])};
-    }
-    return r;
-}
-
-static LN_NOINLINE void gf_to_halves(uint16_t *p, gf a)
-{
-    FOR_VF(k) {
-        for (int lane = 0; lane < 4; lane++) {
-            p[4 * k + lane] = ln_float_to_half(a.v[k][lane]);
-        }
-    }
-}
-#endif
-
 static LN_ALWAYS_INLINE gf gf_load_f16(const uint16_t *p)
 {
     gf r;
 #if defined(__aarch64__)
     FOR_VF(k) { r.v[k] = (ln_vf)vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p + 4 * k))); }
 #else
-    r = gf_from_halves(p);
+    FOR_VF(k) {
+        r.v[k] = (ln_vf){ln_half_to_float(p[4 * k]), ln_half_to_float(p[4 * k + 1]),
+                         ln_half_to_float(p[4 * k + 2]), ln_half_to_float(p[4 * k + 3])};
+    }
 #endif
     return r;
 }
@@ -164,7 +128,11 @@ static LN_ALWAYS_INLINE void gf_store_f16(uint16_t *p, gf a)
 #if defined(__aarch64__)
     FOR_VF(k) { vst1_u16(p + 4 * k, vreinterpret_u16_f16(vcvt_f16_f32((float32x4_t)a.v[k]))); }
 #else
-    gf_to_halves(p, a);
+    FOR_VF(k) {
+        for (int lane = 0; lane < 4; lane++) {
+            p[4 * k + lane] = ln_float_to_half(a.v[k][lane]);
+        }
+    }
 #endif
 }
 
