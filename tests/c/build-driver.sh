@@ -7,7 +7,8 @@
 #
 # The flags are the package's (setup.py): no host-specific -march, no fast-math, and
 # -ffp-contract=off so that every level does the same roundings.  The AVX2/AVX-512 level
-# files get their target flags, and are built only when the compiler targets x86-64.
+# files get their target flags, and are built only when the compiler targets x86-64; the
+# scalar level, which runs only when asked for on x86-64 and aarch64, is built with -Os.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -35,6 +36,7 @@ for source in "${sources[@]}"; do
   case "$(basename "$source")" in
     ln_level_avx2.c) [[ $x86 == 1 ]] || continue; flags=(-mavx2 -mfma -mf16c) ;;
     ln_level_avx512.c) [[ $x86 == 1 ]] || continue; flags=(-mavx512f -mavx2 -mfma -mf16c) ;;
+    ln_level_scalar.c) flags=(-Os) ;;
   esac
   "$compiler" "${common[@]}" "${flags[@]}" -c "$source" -o "$objects/$(basename "$source" .c).o"
 done
