@@ -93,8 +93,8 @@ setup(
         Extension(
             "layernorm._layernorm",
             # slowest to compile first: they start first in BuildExt's pool
-            sources=["src/ln_level_avx2.c", "src/ln_level_avx512.c", "src/ln_level_scalar.c",
-                     "src/ln_level_vec128.c", "src/_layernorm.c", "src/ln_backward.c", "src/ln_forward.c",
+            sources=["src/ln_level_vec128.c", "src/ln_level_avx2.c", "src/ln_level_avx512.c",
+                     "src/ln_level_scalar.c", "src/_layernorm.c", "src/ln_backward.c", "src/ln_forward.c",
                      "src/ln_parts.c", "src/ln_threads.c", "src/ln_dispatch.c", "src/ln_layout.c",
                      "src/ln_exact.c"],
             depends=["src/ln_kernels.h", "src/ln_layout.h", "src/ln_internal.h", "src/ln_types.h", "src/ln_tuning.h",
