@@ -99,6 +99,10 @@ typedef struct {
     /* contiguous route, forward over rows [begin, end) of a call without a residual */
     void (*forward_rows)(const ln_forward_args *a, const ln_rstd_bounds *bounds, ptrdiff_t begin,
                          ptrdiff_t end);
+    /* contiguous route, forward over rows [begin, end) of a call with a residual, whose
+       input and residual have adjacent elements too and rows of 16 elements or more */
+    void (*forward_sum_rows)(const ln_forward_args *a, const ln_rstd_bounds *bounds, ptrdiff_t begin,
+                             ptrdiff_t end);
     /* strided route, forward over tiles [begin, end), residual included */
     void (*forward_tiles)(const ln_forward_args *a, const ln_rstd_bounds *bounds, ptrdiff_t begin,
                           ptrdiff_t end);
@@ -370,6 +374,15 @@ static inline int ln_output_streams(ln_dtype dtype, const ln_extent *extent)
 static inline int ln_forward_streams(const ln_forward_args *a)
 {
     return ln_output_streams(a->dtype, &a->extent);
+}
+
+/* Whether the fused residual pass (forward_sum_rows) writes sum and the output with
+   non-temporal stores: ln_output_streams' rules for rows of any length, since it writes each
+   row's sum and output once and reads neither back from memory. */
+static inline int ln_sum_streams(const ln_forward_args *a)
+{
+    const ptrdiff_t row_bytes = a->extent.row_len * (ptrdiff_t)ln_dtype_size(a->dtype);
+    return row_bytes >= LN_STREAM_MIN_BYTES || row_bytes * ln_rows_of(&a->extent) >= LN_STREAM_MIN_OUTPUT_BYTES;
 }
 
 /* Whether a backward over extent writes dx, of dtype, with non-temporal stores (see
