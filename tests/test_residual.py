@@ -159,7 +159,7 @@ def test_results_written_where_asked(kind, case_id, shape, ns, axis, residual_ou
     assert bits(got_out) == bits(expected_out)
 
 
-# Rows of results over 16 MiB, which go to memory by non-temporal stores: 1000 elements (one
+# Results over 32 MiB, which go to memory by non-temporal stores: rows of 1000 elements (one
 # chunk), 4100 (a 4-element last chunk, rows 16-byte aligned), 4099 (rows not 16-byte aligned).
 LARGE_DESTINATIONS = [("residual", None), (None, "input"), ("input", "residual"), ("new", "new")]
 
@@ -170,7 +170,7 @@ LARGE_DESTINATIONS = [("residual", None), (None, "input"), ("input", "residual")
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("kind", KINDS, ids=str)
 def test_large_results_written_where_asked(kind, dtype, row_len, residual_out, out):
-    rows = (16 << 20) // (row_len * np.dtype(dtype).itemsize) + 3
+    rows = (32 << 20) // (row_len * np.dtype(dtype).itemsize) + 3
     x, residual, w, b = case_data(dtype, (rows, row_len), (row_len,), kind.affines[0], seed=12)
     expected_sum = x + residual
     expected_out = kind.forward(expected_sum, (row_len,), w, b)
