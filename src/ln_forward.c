@@ -5,12 +5,12 @@
  *
  * With a residual, the rows normalized are `sum`'s, so the route is chosen by sum's and the
  * output's walks alone: a call with a residual gives what a call on its sum gives, bit for
- * bit.  On the contiguous route the residual is summed into `sum` a few rows at a time (from
- * input and residual walked any way), and those rows are then normalized from `sum` by the
- * ordinary row kernels.  A copy of the input is made the same way: rows copied a few at a time
- * and normalized from the copy while they are in cache; a large copy is written with
- * non-temporal stores instead, and its rows normalized from the input, which copying them
- * brought into cache.
+ * bit.  On the contiguous route, input and residual with adjacent elements are summed and
+ * normalized in one pass (forward_sum_rows); otherwise the residual is summed into `sum` a few
+ * rows at a time, and those rows are then normalized from `sum` by the ordinary row kernels.
+ * A copy of the input is made that way too: rows copied a few at a time and normalized from
+ * the copy while they are in cache; a large copy is written with non-temporal stores instead,
+ * and its rows normalized from the input, which copying them brought into cache.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +30,7 @@ typedef struct {
     ptrdiff_t staged_rows;                  /* ... rows staged at a time */
     int stream_copy;                        /* the copy by non-temporal stores (see
                                                LN_STREAM_COPY_MIN_BYTES) */
+    int fused;                              /* with a residual: by forward_sum_rows, unstaged */
     /* for one huge row split across threads: */
     const char *row_x, *row_residual;       /* the row's input and residual (or NULL) */
     char *row_sum;                          /* ... and its sum (or NULL) */
@@ -122,6 +123,10 @@ static void ln_forward_rows(void *ctx, ptrdiff_t begin, ptrdiff_t end)
     const ln_forward_args *a = job->args;
     if (!a->residual.data && !a->copy.data) {
         job->kernels->forward_rows(a, &job->bounds, begin, end);
+        return;
+    }
+    if (job->fused) {
+        job->kernels->forward_sum_rows(a, &job->bounds, begin, end);
         return;
     }
     for (ptrdiff_t first = begin; first < end; first += job->staged_rows) {
@@ -239,6 +244,8 @@ int ln_forward(const ln_forward_args *a)
         job.of_staged.residual = job.of_staged.sum = job.of_staged.copy = (ln_array){0};
         job.staged_rows = LN_SUM_BATCH_BYTES / (n * elsize);
         job.staged_rows = job.staged_rows > 1 ? job.staged_rows : 1;
+        job.fused = a->residual.data && n >= 16 && ln_elements_adjacent(&a->input, a->dtype) &&
+                    ln_elements_adjacent(&a->residual, a->dtype);
     }
     if (!parallel) {
         ln_forward_rows(&job, 0, rows);

@@ -99,6 +99,10 @@ typedef struct {
     /* contiguous route, forward over rows [begin, end) of a call without a residual */
     void (*forward_rows)(const ln_forward_args *a, const ln_rstd_bounds *bounds, ptrdiff_t begin,
                          ptrdiff_t end);
+    /* contiguous route, forward over rows [begin, end) of a call with a residual, whose
+       input and residual have adjacent elements too and rows of 16 elements or more */
+    void (*forward_sum_rows)(const ln_forward_args *a, const ln_rstd_bounds *bounds, ptrdiff_t begin,
+                             ptrdiff_t end);
     /* strided route, forward over tiles [begin, end), residual included */
     void (*forward_tiles)(const ln_forward_args *a, const ln_rstd_bounds *bounds, ptrdiff_t begin,
                           ptrdiff_t end);
@@ -370,6 +374,18 @@ static inline int ln_output_streams(ln_dtype dtype, const ln_extent *extent)
 static inline int ln_forward_streams(const ln_forward_args *a)
 {
     return ln_output_streams(a->dtype, &a->extent);
+}
+
+/* Whether the fused residual pass (forward_sum_rows) writes sum and the output with
+   non-temporal stores: as ln_output_streams says for outputs, and for rows of any length once
+   the results are large enough that the binding faults in new ones' pages first
+   (LN_FAULT_IN_MIN_BYTES): the pass reads neither back from memory (8192x1024 float32 out=,
+   one thread: 10.8 -> 4.6 ms), but on pages the OS has just zeroed, non-temporal stores cost
+   more than they save (32x197x768 float32 into new arrays: 7.0 -> 10.1 ms). */
+static inline int ln_sum_streams(const ln_forward_args *a)
+{
+    const ptrdiff_t result_bytes = ln_rows_of(&a->extent) * a->extent.row_len * (ptrdiff_t)ln_dtype_size(a->dtype);
+    return ln_forward_streams(a) || result_bytes >= (ptrdiff_t)LN_FAULT_IN_MIN_BYTES;
 }
 
 /* Whether a backward over extent writes dx, of dtype, with non-temporal stores (see

@@ -34,9 +34,9 @@
  *         moments_c = (n_c, 0, s2), the sum of squares, which ln_merge adds up (delta = 0);
  *         y_j = fma(x_j, a_j, 0), x - 0 - 0 being x exactly.
  *
- *     With a residual (ln_forward.c): sum = x + residual as NumPy rounds it is written
- *     first, a few rows at a time, and those rows are then normalized from sum as above
- *     (the strided route sums as it goes: forward_tile).
+ *     With a residual: sum = x + residual as NumPy rounds it, and the rows normalized are
+ *     sum's; the statistics are taken from the sum as it is formed (forward_sum_rows,
+ *     forward_tile), so they are those of the written sum, bit for bit.
  *
  * Backward, per row (dy = dL/dy, g = dy * w, xhat = (x - mean) * rstd, N elements):
  *
@@ -142,9 +142,10 @@ static LN_ALWAYS_INLINE void moments_flush_16bit(moments_acc *acc, ln_norm_kind 
     acc->block_s1_even = acc->block_s2_even = acc->block_s1_odd = acc->block_s2_odd = gf_splat(0.0f);
 }
 
-/* Adds the group of 16 at x[i]; `odd` picks the accumulators: (i / 16) % 2. */
-static LN_ALWAYS_INLINE void moments_add(moments_acc *acc, ln_norm_kind kind, ln_dtype dtype, const void *x,
-                                         ptrdiff_t i, int odd)
+/* Adds the group of 16 at `group`, elements i .. i + 16 of the chunk; `odd` picks the
+   accumulators: (i / 16) % 2. */
+static LN_ALWAYS_INLINE void moments_add_group(moments_acc *acc, ln_norm_kind kind, ln_dtype dtype,
+                                               const void *group, ptrdiff_t i, int odd)
 {
     const int has_mean = kind == LN_NORM_LAYER;
     if (ln_dtype_is_16bit(dtype)) {
@@ -153,7 +154,7 @@ static LN_ALWAYS_INLINE void moments_add(moments_acc *acc, ln_norm_kind kind, ln
            sums of 8 terms round at 2^-24 relative, far below float16's 2^-11 and bfloat16's
            2^-8 (the float64 path made this case conversion-bound: 2048x1024 float16, AVX2,
            2 threads: 488 -> 351 us). */
-        const gf value = load_as_f32(dtype, x, i);
+        const gf value = load_as_f32(dtype, group, 0);
         const gf d = has_mean ? gf_sub(value, acc->shift_f) : value;
         if (odd) {
             acc->block_s1_odd = has_mean ? gf_add(acc->block_s1_odd, d) : acc->block_s1_odd;
@@ -168,7 +169,7 @@ static LN_ALWAYS_INLINE void moments_add(moments_acc *acc, ln_norm_kind kind, ln
         }
         return;
     }
-    const gd value = load_as_f64(dtype, x, i);
+    const gd value = load_as_f64(dtype, group, 0);
     const gd d = has_mean ? gd_sub(value, acc->shift_v) : value;
     if (odd) {
         acc->s1_odd = has_mean ? gd_add(acc->s1_odd, d) : acc->s1_odd;
@@ -178,6 +179,13 @@ static LN_ALWAYS_INLINE void moments_add(moments_acc *acc, ln_norm_kind kind, ln
         acc->s1_even = has_mean ? gd_add(acc->s1_even, d) : acc->s1_even;
         acc->s2_even = gd_fma(d, d, acc->s2_even);
     }
+}
+
+/* Adds the group of 16 at x[i]. */
+static LN_ALWAYS_INLINE void moments_add(moments_acc *acc, ln_norm_kind kind, ln_dtype dtype, const void *x,
+                                         ptrdiff_t i, int odd)
+{
+    moments_add_group(acc, kind, dtype, (const char *)x + i * (ptrdiff_t)ln_dtype_size(dtype), i, odd);
 }
 
 /* The moments, once every whole group before x[i] has been added: the elements from i
@@ -300,7 +308,7 @@ static LN_ALWAYS_INLINE void normalize_group(ln_norm_kind kind, ln_dtype dtype, 
         if (streaming && dtype == LN_F32) {
             gf_stream((float *)y + i, value);
         }
-        else if (streaming) {
+        else if (streaming && ln_dtype_is_16bit(dtype)) {
             uint16_t halves[16];
             store_from_f32(dtype, halves, 0, value);
             halves_stream((uint16_t *)y + i, halves);
@@ -427,6 +435,89 @@ static LN_ALWAYS_INLINE void add_row(ln_dtype dtype, const char *x, ptrdiff_t x_
     }
     for (; i < n; i++) {
         add_one(dtype, x, residual, sum, i);
+    }
+}
+
+/* sum[i .. i + 16) = x + residual (add_group), the group also left in `lanes` for the
+   caller; by 16-byte non-temporal stores when `streaming` (float32/float64, sum + i 16-byte
+   aligned). */
+static LN_ALWAYS_INLINE void sum_group(ln_dtype dtype, const char *x, const char *residual, char *sum, ptrdiff_t i,
+                                       void *lanes, int streaming)
+{
+    const ptrdiff_t offset = i * (ptrdiff_t)ln_dtype_size(dtype);
+    add_group(dtype, x + offset, residual + offset, lanes, 0);
+    if (streaming && dtype == LN_F64) {
+        gd_stream16((double *)(sum + offset), gd_load(lanes));
+    }
+    else if (streaming) {
+        gf_stream16((float *)(sum + offset), gf_load(lanes));
+    }
+    else {
+        memcpy(sum + offset, lanes, 16 * ln_dtype_size(dtype));
+    }
+}
+
+/* chunk_moments of sum[0 .. n) = x + residual, summed as it is written (sum_group), so that
+   the statistics come from the values in registers instead of from memory; the same
+   operations in the same order, so the same bits.  sum may be x's or residual's own memory:
+   each element is read before it is written. */
+static LN_ALWAYS_INLINE ln_moments sum_chunk_moments(ln_norm_kind kind, ln_dtype dtype, const char *x,
+                                                     const char *residual, char *sum, ptrdiff_t n, int streaming)
+{
+    assert(x && residual && sum && 1 <= n && n <= LN_CHUNK);
+    if (n < 16) {
+        add_row(dtype, x, (ptrdiff_t)ln_dtype_size(dtype), residual, (ptrdiff_t)ln_dtype_size(dtype), sum, n);
+        return chunk_moments(kind, dtype, sum, n);
+    }
+    double lanes[16];
+    moments_acc acc;
+    sum_group(dtype, x, residual, sum, 0, lanes, streaming);
+    moments_start(&acc, kind, dtype, lanes);
+    moments_add_group(&acc, kind, dtype, lanes, 0, 0);
+    ptrdiff_t i = 16;
+    for (; i + 16 <= n; i += 16) {
+        sum_group(dtype, x, residual, sum, i, lanes, streaming);
+        moments_add_group(&acc, kind, dtype, lanes, i, (int)(i / 16) % 2);
+    }
+    for (ptrdiff_t j = i; j < n; j++) {
+        add_one(dtype, x, residual, sum, j);
+    }
+    return moments_finish(&acc, kind, dtype, sum, i, n);
+}
+
+/* normalize() of sum[0 .. n) = x + residual with the sum formed again from x and residual
+   (add_group's bits), which are still in cache, where sum went to memory by non-temporal
+   stores: reading it back would fetch it from memory.  The same elements of the next row's
+   x and residual (next_x and next_residual, or NULL) are asked for meanwhile, so that memory
+   is read while this loop works from cache. */
+static LN_ALWAYS_INLINE void normalize_sum(ln_norm_kind kind, ln_dtype dtype, int streaming, const char *x,
+                                           const char *residual, char *y, ptrdiff_t n, double mean, double rstd,
+                                           const void *weight, const void *bias, const char *next_x,
+                                           const char *next_residual)
+{
+    assert(x && residual && y && 1 <= n && n <= LN_NORMALIZE_SPAN);
+    const row_norm k = row_norm_of(dtype, mean, rstd);
+    const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(dtype), param_size = (ptrdiff_t)ln_param_size(dtype);
+    double lanes[16];
+    ptrdiff_t i = 0;
+    for (; streaming && i < n && ((uintptr_t)(y + i * elsize) & 63) != 0; i++) {
+        add_one(dtype, x + i * elsize, residual + i * elsize, lanes, 0);
+        normalize_one(kind, dtype, &k, lanes, y + i * elsize, 0, weight ? (const char *)weight + i * param_size : NULL,
+                      bias ? (const char *)bias + i * param_size : NULL);
+    }
+    for (; i + 16 <= n; i += 16) {
+        for (ptrdiff_t line = 0; next_x && line < 16 * elsize; line += 64) {
+            __builtin_prefetch(next_x + i * elsize + line);
+            __builtin_prefetch(next_residual + i * elsize + line);
+        }
+        add_group(dtype, x + i * elsize, residual + i * elsize, lanes, 0);
+        normalize_group(kind, dtype, &k, lanes, y + i * elsize, 0, weight ? (const char *)weight + i * param_size : NULL,
+                        bias ? (const char *)bias + i * param_size : NULL, streaming);
+    }
+    for (; i < n; i++) {
+        add_one(dtype, x + i * elsize, residual + i * elsize, lanes, 0);
+        normalize_one(kind, dtype, &k, lanes, y + i * elsize, 0, weight ? (const char *)weight + i * param_size : NULL,
+                      bias ? (const char *)bias + i * param_size : NULL);
     }
 }
 
@@ -701,6 +792,83 @@ static LN_ALWAYS_INLINE void forward_rows(ln_norm_kind kind, ln_dtype dtype, con
         }
         ln_store_stats(a, r, m.mean, rstd);
         ln_normalize_spans_backwards(normalize_span, dtype, x, y, 0, n, m.mean, rstd, a->weight, bias);
+    }
+}
+
+/* Rows [begin, end) of forward_sum_rows, its weight/bias case given. */
+static LN_ALWAYS_INLINE void forward_sum_rows_of(ln_norm_kind kind, ln_dtype dtype, const ln_forward_args *a,
+                                                 const ln_rstd_bounds *bounds, ptrdiff_t begin, ptrdiff_t end,
+                                                 const void *weight, const void *bias)
+{
+    const ptrdiff_t n = a->extent.row_len, elsize = (ptrdiff_t)ln_dtype_size(dtype);
+    const int streaming = ln_sum_streams(a);
+    /* 16-byte non-temporal stores (sum_group): float32/float64 rows 16-byte aligned */
+    const int sum_streams = streaming && !ln_dtype_is_16bit(dtype) && ln_rows_aligned(&a->sum, &a->extent, 16);
+    for (ptrdiff_t r = begin; r < end; r++) {
+        const char *x = ln_row_address(&a->input, &a->extent, r);
+        const char *residual = ln_row_address(&a->residual, &a->extent, r);
+        char *sum = ln_row_address(&a->sum, &a->extent, r), *y = ln_row_address(&a->output, &a->extent, r);
+        /* a sum written over x or residual is in cache already, and is read back from there */
+        const int stream_sum = sum_streams && sum != x && sum != residual;
+        ln_moments m = sum_chunk_moments(kind, dtype, x, residual, sum, n < LN_CHUNK ? n : LN_CHUNK, stream_sum);
+        for (ptrdiff_t start = LN_CHUNK; start < n; start += LN_CHUNK) {
+            const ptrdiff_t len = n - start < LN_CHUNK ? n - start : LN_CHUNK, offset = start * elsize;
+            m = ln_merge(m, sum_chunk_moments(kind, dtype, x + offset, residual + offset, sum + offset, len, stream_sum));
+        }
+        const double rstd = ln_rstd_of(m, a->eps);
+        if (ln_row_needs_exact(rstd, bounds)) {
+            ln_forward_exact_row(a, &a->sum, r);
+            continue;
+        }
+        ln_store_stats(a, r, m.mean, rstd);
+        /* spans from the end back, as ln_normalize_spans_backwards goes */
+        for (ptrdiff_t stop = n; stop > 0;) {
+            const ptrdiff_t start = stop > LN_NORMALIZE_SPAN ? stop - LN_NORMALIZE_SPAN : 0, offset = start * elsize;
+            const void *w = weight ? (const char *)weight + start * (ptrdiff_t)ln_param_size(dtype) : NULL;
+            const void *b = bias ? (const char *)bias + start * (ptrdiff_t)ln_param_size(dtype) : NULL;
+            if (stream_sum) {
+                const int next = r + 1 < end;
+                normalize_sum(kind, dtype, streaming, x + offset, residual + offset, y + offset, stop - start, m.mean,
+                              rstd, w, b, next ? ln_row_address(&a->input, &a->extent, r + 1) + offset : NULL,
+                              next ? ln_row_address(&a->residual, &a->extent, r + 1) + offset : NULL);
+            }
+            else {
+                normalize(kind, dtype, streaming, sum + offset, y + offset, stop - start, m.mean, rstd, w, b);
+            }
+            stop = start;
+        }
+    }
+    if (streaming) {
+        stream_fence();
+    }
+}
+
+/* Rows [begin, end) of a call with a residual whose rows of x, residual, sum and output all
+   have adjacent elements, n >= 16: the fused pass.  Per row, sum = x + residual is formed in
+   registers, its statistics taken from those values and it is written once
+   (sum_chunk_moments); the output then comes from the row while it is in L1/L2: from sum,
+   or, where sum went past the caches by non-temporal stores, from x + residual formed again.
+   Two arrays are read and two written, the floor: the staged route wrote sum through the
+   cache (a read for ownership) and read it back to normalize it. */
+static LN_ALWAYS_INLINE void forward_sum_rows(ln_norm_kind kind, ln_dtype dtype, const ln_forward_args *args,
+                                              const ln_rstd_bounds *bounds, ptrdiff_t begin, ptrdiff_t end)
+{
+    const ln_forward_args copy = *args, *a = &copy;  /* see forward_rows */
+    assert(a->residual.data && a->sum.data && a->extent.row_len >= 16);
+    assert(ln_elements_adjacent(&a->input, dtype) && ln_elements_adjacent(&a->residual, dtype) &&
+           ln_elements_adjacent(&a->sum, dtype) && ln_elements_adjacent(&a->output, dtype));
+    const void *bias = kind == LN_NORM_RMS ? NULL : a->bias;
+    if (!LN_LOOP_PER_PARAM_CASE || (a->weight && bias)) {
+        forward_sum_rows_of(kind, dtype, a, bounds, begin, end, a->weight, bias);
+    }
+    else if (a->weight) {
+        forward_sum_rows_of(kind, dtype, a, bounds, begin, end, a->weight, NULL);
+    }
+    else if (bias) {
+        forward_sum_rows_of(kind, dtype, a, bounds, begin, end, NULL, bias);
+    }
+    else {
+        forward_sum_rows_of(kind, dtype, a, bounds, begin, end, NULL, NULL);
     }
 }
 
@@ -1557,6 +1725,12 @@ static LN_ALWAYS_INLINE void backward_tiles(ln_norm_kind kind, ln_dtype dtype, c
     {                                                                                              \
         forward_rows(KIND, DTYPE, a, bounds, begin, end);                                          \
     }                                                                                              \
+    static void forward_sum_rows_##kind_suffix##_##suffix(const ln_forward_args *a,                \
+                                                          const ln_rstd_bounds *bounds,            \
+                                                          ptrdiff_t begin, ptrdiff_t end)          \
+    {                                                                                              \
+        forward_sum_rows(KIND, DTYPE, a, bounds, begin, end);                                      \
+    }                                                                                              \
     static void forward_tiles_##kind_suffix##_##suffix(const ln_forward_args *a,                   \
                                                        const ln_rstd_bounds *bounds,               \
                                                        ptrdiff_t begin, ptrdiff_t end)             \
@@ -1624,6 +1798,7 @@ LN_FOR_EACH_DTYPE(LN_DTYPE_FUNCTIONS)
 #define LN_KIND_TABLE_ENTRY(KIND, kind_suffix, DTYPE, suffix)                              \
     [KIND] = {                                                                             \
         .forward_rows = forward_rows_##kind_suffix##_##suffix,                             \
+        .forward_sum_rows = forward_sum_rows_##kind_suffix##_##suffix,                     \
         .forward_tiles = forward_tiles_##kind_suffix##_##suffix,                           \
         .chunk_moments = chunk_moments_##kind_suffix##_##suffix,                           \
         .normalize_row = normalize_row_##kind_suffix##_##suffix,                           \

@@ -159,6 +159,32 @@ def test_results_written_where_asked(kind, case_id, shape, ns, axis, residual_ou
     assert bits(got_out) == bits(expected_out)
 
 
+# Results over 32 MiB, which go to memory by non-temporal stores: rows of 1000 elements (one
+# chunk), 4100 (a 4-element last chunk, rows 16-byte aligned), 4099 (rows not 16-byte aligned).
+LARGE_DESTINATIONS = [("residual", None), (None, "input"), ("input", "residual"), ("new", "new")]
+
+
+@pytest.mark.parametrize("residual_out, out", LARGE_DESTINATIONS,
+                         ids=[f"sum-to-{s}-out-to-{o}" for s, o in LARGE_DESTINATIONS])
+@pytest.mark.parametrize("row_len", [1000, 4100, 4099])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("kind", KINDS, ids=str)
+def test_large_results_written_where_asked(kind, dtype, row_len, residual_out, out):
+    rows = (32 << 20) // (row_len * np.dtype(dtype).itemsize) + 3
+    x, residual, w, b = case_data(dtype, (rows, row_len), (row_len,), kind.affines[0], seed=12)
+    expected_sum = x + residual
+    expected_out = kind.forward(expected_sum, (row_len,), w, b)
+    arrays = {"input": x, "residual": residual, "new": None, None: None}
+    keywords = {}
+    if residual_out is not None:
+        keywords["residual_out"] = arrays[residual_out] if residual_out != "new" else np.empty_like(x)
+    if out is not None:
+        keywords["out"] = arrays[out] if out != "new" else np.empty_like(x)
+    got_out, got_sum = kind.add(x, residual, (row_len,), w, b, **keywords)
+    assert bits(got_sum) == bits(expected_sum)
+    assert bits(got_out) == bits(expected_out)
+
+
 @pytest.mark.parametrize("kind", KINDS, ids=str)
 def test_residual_out_strided(kind):
     # a sum written into a view (every other row of a larger buffer)
