@@ -11,59 +11,6 @@
 
 #include "ln_internal.h"
 
-/* n float64 sums out as float32 parameters, a NaN as the one quiet NaN: the conversion
-   before the select, so that the compiler vectorizes the loop. */
-static LN_ALWAYS_INLINE void ln_store_params_f32(float *params, const double *sums, ptrdiff_t n)
-{
-    for (ptrdiff_t i = 0; i < n; i++) {
-        const float param = (float)sums[i];
-        params[i] = isnan(param) ? NAN : param;
-    }
-}
-
-#if defined(__x86_64__)
-/* The same in the wider vectors of the AVX2 and AVX-512 levels: the SSE2 loop converted
-   4 sums an iteration, the most of a 1x4096 float32 backward's time after the kernel. */
-__attribute__((target("avx2"))) static void ln_store_params_f32_avx2(float *params, const double *sums, ptrdiff_t n)
-{
-    ln_store_params_f32(params, sums, n);
-}
-
-__attribute__((target("avx512f"))) static void ln_store_params_f32_avx512(float *params, const double *sums,
-                                                                          ptrdiff_t n)
-{
-    ln_store_params_f32(params, sums, n);
-}
-#endif
-
-/* n float64 sums out as parameters (float32, or float64 for float64 data), a NaN as the one
-   quiet NaN; p may be NULL. */
-static void ln_store_params(ln_dtype dtype, void *p, const double *sums, ptrdiff_t n)
-{
-    if (!p) {
-        return;
-    }
-    if (dtype == LN_F64) {
-        double *params = p;
-        for (ptrdiff_t i = 0; i < n; i++) {
-            params[i] = isnan(sums[i]) ? NAN : sums[i];
-        }
-        return;
-    }
-#if defined(__x86_64__)
-    const ln_simd_level level = ln_simd_get();
-    if (level == LN_SIMD_AVX512) {
-        ln_store_params_f32_avx512(p, sums, n);
-        return;
-    }
-    if (level == LN_SIMD_AVX2) {
-        ln_store_params_f32_avx2(p, sums, n);
-        return;
-    }
-#endif
-    ln_store_params_f32(p, sums, n);
-}
-
 /*
  * Two ways through, chosen by the shape alone, so the thread count never changes a bit:
  *
@@ -340,8 +287,13 @@ int ln_backward(const ln_backward_args *a)
                 dbias[j] += block_dbias[j];
             }
         }
-        ln_store_params(a->dtype, a->grad_weight, dweight, n);
-        ln_store_params(a->dtype, a->grad_bias, dbias, n);
+        const ln_dtype_kernels *kernels = &ln_kernels_in_use()->by_dtype[a->dtype];
+        if (a->grad_weight) {
+            kernels->store_params(a->grad_weight, dweight, n);
+        }
+        if (a->grad_bias) {
+            kernels->store_params(a->grad_bias, dbias, n);
+        }
     }
     status = 0;
 done:

@@ -136,6 +136,9 @@ typedef struct {
                     ptrdiff_t n);
     /* the call's rstd bounds, from its weight and bias */
     ln_rstd_bounds (*rstd_bounds)(const ln_forward_args *a);
+    /* params[0 .. n) = sums in the parameters' dtype (float32; float64 for float64 data), a NaN
+       as the one quiet NaN */
+    void (*store_params)(void *params, const double *sums, ptrdiff_t n);
 } ln_dtype_kernels;
 
 /* One SIMD level's kernels, the only export of its translation unit. */
