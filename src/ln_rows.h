@@ -1703,10 +1703,10 @@ static LN_ALWAYS_INLINE void backward_tile(ln_norm_kind kind, ln_dtype dtype, co
             const gd g = a->weight ? gd_mul(dy_v, gd_splat(ln_load1_param_as_f64(dtype, a->weight, j))) : dy_v;
             const gd inner = gd_sub(has_mean ? gd_sub(g, g_mean) : g, gd_mul(xhat, gx_mean));
             double values[16];
-            gd_store(values, gd_mul(inner, rstd_v));
+            gd_store(values, gd_quiet_nans(gd_mul(inner, rstd_v)));
             void *target = tile_target(dtype, &dx, j, dx_lanes);
             for (int k = 0; k < 16; k++) {
-                ln_store1_from_f64(dtype, target, k, isnan(values[k]) ? NAN : values[k]);  /* the one quiet NaN */
+                ln_store1_from_f64(dtype, target, k, values[k]);
             }
             tile_scatter(dtype, &dx, count, j, target);
         }

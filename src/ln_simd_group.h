@@ -54,6 +54,29 @@ static LN_ALWAYS_INLINE void gd_store(double *p, gd a)
     FOR_VD(k) { *(ln_vd_mem *)(p + LN_VD_LANES * k) = a.v[k]; }
 }
 
+/* a with each NaN lane the one quiet NaN (NAN's bits) and the others as they are: a select
+   on the lanes' bits where the level has vectors, so that it costs a few vector operations
+   instead of a test and a branch per lane. */
+#if LN_VD_LANES > 1
+typedef uint64_t ln_vu64 __attribute__((vector_size(sizeof(ln_vd))));
+
+static LN_ALWAYS_INLINE gd gd_quiet_nans(gd a)
+{
+    const ln_vu64 quiet = (ln_vu64)((ln_vd){0} + NAN);
+    FOR_VD(k) {
+        const ln_vu64 is_number = (ln_vu64)(a.v[k] == a.v[k]);
+        a.v[k] = (ln_vd)(((ln_vu64)a.v[k] & is_number) | (quiet & ~is_number));
+    }
+    return a;
+}
+#else
+static LN_ALWAYS_INLINE gd gd_quiet_nans(gd a)
+{
+    FOR_VD(k) { a.v[k] = isnan(a.v[k]) ? NAN : a.v[k]; }
+    return a;
+}
+#endif
+
 static LN_ALWAYS_INLINE gf gf_splat(float value)
 {
     gf r;
