@@ -6,6 +6,8 @@ of the fused op (the norm's backward on sum, plus the upstream gradient of sum, 
 and residual) against torch autograd of the unfused graph.
 """
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -49,12 +51,30 @@ def bits(array):
     return np.ascontiguousarray(array).tobytes()
 
 
+def same_bits(a, b):
+    """bits(a) == bits(b) without the copies to bytes (for large arrays)."""
+    unsigned = np.dtype(f"u{a.dtype.itemsize}")
+    return a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a.view(unsigned), b.view(unsigned))
+
+
 def case_data(dtype, shape, ns, affine, seed=0):
     """(input, residual, weight, bias)."""
     x = make_input(shape, dtype, seed=seed)
     residual = make_input(shape, dtype, seed=seed + 1, scale=3.0, offset=0.25)
     w, b = make_params(ns, param_dtype(dtype), affine)
     return x, residual, w, b
+
+
+def destination_keywords(x, residual, residual_out, out):
+    """add_*'s residual_out= and out= for destinations named as in DESTINATIONS: "input" and
+    "residual" are x and residual themselves (in place), "new" a new array, None the keyword
+    left out."""
+    arrays = {"input": x, "residual": residual}
+    keywords = {}
+    for keyword, name in (("residual_out", residual_out), ("out", out)):
+        if name is not None:
+            keywords[keyword] = arrays[name] if name != "new" else np.empty_like(x)
+    return keywords
 
 
 # ---------------------------------------------------------------------------
@@ -144,12 +164,7 @@ DESTINATIONS = [
 def test_results_written_where_asked(kind, case_id, shape, ns, axis, residual_out, out):
     x, residual, w, b = case_data(np.float32, shape, ns, kind.affines[0], seed=4)
     expected_out, expected_sum = kind.add(x.copy(), residual.copy(), ns, w, b, axis=axis)
-    arrays = {"input": x, "residual": residual, "new": None, None: None}
-    keywords = {}
-    if residual_out is not None:
-        keywords["residual_out"] = arrays[residual_out] if residual_out != "new" else np.empty_like(x)
-    if out is not None:
-        keywords["out"] = arrays[out] if out != "new" else np.empty_like(x)
+    keywords = destination_keywords(x, residual, residual_out, out)
     got_out, got_sum = kind.add(x, residual, ns, w, b, axis=axis, **keywords)
     if residual_out is not None:
         assert got_sum is keywords["residual_out"]
@@ -164,25 +179,34 @@ def test_results_written_where_asked(kind, case_id, shape, ns, axis, residual_ou
 LARGE_DESTINATIONS = [("residual", None), (None, "input"), ("input", "residual"), ("new", "new")]
 
 
+@functools.lru_cache(maxsize=1)
+def large_case(kind, dtype, row_len):
+    """(input, residual, weight, bias, expected sum, expected output) of a result just over
+    32 MiB, made once for the destinations tried one after another (pytest runs the last
+    parameter's cases in a row); read-only, a test writes into copies."""
+    rows = (32 << 20) // (row_len * np.dtype(dtype).itemsize) + 3
+    x, residual, w, b = case_data(dtype, (rows, row_len), (row_len,), kind.affines[0], seed=12)
+    expected_sum = x + residual
+    expected_out = kind.forward(expected_sum, (row_len,), w, b)
+    arrays = (x, residual, w, b, expected_sum, expected_out)
+    for array in arrays:
+        if array is not None:
+            array.flags.writeable = False
+    return arrays
+
+
 @pytest.mark.parametrize("residual_out, out", LARGE_DESTINATIONS,
                          ids=[f"sum-to-{s}-out-to-{o}" for s, o in LARGE_DESTINATIONS])
 @pytest.mark.parametrize("row_len", [1000, 4100, 4099])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("kind", KINDS, ids=str)
 def test_large_results_written_where_asked(kind, dtype, row_len, residual_out, out):
-    rows = (32 << 20) // (row_len * np.dtype(dtype).itemsize) + 3
-    x, residual, w, b = case_data(dtype, (rows, row_len), (row_len,), kind.affines[0], seed=12)
-    expected_sum = x + residual
-    expected_out = kind.forward(expected_sum, (row_len,), w, b)
-    arrays = {"input": x, "residual": residual, "new": None, None: None}
-    keywords = {}
-    if residual_out is not None:
-        keywords["residual_out"] = arrays[residual_out] if residual_out != "new" else np.empty_like(x)
-    if out is not None:
-        keywords["out"] = arrays[out] if out != "new" else np.empty_like(x)
+    x, residual, w, b, expected_sum, expected_out = large_case(kind, dtype, row_len)
+    x, residual = x.copy(), residual.copy()
+    keywords = destination_keywords(x, residual, residual_out, out)
     got_out, got_sum = kind.add(x, residual, (row_len,), w, b, **keywords)
-    assert bits(got_sum) == bits(expected_sum)
-    assert bits(got_out) == bits(expected_out)
+    assert same_bits(got_sum, expected_sum)
+    assert same_bits(got_out, expected_out)
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=str)
