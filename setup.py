@@ -23,8 +23,10 @@ link_args = []
 undef_macros = ["NDEBUG"] if os.environ.get("LAYERNORM_DEBUG") else []
 if os.environ.get("LAYERNORM_SANITIZE"):
     # -fno-wrapv undoes the -fwrapv of Python's own CFLAGS, so UBSan sees signed overflow;
-    # -O1, as the sanitizers advise, builds in half the time of -O3 and checks the same accesses
-    compile_args += ["-O1", "-fsanitize=address,undefined", "-fno-wrapv", "-fno-omit-frame-pointer", "-g"]
+    # -O1, as the sanitizers advise, builds in half the time of -O3 and checks the same accesses;
+    # UBSan's object-size check, which ASan's bounds checks subsume, took a third of the build
+    compile_args += ["-O1", "-fsanitize=address,undefined", "-fno-sanitize=object-size", "-fno-wrapv",
+                     "-fno-omit-frame-pointer", "-g"]
     link_args += ["-fsanitize=address,undefined"]
 if os.environ.get("LAYERNORM_DEBUG"):
     compile_args += ["-O0", "-g"]  # after the sanitizers' -O1: both switches build at -O0
