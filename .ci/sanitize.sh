@@ -20,16 +20,10 @@
 # libubsan.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source .ci/lib.sh
 
 work=build/sanitize
-rm -rf "$work"
-mkdir -p "$work"
-# the sources as the repository has them (the README test reads .ci/run), without builds
-if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
-  git ls-files -z | xargs -0 cp --parents -t "$work"
-else
-  cp -r . "$work" && rm -rf "$work/build" && find "$work" -name '*.so' -delete
-fi
+copy_sources "$work"
 
 echo "sanitize: building (a few minutes; log in $work/build.log)"
 python3 -m venv "$work/venv"

@@ -31,6 +31,9 @@ esac
 
 objects=$(mktemp -d)
 trap 'rm -rf "$objects"' EXIT
+# The sources compile side by side (the level files take most of the time); a failure is
+# reported once all have finished.
+compiles=()
 for source in "${sources[@]}"; do
   flags=()
   case "$(basename "$source")" in
@@ -38,7 +41,13 @@ for source in "${sources[@]}"; do
     ln_level_avx512.c) [[ $x86 == 1 ]] || continue; flags=(-mavx512f -mavx2 -mfma -mf16c) ;;
     ln_level_scalar.c) flags=(-Os) ;;
   esac
-  "$compiler" "${common[@]}" "${flags[@]}" -c "$source" -o "$objects/$(basename "$source" .c).o"
+  "$compiler" "${common[@]}" "${flags[@]}" -c "$source" -o "$objects/$(basename "$source" .c).o" &
+  compiles+=($!)
 done
+failed=0
+for compile in "${compiles[@]}"; do
+  wait "$compile" || failed=1
+done
+((failed == 0)) || { echo "build-driver: $compiler failed to compile the kernels" >&2; exit 1; }
 mkdir -p "$(dirname "$output")"
 "$compiler" "${common[@]}" "${link[@]}" "$objects"/*.o -o "$output" -lm -pthread

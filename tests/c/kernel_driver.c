@@ -21,7 +21,7 @@
  *     bash tests/c/build-driver.sh gcc build/kernel-driver/x86_64-gcc
  *     build/kernel-driver/x86_64-gcc > x86_64-gcc.txt
  *
- * .ci/cross-aarch64.sh and .ci/clang.sh do this for aarch64 (under qemu) and for clang.
+ * .ci/kernel-bits.sh does this for clang and for aarch64 (under qemu).
  */
 #include "ln_kernels.h"
 
