@@ -4,22 +4,27 @@
 # user would (its assert_type lines pin what each returns); mypy's stubtest against the compiled
 # core's stub; then the example is run, so it stays true at run time too.
 #
-#   bash .ci/typecheck.sh
+#   bash .ci/typecheck.sh                     in a new virtual environment, the package installed there
+#   VENV=.venv-ci-try bash .ci/typecheck.sh   in one where the package is installed (.ci/run's
+#                                             try-it environment): mypy is added to it
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 work=build/typecheck
 rm -rf "$work"
 mkdir -p "$work"
-python3 -m venv "$work/venv"
+venv=${VENV:-$work/venv}
 # mypy is a CI tool, not a test dependency of the package: it is installed here, in the
-# environment this script makes, and the `test` extra does not list it.
+# environment this script makes or is given, and the `test` extra does not list it.
 {
-  "$work/venv/bin/python" -m pip install -q --upgrade pip
-  "$work/venv/bin/python" -m pip install -q mypy numpy typing_extensions
-  "$work/venv/bin/python" -m pip install -q -e .
+  if [[ -z ${VENV:-} ]]; then
+    python3 -m venv "$venv"
+    "$venv/bin/python" -m pip install -q --upgrade pip
+    "$venv/bin/python" -m pip install -q -e .
+  fi
+  "$venv/bin/python" -m pip install -q mypy numpy typing_extensions
 } >"$work/setup.log" 2>&1 || { tail -n 40 "$work/setup.log"; exit 1; }
-echo "typecheck: $("$work/venv/bin/python" -m mypy --version), NumPy $("$work/venv/bin/python" -c 'import numpy; print(numpy.__version__)')"
+echo "typecheck: $("$venv/bin/python" -m mypy --version), NumPy $("$venv/bin/python" -c 'import numpy; print(numpy.__version__)')"
 
 # torch, ml_dtypes and dask are optional and not installed here (pip would fetch torch's CUDA
 # build): the package looks them up only when they are there.  dask is skipped where it is
@@ -33,8 +38,8 @@ ignore_missing_imports = True
 ignore_missing_imports = True
 follow_imports = skip
 CONFIG
-"$work/venv/bin/python" -m mypy --config-file "$work/mypy.ini" --cache-dir "$work/mypy-cache" \
+"$venv/bin/python" -m mypy --config-file "$work/mypy.ini" --cache-dir "$work/mypy-cache" \
   layernorm tests/typing/public_api.py
-"$work/venv/bin/python" -m mypy.stubtest --mypy-config-file "$work/mypy.ini" layernorm._layernorm
-"$work/venv/bin/python" tests/typing/public_api.py
+"$venv/bin/python" -m mypy.stubtest --mypy-config-file "$work/mypy.ini" layernorm._layernorm
+"$venv/bin/python" tests/typing/public_api.py
 echo "typecheck: ok in ${SECONDS}s"
