@@ -102,7 +102,8 @@ static LN_ALWAYS_INLINE void gf_store(float *p, gf a)
 
 /* bfloat16 groups: each level loads and stores them with its own shuffles (gf_load_bf16,
    gf_store_bf16); the arithmetic on the bits, the scalar conversions of ln_types.h lane by
-   lane, is written here once for every level with vectors, so all convert bit for bit alike. */
+   lane, is written here once for the vector levels (avx512 does the same with its masks),
+   so all convert bit for bit alike. */
 #if LN_VF_LANES > 1
 
 typedef uint32_t ln_vu32 __attribute__((vector_size(sizeof(ln_vf))));
