@@ -84,7 +84,8 @@ static LN_ALWAYS_INLINE void gf_store_f16(uint16_t *p, gf a)
 
 /* bfloat16, with AVX-512BW's word permute (vpermw): one shuffle each way instead of a
    widening or narrowing move plus a shift, since 512-bit integer work has only two ports.
-   The rounding is bf16_rounded's, bit for bit, with the lsb's add and the NaN select masked. */
+   The rounding is bf16_rounded's with its adds masked off the NaN lanes, which stay as they are:
+   the same bits, since every value stored is a result of float arithmetic, whose NaNs are quiet. */
 static LN_ALWAYS_INLINE gf gf_load_bf16(const uint16_t *p)
 {
     /* word 2i + 1 (the high half of 32-bit lane i) takes element i; the low halves are zeroed */
@@ -105,11 +106,11 @@ static LN_ALWAYS_INLINE void gf_store_bf16(uint16_t *p, gf a)
                                                  (15 << 16) | 13, (11 << 16) | 9, (7 << 16) | 5, (3 << 16) | 1);
     const __m512 value = (__m512)a.v[0];
     const __m512i bits = _mm512_castps_si512(value);
-    const __mmask16 is_nan = _mm512_cmp_ps_mask(value, value, _CMP_UNORD_Q);
-    const __mmask16 kept_lsb_set = _mm512_test_epi32_mask(bits, _mm512_set1_epi32(0x10000));
-    const __m512i to_even = _mm512_mask_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7fff)), kept_lsb_set,
-                                                  bits, _mm512_set1_epi32(0x8000));
-    const __m512i rounded = _mm512_mask_or_epi32(to_even, is_nan, bits, _mm512_set1_epi32(0x00400000));
+    const __mmask16 is_number = _mm512_cmp_ps_mask(value, value, _CMP_ORD_Q);
+    assert(_mm512_mask_test_epi32_mask((__mmask16)~is_number, bits, _mm512_set1_epi32(0x00400000)) == (__mmask16)~is_number);
+    const __mmask16 kept_lsb_set = _mm512_mask_test_epi32_mask(is_number, bits, _mm512_set1_epi32(0x10000));
+    const __m512i half_below = _mm512_mask_add_epi32(bits, is_number, bits, _mm512_set1_epi32(0x7fff));
+    const __m512i rounded = _mm512_mask_add_epi32(half_below, kept_lsb_set, bits, _mm512_set1_epi32(0x8000));
     _mm256_storeu_si256((__m256i *)p, _mm512_castsi512_si256(_mm512_permutexvar_epi16(high_halves, rounded)));
 }
 
