@@ -47,7 +47,7 @@ if platform.endswith(("x86_64", "amd64")):
     LEVEL_FLAGS = {
         os.path.normpath("src/ln_level_scalar.c"): size_optimized,
         os.path.normpath("src/ln_level_avx2.c"): ["-mavx2", "-mfma", "-mf16c"],
-        os.path.normpath("src/ln_level_avx512.c"): ["-mavx512f", "-mavx2", "-mfma", "-mf16c"],
+        os.path.normpath("src/ln_level_avx512.c"): ["-mavx512f", "-mavx512bw", "-mavx2", "-mfma", "-mf16c"],
     }
 elif platform.endswith(("aarch64", "arm64")):
     LEVEL_FLAGS = {os.path.normpath("src/ln_level_scalar.c"): size_optimized}

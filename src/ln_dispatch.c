@@ -43,7 +43,7 @@ ln_simd_level ln_simd_best(void)
 #if defined(__x86_64__)
     __builtin_cpu_init();
     const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && ln_cpu_has_f16c();
-    if (avx2 && __builtin_cpu_supports("avx512f")) {
+    if (avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) {
         return LN_SIMD_AVX512;
     }
     if (avx2) {

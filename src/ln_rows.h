@@ -76,6 +76,7 @@ static LN_ALWAYS_INLINE gf load_as_f32(ln_dtype dtype, const void *p, ptrdiff_t 
     return gf_load((const float *)p + i);
 }
 
+/* v is a result of float arithmetic, so its NaNs are quiet (the avx512 bfloat16 store keeps them). */
 static LN_ALWAYS_INLINE void store_from_f32(ln_dtype dtype, void *p, ptrdiff_t i, gf v)
 {
     if (dtype == LN_F16) {

@@ -1,13 +1,13 @@
 /*
- * ln_simd_avx512.h -- the group primitives of the avx512 level: AVX-512F (with AVX2, FMA
- * and F16C), x86-64 only; the translation unit is compiled with -mavx512f -mavx2 -mfma
- * -mf16c.  A group is 2 __m512d or 1 __m512.
+ * ln_simd_avx512.h -- the group primitives of the avx512 level: AVX-512F and BW (with AVX2,
+ * FMA and F16C), x86-64 only; the translation unit is compiled with -mavx512f -mavx512bw
+ * -mavx2 -mfma -mf16c.  A group is 2 __m512d or 1 __m512.
  */
 #ifndef LN_SIMD_AVX512_H
 #define LN_SIMD_AVX512_H
 
-#if !defined(__AVX512F__) || !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
-#error "the avx512 level is compiled with -mavx512f -mavx2 -mfma -mf16c"
+#if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
+#error "the avx512 level is compiled with -mavx512f -mavx512bw -mavx2 -mfma -mf16c"
 #endif
 
 #include <immintrin.h>
@@ -82,17 +82,36 @@ static LN_ALWAYS_INLINE void gf_store_f16(uint16_t *p, gf a)
     _mm256_storeu_si256((__m256i *)p, _mm512_cvtps_ph((__m512)a.v[0], _MM_FROUND_TO_NEAREST_INT));
 }
 
-/* bfloat16: a zero-extending load (vpmovzxwd) and a truncating store (vpmovdw). */
+/* bfloat16, with AVX-512BW's word permute (vpermw): one shuffle each way instead of a
+   widening or narrowing move plus a shift, since 512-bit integer work has only two ports.
+   The rounding is bf16_rounded's with its adds masked off the NaN lanes, which stay as they are:
+   the same bits, since every value stored is a result of float arithmetic, whose NaNs are quiet. */
 static LN_ALWAYS_INLINE gf gf_load_bf16(const uint16_t *p)
 {
+    /* word 2i + 1 (the high half of 32-bit lane i) takes element i; the low halves are zeroed */
+    const __m512i element_to_high_half = _mm512_set_epi32(15 << 16, 14 << 16, 13 << 16, 12 << 16, 11 << 16,
+                                                          10 << 16, 9 << 16, 8 << 16, 7 << 16, 6 << 16, 5 << 16,
+                                                          4 << 16, 3 << 16, 2 << 16, 1 << 16, 0);
+    const __m512i halves = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p));
     gf r;
-    r.v[0] = bf16_widened((ln_vu32)_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)));
+    r.v[0] = (ln_vf)_mm512_maskz_permutexvar_epi16(0xaaaaaaaa, element_to_high_half, halves);
     return r;
 }
 
 static LN_ALWAYS_INLINE void gf_store_bf16(uint16_t *p, gf a)
 {
-    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16((__m512i)bf16_rounded(a.v[0])));
+    /* word i (i < 16) takes word 2i + 1, the high half of 32-bit lane i */
+    const __m512i high_halves = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0,
+                                                 (31 << 16) | 29, (27 << 16) | 25, (23 << 16) | 21, (19 << 16) | 17,
+                                                 (15 << 16) | 13, (11 << 16) | 9, (7 << 16) | 5, (3 << 16) | 1);
+    const __m512 value = (__m512)a.v[0];
+    const __m512i bits = _mm512_castps_si512(value);
+    const __mmask16 is_number = _mm512_cmp_ps_mask(value, value, _CMP_ORD_Q);
+    assert(_mm512_mask_test_epi32_mask((__mmask16)~is_number, bits, _mm512_set1_epi32(0x00400000)) == (__mmask16)~is_number);
+    const __mmask16 kept_lsb_set = _mm512_mask_test_epi32_mask(is_number, bits, _mm512_set1_epi32(0x10000));
+    const __m512i half_below = _mm512_mask_add_epi32(bits, is_number, bits, _mm512_set1_epi32(0x7fff));
+    const __m512i rounded = _mm512_mask_add_epi32(half_below, kept_lsb_set, bits, _mm512_set1_epi32(0x8000));
+    _mm256_storeu_si256((__m256i *)p, _mm512_castsi512_si256(_mm512_permutexvar_epi16(high_halves, rounded)));
 }
 
 /* Streaming stores, p 64-byte aligned: 64-byte non-temporal stores. */

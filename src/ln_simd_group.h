@@ -102,7 +102,8 @@ static LN_ALWAYS_INLINE void gf_store(float *p, gf a)
 
 /* bfloat16 groups: each level loads and stores them with its own shuffles (gf_load_bf16,
    gf_store_bf16); the arithmetic on the bits, the scalar conversions of ln_types.h lane by
-   lane, is written here once for every level with vectors, so all convert bit for bit alike. */
+   lane, is written here once for the vector levels (avx512 does the same with its masks),
+   so all convert bit for bit alike. */
 #if LN_VF_LANES > 1
 
 typedef uint32_t ln_vu32 __attribute__((vector_size(sizeof(ln_vf))));
@@ -114,15 +115,14 @@ static LN_ALWAYS_INLINE ln_vf bf16_widened(ln_vu32 halves)
 }
 
 /* The bfloat16 of each lane, in its low 16 bits (the high ones zero): rounded to nearest
-   even by adding 0x7fff plus the kept lsb (a carry steps the exponent, up to Inf), NaN
-   made quiet instead, keeping its sign and the top of its payload. */
+   even by adding 0x7fff plus the kept lsb (a carry steps the exponent, up to Inf); NaN lanes
+   get no add and keep their top half, already quiet since every value stored is a result of
+   float arithmetic. */
 static LN_ALWAYS_INLINE ln_vu32 bf16_rounded(ln_vf value)
 {
     const ln_vu32 bits = (ln_vu32)value;
-    const ln_vu32 is_nan = (ln_vu32)(value != value);
-    const ln_vu32 rounded = bits + 0x7fff + ((bits >> 16) & 1);
-    const ln_vu32 quiet = bits | 0x00400000;
-    return ((rounded & ~is_nan) | (quiet & is_nan)) >> 16;
+    const ln_vu32 is_number = (ln_vu32)(value == value);
+    return (bits + ((0x7fff + ((bits >> 16) & 1)) & is_number)) >> 16;
 }
 
 #endif

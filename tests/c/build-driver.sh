@@ -38,7 +38,7 @@ for source in "${sources[@]}"; do
   flags=()
   case "$(basename "$source")" in
     ln_level_avx2.c) [[ $x86 == 1 ]] || continue; flags=(-mavx2 -mfma -mf16c) ;;
-    ln_level_avx512.c) [[ $x86 == 1 ]] || continue; flags=(-mavx512f -mavx2 -mfma -mf16c) ;;
+    ln_level_avx512.c) [[ $x86 == 1 ]] || continue; flags=(-mavx512f -mavx512bw -mavx2 -mfma -mf16c) ;;
     ln_level_scalar.c) flags=(-Os) ;;
   esac
   "$compiler" "${common[@]}" "${flags[@]}" -c "$source" -o "$objects/$(basename "$source" .c).o" &
