@@ -6,6 +6,7 @@ Environment switches for development builds:
 Release builds (neither switch) carry no debug info.
 """
 import os
+import subprocess
 import sysconfig
 from concurrent.futures import ThreadPoolExecutor
 
@@ -37,20 +38,39 @@ if release:
 
 # One translation unit per SIMD level, each compiled for its own instruction set; the x86
 # levels exist only in x86-64 builds (their sources compile to nothing elsewhere).
-# The scalar level runs only when asked for (ln_simd_set) wherever a vector level is built,
-# so there it is optimized for size (-Os, same bits): 10 s to compile instead of 45 s of the
-# build's 110 s of CPU time at -O3, for a level that then runs 2-5x slower.
+# Levels that run only where nothing faster can are optimized for size (-Os, same bits):
+# the scalar level, which runs only when asked for (ln_simd_set) wherever a vector level is
+# built (11 s to compile instead of 45 s at -O3, and 2-5x slower), and, on x86-64, the
+# 128-bit level, SSE2 with fma() called lane by lane, for CPUs without AVX2 and FMA (14 s
+# instead of 30 s).  The others stay at -O3: at -O2 GCC kept the accumulators of short
+# rows in memory (4x20 float32 forward 10% slower, 2048x1024 float16 backward 11%).
+# GCC_ONLY_ARGS go to GCC alone (clang warns of them): -O3's loop unswitching copied each
+# loop once per combination of the layout tests it hoisted (the strided and residual routes
+# test several arrays'), a fifth of the vector levels' build time for no speed measured;
+# the loops that gained from it compile their common case apart (LN_AFFINE_LOOP_APART).
 LEVEL_FLAGS = {}
+GCC_ONLY_ARGS = ["-fno-unswitch-loops"]
 platform = sysconfig.get_platform()
 size_optimized = ["-Os"] if release else []
 if platform.endswith(("x86_64", "amd64")):
     LEVEL_FLAGS = {
         os.path.normpath("src/ln_level_scalar.c"): size_optimized,
+        os.path.normpath("src/ln_level_vec128.c"): size_optimized,
         os.path.normpath("src/ln_level_avx2.c"): ["-mavx2", "-mfma", "-mf16c"],
         os.path.normpath("src/ln_level_avx512.c"): ["-mavx512f", "-mavx512bw", "-mavx2", "-mfma", "-mf16c"],
     }
 elif platform.endswith(("aarch64", "arm64")):
     LEVEL_FLAGS = {os.path.normpath("src/ln_level_scalar.c"): size_optimized}
+
+
+def compiler_is_gcc(compiler):
+    """Whether setuptools' C compiler is GCC: clang defines __GNUC__ too, and __clang__."""
+    command = list(compiler.compiler_so) + ["-dM", "-E", "-x", "c", os.devnull]
+    try:
+        macros = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return False
+    return "__GNUC__" in macros and "__clang__" not in macros
 
 
 class BuildExt(build_ext):
@@ -72,6 +92,8 @@ class BuildExt(build_ext):
             macros, objects, extra_postargs, pp_opts, build = compiler._setup_compile(
                 output_dir, macros, include_dirs, sources, depends, extra_postargs)
             cc_args = compiler._get_cc_args(pp_opts, debug, extra_preargs)
+            if compiler_is_gcc(compiler):
+                extra_postargs = extra_postargs + GCC_ONLY_ARGS
 
             def compile_object(obj):
                 source, source_ext = build[obj]
@@ -95,8 +117,8 @@ setup(
         Extension(
             "layernorm._layernorm",
             # slowest to compile first: they start first in BuildExt's pool
-            sources=["src/ln_level_vec128.c", "src/ln_level_avx2.c", "src/ln_level_avx512.c",
-                     "src/ln_level_scalar.c", "src/_layernorm.c", "src/ln_backward.c", "src/ln_forward.c",
+            sources=["src/ln_level_avx2.c", "src/ln_level_avx512.c", "src/ln_level_vec128.c", "src/ln_level_scalar.c",
+                     "src/_layernorm.c", "src/ln_backward.c", "src/ln_forward.c",
                      "src/ln_parts.c", "src/ln_threads.c", "src/ln_dispatch.c", "src/ln_layout.c",
                      "src/ln_exact.c"],
             depends=["src/ln_kernels.h", "src/ln_layout.h", "src/ln_internal.h", "src/ln_types.h", "src/ln_tuning.h",

@@ -56,7 +56,7 @@
  * Those are the contiguous route's row kernels (rows whose elements are adjacent); the
  * strided route's tile kernels, further down, compute the same per lane.
  */
-#if !defined(LN_LEVEL_KERNELS) || !defined(LN_LOOP_PER_PARAM_CASE)
+#if !defined(LN_LEVEL_KERNELS) || !defined(LN_AFFINE_LOOP_APART)
 #error "include a level's ln_simd_<level>.h and define LN_LEVEL_KERNELS before ln_rows.h"
 #endif
 
@@ -236,10 +236,11 @@ static LN_ALWAYS_INLINE ln_moments chunk_moments(ln_norm_kind kind, ln_dtype dty
 static LN_ALWAYS_INLINE ln_moments row_moments(ln_norm_kind kind, ln_dtype dtype, const char *x, ptrdiff_t n)
 {
     const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(dtype);
-    ln_moments m = chunk_moments(kind, dtype, x, n < LN_CHUNK ? n : LN_CHUNK);
-    for (ptrdiff_t start = LN_CHUNK; start < n; start += LN_CHUNK) {
+    ln_moments m = {0.0, 0.0, 0.0};
+    for (ptrdiff_t start = 0; start < n; start += LN_CHUNK) {  /* one loop: one inlined copy */
         const ptrdiff_t len = n - start < LN_CHUNK ? n - start : LN_CHUNK;
-        m = ln_merge(m, chunk_moments(kind, dtype, x + start * elsize, len));
+        const ln_moments chunk = chunk_moments(kind, dtype, x + start * elsize, len);
+        m = start == 0 ? chunk : ln_merge(m, chunk);
     }
     return m;
 }
@@ -364,24 +365,18 @@ static LN_ALWAYS_INLINE void normalize(ln_norm_kind kind, ln_dtype dtype, int st
     }
 }
 
-/* normalize() with the weight/bias cases compiled apart, so that no loop tests them, at
-   levels where a loop per case is worth its build time (LN_LOOP_PER_PARAM_CASE). */
+/* normalize(), the loop for rows with both weight and bias compiled apart where the level
+   wants it (LN_AFFINE_LOOP_APART): the modules' case, with no tests in its loop. */
 static LN_ALWAYS_INLINE void normalize_row(ln_norm_kind kind, ln_dtype dtype, int streaming, const void *x,
                                            void *y, ptrdiff_t n, double mean, double rstd, const void *weight,
                                            const void *bias)
 {
     bias = kind == LN_NORM_RMS ? NULL : bias;
-    if (!LN_LOOP_PER_PARAM_CASE || (weight && bias)) {
+    if (LN_AFFINE_LOOP_APART && weight && bias) {
         normalize(kind, dtype, streaming, x, y, n, mean, rstd, weight, bias);
     }
-    else if (weight) {
-        normalize(kind, dtype, streaming, x, y, n, mean, rstd, weight, NULL);
-    }
-    else if (bias) {
-        normalize(kind, dtype, streaming, x, y, n, mean, rstd, NULL, bias);
-    }
     else {
-        normalize(kind, dtype, streaming, x, y, n, mean, rstd, NULL, NULL);
+        normalize(kind, dtype, streaming, x, y, n, mean, rstd, weight, bias);
     }
 }
 
@@ -641,6 +636,15 @@ static LN_ALWAYS_INLINE void forward_short_rows(ln_norm_kind kind, ln_dtype dtyp
     assert(1 <= n && n < 16);
     const gd n_v = gd_splat((double)n), eps_v = gd_splat(a->eps);
     const gd one_v = gd_splat(1.0);
+    /* the parameters, ones and zeros standing in for an absent weight and bias: rstd * 1 is
+       rstd and fma(c, s, +0) is c * s rounded, the bits of the tests they replace, and the
+       output loops below test nothing per element (the build does not unswitch loops,
+       setup.py: 1000000x8 float32 took 30% longer with the tests in them) */
+    double weights[16], biases[16];
+    for (ptrdiff_t i = 0; i < n; i++) {
+        weights[i] = a->weight ? ln_load1_param_as_f64(dtype, a->weight, i) : 1.0;
+        biases[i] = has_mean && a->bias ? ln_load1_param_as_f64(dtype, a->bias, i) : 0.0;
+    }
     for (ptrdiff_t block = begin; block < end; block += 16) {
         const ptrdiff_t rows = end - block < 16 ? end - block : 16;
         double values[16][16], firsts[16], means[16], m2s[16], rstds[16];
@@ -683,21 +687,16 @@ static LN_ALWAYS_INLINE void forward_short_rows(ln_norm_kind kind, ln_dtype dtyp
             char *y = ln_row_address(&a->output, &a->extent, block + k);
             ln_store_stats(a, block + k, mean, rstd);
             if (output_in_f64(dtype, n)) {
-                const void *weight = a->weight, *bias = has_mean ? a->bias : NULL;
                 for (ptrdiff_t i = 0; i < n; i++) {
-                    const double scale = weight ? ln_load1_param_as_f64(dtype, weight, i) * rstd : rstd;
-                    ln_store1_from_f64(dtype, y, i, fma(values[k][i] - mean, scale,
-                                                        bias ? ln_load1_param_as_f64(dtype, bias, i) : 0.0));
+                    ln_store1_from_f64(dtype, y, i, fma(values[k][i] - mean, weights[i] * rstd, biases[i]));
                 }
             }
-            else {
-                const float *weight = a->weight, *bias = has_mean ? a->bias : NULL;
+            else {  /* float32 data: float32 parameters, held exactly in weights and biases */
                 const float mean_hi = (float)mean, mean_lo = (float)(mean - (double)mean_hi);
                 const float scale = (float)rstd;
                 for (ptrdiff_t i = 0; i < n; i++) {
                     const float centred = ((float)values[k][i] - mean_hi) - mean_lo;
-                    ln_store1_from_f64(dtype, y, i,
-                                       fmaf(centred, weight ? weight[i] * scale : scale, bias ? bias[i] : 0.0f));
+                    ln_store1_from_f64(dtype, y, i, fmaf(centred, (float)weights[i] * scale, (float)biases[i]));
                 }
             }
         }
@@ -783,19 +782,12 @@ static LN_ALWAYS_INLINE void forward_rows(ln_norm_kind kind, ln_dtype dtype, con
         return;
     }
     if (n <= LN_CHUNK) {
-        /* the weight/bias cases compiled apart, so that no loop tests them (avx512, one
-           thread, 256x1024 float32 with both: 64 -> 59 us), where the level wants it */
-        if (!LN_LOOP_PER_PARAM_CASE || (a->weight && bias)) {
+        /* as normalize_row (avx512, one thread, 256x1024 float32 with both: 64 -> 59 us) */
+        if (LN_AFFINE_LOOP_APART && a->weight && bias) {
             forward_rows_pipelined(kind, dtype, a, bounds, begin, end, a->weight, bias);
         }
-        else if (a->weight) {
-            forward_rows_pipelined(kind, dtype, a, bounds, begin, end, a->weight, NULL);
-        }
-        else if (bias) {
-            forward_rows_pipelined(kind, dtype, a, bounds, begin, end, NULL, bias);
-        }
         else {
-            forward_rows_pipelined(kind, dtype, a, bounds, begin, end, NULL, NULL);
+            forward_rows_pipelined(kind, dtype, a, bounds, begin, end, a->weight, bias);
         }
         return;
     }
@@ -816,25 +808,39 @@ static LN_ALWAYS_INLINE void forward_rows(ln_norm_kind kind, ln_dtype dtype, con
     }
 }
 
-/* Rows [begin, end) of forward_sum_rows, its weight/bias case given. */
-static LN_ALWAYS_INLINE void forward_sum_rows_of(ln_norm_kind kind, ln_dtype dtype, const ln_forward_args *a,
-                                                 const ln_rstd_bounds *bounds, ptrdiff_t begin, ptrdiff_t end,
-                                                 const void *weight, const void *bias)
+/* Rows [begin, end) of a call with a residual whose rows of x, residual, sum and output all
+   have adjacent elements, n >= 16: the fused pass.  Per row, sum = x + residual is formed in
+   registers, its statistics taken from those values and it is written once
+   (sum_chunk_moments); the output then comes from the row while it is in L1/L2: from sum,
+   or, where sum went past the caches by non-temporal stores, from x + residual formed again.
+   Two arrays are read and two written, the floor: the staged route wrote sum through the
+   cache (a read for ownership) and read it back to normalize it. */
+static LN_ALWAYS_INLINE void forward_sum_rows(ln_norm_kind kind, ln_dtype dtype, const ln_forward_args *args,
+                                              const ln_rstd_bounds *bounds, ptrdiff_t begin, ptrdiff_t end)
 {
+    const ln_forward_args copy = *args, *a = &copy;  /* see forward_rows */
+    assert(a->residual.data && a->sum.data && a->extent.row_len >= 16);
+    assert(ln_elements_adjacent(&a->input, dtype) && ln_elements_adjacent(&a->residual, dtype) &&
+           ln_elements_adjacent(&a->sum, dtype) && ln_elements_adjacent(&a->output, dtype));
+    const void *weight = a->weight, *bias = kind == LN_NORM_RMS ? NULL : a->bias;
     const ptrdiff_t n = a->extent.row_len, elsize = (ptrdiff_t)ln_dtype_size(dtype);
     const int streaming = ln_sum_streams(a);
     /* 16-byte non-temporal stores (sum_group): float32/float64 rows 16-byte aligned */
     const int sum_streams = streaming && !ln_dtype_is_16bit(dtype) && ln_rows_aligned(&a->sum, &a->extent, 16);
+    const ln_row_kernels *kernels = &LN_LEVEL_KERNELS.by_dtype[dtype].by_kind[kind];
+    const ln_normalize_fn normalize_span = streaming ? kernels->normalize_row_streaming : kernels->normalize_row;
     for (ptrdiff_t r = begin; r < end; r++) {
         const char *x = ln_row_address(&a->input, &a->extent, r);
         const char *residual = ln_row_address(&a->residual, &a->extent, r);
         char *sum = ln_row_address(&a->sum, &a->extent, r), *y = ln_row_address(&a->output, &a->extent, r);
         /* a sum written over x or residual is in cache already, and is read back from there */
         const int stream_sum = sum_streams && sum != x && sum != residual;
-        ln_moments m = sum_chunk_moments(kind, dtype, x, residual, sum, n < LN_CHUNK ? n : LN_CHUNK, stream_sum);
-        for (ptrdiff_t start = LN_CHUNK; start < n; start += LN_CHUNK) {
+        ln_moments m = {0.0, 0.0, 0.0};
+        for (ptrdiff_t start = 0; start < n; start += LN_CHUNK) {  /* one loop: one inlined copy */
             const ptrdiff_t len = n - start < LN_CHUNK ? n - start : LN_CHUNK, offset = start * elsize;
-            m = ln_merge(m, sum_chunk_moments(kind, dtype, x + offset, residual + offset, sum + offset, len, stream_sum));
+            const ln_moments chunk = sum_chunk_moments(kind, dtype, x + offset, residual + offset, sum + offset, len,
+                                                       stream_sum);
+            m = start == 0 ? chunk : ln_merge(m, chunk);
         }
         const double rstd = ln_rstd_of(m, a->eps);
         if (ln_row_needs_exact(rstd, bounds)) {
@@ -854,42 +860,13 @@ static LN_ALWAYS_INLINE void forward_sum_rows_of(ln_norm_kind kind, ln_dtype dty
                               next ? ln_row_address(&a->residual, &a->extent, r + 1) + offset : NULL);
             }
             else {
-                normalize(kind, dtype, streaming, sum + offset, y + offset, stop - start, m.mean, rstd, w, b);
+                normalize_span(sum + offset, y + offset, stop - start, m.mean, rstd, w, b);
             }
             stop = start;
         }
     }
     if (streaming) {
         stream_fence();
-    }
-}
-
-/* Rows [begin, end) of a call with a residual whose rows of x, residual, sum and output all
-   have adjacent elements, n >= 16: the fused pass.  Per row, sum = x + residual is formed in
-   registers, its statistics taken from those values and it is written once
-   (sum_chunk_moments); the output then comes from the row while it is in L1/L2: from sum,
-   or, where sum went past the caches by non-temporal stores, from x + residual formed again.
-   Two arrays are read and two written, the floor: the staged route wrote sum through the
-   cache (a read for ownership) and read it back to normalize it. */
-static LN_ALWAYS_INLINE void forward_sum_rows(ln_norm_kind kind, ln_dtype dtype, const ln_forward_args *args,
-                                              const ln_rstd_bounds *bounds, ptrdiff_t begin, ptrdiff_t end)
-{
-    const ln_forward_args copy = *args, *a = &copy;  /* see forward_rows */
-    assert(a->residual.data && a->sum.data && a->extent.row_len >= 16);
-    assert(ln_elements_adjacent(&a->input, dtype) && ln_elements_adjacent(&a->residual, dtype) &&
-           ln_elements_adjacent(&a->sum, dtype) && ln_elements_adjacent(&a->output, dtype));
-    const void *bias = kind == LN_NORM_RMS ? NULL : a->bias;
-    if (!LN_LOOP_PER_PARAM_CASE || (a->weight && bias)) {
-        forward_sum_rows_of(kind, dtype, a, bounds, begin, end, a->weight, bias);
-    }
-    else if (a->weight) {
-        forward_sum_rows_of(kind, dtype, a, bounds, begin, end, a->weight, NULL);
-    }
-    else if (bias) {
-        forward_sum_rows_of(kind, dtype, a, bounds, begin, end, NULL, bias);
-    }
-    else {
-        forward_sum_rows_of(kind, dtype, a, bounds, begin, end, NULL, NULL);
     }
 }
 
@@ -1202,6 +1179,11 @@ static LN_ALWAYS_INLINE void grad_apply(ln_norm_kind kind, ln_dtype dtype, const
     if (dtype == LN_F64) {
         grad_apply_double(kind, group, weight, n, dweight, dbias);
     }
+    else if (LN_AFFINE_LOOP_APART && group->dx[0] && weight && dweight && (dbias || kind == LN_NORM_RMS)) {
+        /* a training step's case, everything asked for, compiled apart: no tests in its
+           loops (2048x1024 float16 backward, 2 threads: 5% faster) */
+        grad_apply_single(kind, dtype, group, weight, n, dweight, dbias);
+    }
     else {
         grad_apply_single(kind, dtype, group, weight, n, dweight, dbias);
     }
@@ -1310,6 +1292,7 @@ static LN_ALWAYS_INLINE void backward_rows(ln_norm_kind kind, ln_dtype dtype, co
         return;
     }
     const int stream_dx = ln_backward_streams_dx(a);
+    const ln_row_kernels *kernels = &LN_LEVEL_KERNELS.by_dtype[dtype].by_kind[kind];
     for (ptrdiff_t first = begin; first < end; first += LN_GRAD_ROWS) {
         ln_grad_rows group = {.count = (int)(end - first < LN_GRAD_ROWS ? end - first : LN_GRAD_ROWS),
                               .stream_dx = stream_dx};
@@ -1328,8 +1311,8 @@ static LN_ALWAYS_INLINE void backward_rows(ln_norm_kind kind, ln_dtype dtype, co
             exact[k] = 0;
             if (a->grad_input.data || dweight) {
                 double sums[2], largest[2];
-                grad_sums(kind, dtype, group.dy[k], group.x[k], a->weight, n, group.mean[k], group.rstd[k], sums,
-                          largest);
+                kernels->grad_sums(group.dy[k], group.x[k], a->weight, n, group.mean[k], group.rstd[k], sums,
+                                   largest);
                 group.g_mean[k] = sums[0] / (double)n;
                 group.gx_mean[k] = sums[1] / (double)n;
                 /* a row the group's float32 (or rstd**2) arithmetic cannot carry */
@@ -1339,10 +1322,10 @@ static LN_ALWAYS_INLINE void backward_rows(ln_norm_kind kind, ln_dtype dtype, co
             any_exact |= exact[k];
         }
         if (!any_exact) {
-            grad_apply(kind, dtype, &group, a->weight, n, dweight, dbias);
+            kernels->grad_apply(&group, a->weight, n, dweight, dbias);
             continue;
         }
-        ln_grad_apply_without(LN_LEVEL_KERNELS.by_dtype[dtype].by_kind[kind].grad_apply, &group, exact, a->weight, n,
+        ln_grad_apply_without(kernels->grad_apply, &group, exact, a->weight, n,
                               dweight, dbias);
         for (int k = 0; k < group.count; k++) {
             if (exact[k]) {
@@ -1481,13 +1464,11 @@ static LN_ALWAYS_INLINE void forward_tile_chunk(ln_norm_kind kind, ln_dtype dtyp
 {
     const int has_mean = kind == LN_NORM_LAYER;
     const gd zero_v = gd_splat(0.0);
-    const gd first = forward_tile_values(dtype, t, start);
-    const gd shift = has_mean ? first : zero_v;
-    gd d = has_mean ? gd_sub(first, shift) : first;
-    gd s1 = gd_add(zero_v, d), s2 = gd_fma(d, d, zero_v);
-    for (ptrdiff_t j = start + 1; j < start + len; j++) {
+    gd shift = zero_v, s1 = zero_v, s2 = zero_v;
+    for (ptrdiff_t j = start; j < start + len; j++) {  /* the first element in the loop: one copy of it */
         const gd value = forward_tile_values(dtype, t, j);
-        d = has_mean ? gd_sub(value, shift) : value;
+        shift = has_mean && j == start ? value : shift;
+        const gd d = has_mean ? gd_sub(value, shift) : value;
         s1 = has_mean ? gd_add(s1, d) : s1;
         s2 = gd_fma(d, d, s2);
     }
@@ -1503,14 +1484,13 @@ static LN_ALWAYS_INLINE void forward_tile_statistics(ln_norm_kind kind, ln_dtype
                                                      ptrdiff_t n, double eps, double means[16], double rstds[16])
 {
     double m2s[16], vars[16];
-    forward_tile_chunk(kind, dtype, t, 0, n < LN_CHUNK ? n : LN_CHUNK, means, m2s);
-    for (ptrdiff_t start = LN_CHUNK; start < n; start += LN_CHUNK) {
+    for (ptrdiff_t start = 0; start < n; start += LN_CHUNK) {  /* one loop: one inlined copy */
         const ptrdiff_t len = n - start < LN_CHUNK ? n - start : LN_CHUNK;
         double chunk_means[16], chunk_m2s[16];
         forward_tile_chunk(kind, dtype, t, start, len, chunk_means, chunk_m2s);
         for (int k = 0; k < 16; k++) {
-            const ln_moments so_far = {(double)start, means[k], m2s[k]}, chunk = {(double)len, chunk_means[k], chunk_m2s[k]};
-            const ln_moments m = ln_merge(so_far, chunk);
+            const ln_moments chunk = {(double)len, chunk_means[k], chunk_m2s[k]};
+            const ln_moments m = start == 0 ? chunk : ln_merge((ln_moments){(double)start, means[k], m2s[k]}, chunk);
             means[k] = m.mean;
             m2s[k] = m.m2;
         }

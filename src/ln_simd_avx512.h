@@ -18,7 +18,7 @@ typedef double ln_vd __attribute__((vector_size(64)));  /* __m512d */
 typedef float ln_vf __attribute__((vector_size(64)));   /* __m512 */
 #define LN_VD_PER_GROUP 2
 #define LN_VF_PER_GROUP 1
-#define LN_LOOP_PER_PARAM_CASE 1
+#define LN_AFFINE_LOOP_APART 1
 
 #include "ln_simd_group.h"
 

@@ -8,10 +8,11 @@
  * how many of each make a group, LN_VD_PER_GROUP and LN_VF_PER_GROUP, then includes this;
  * GCC/Clang vector extensions give +, -, *, / lane by lane at every width.
  *
- * A level's header also says whether ln_rows.h compiles its loops once per weight/bias
- * case (LN_LOOP_PER_PARAM_CASE 1: no loop tests for them, a few percent faster) or once
- * for all (0: where a group's arithmetic is many instructions or calls, a quarter of the
- * code and of the build time, for a level whose speed is not the point).
+ * A level's header also says whether ln_rows.h compiles the common case of its hottest
+ * loops apart from the loop that serves every case: forward rows with both a weight and a
+ * bias, backward rows with dx and every parameter gradient asked for (LN_AFFINE_LOOP_APART
+ * 1: that case runs with no tests in its loops, a few percent faster), or not (0: where a
+ * group's arithmetic is many instructions or calls anyway).
  */
 #ifndef LN_SIMD_GROUP_H
 #define LN_SIMD_GROUP_H

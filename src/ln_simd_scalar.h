@@ -13,7 +13,7 @@ typedef double ln_vd;
 typedef float ln_vf;
 #define LN_VD_PER_GROUP 16
 #define LN_VF_PER_GROUP 16
-#define LN_LOOP_PER_PARAM_CASE 0  /* 16 scalar operations a group operation */
+#define LN_AFFINE_LOOP_APART 0  /* 16 scalar operations a group operation */
 
 #include "ln_simd_group.h"
 

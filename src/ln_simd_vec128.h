@@ -26,9 +26,9 @@ typedef float ln_vf __attribute__((vector_size(16)));
 #define LN_VD_PER_GROUP 8
 #define LN_VF_PER_GROUP 4
 #if defined(__aarch64__)
-#define LN_LOOP_PER_PARAM_CASE 1
+#define LN_AFFINE_LOOP_APART 1
 #else
-#define LN_LOOP_PER_PARAM_CASE 0  /* SSE2: fma() calls, lane by lane */
+#define LN_AFFINE_LOOP_APART 0  /* SSE2: fma() calls, lane by lane */
 #endif
 
 #include "ln_simd_group.h"
