@@ -41,7 +41,7 @@ for source in "${sources[@]}"; do
     ln_level_avx2.c) [[ $x86 == 1 ]] || continue; flags=(-mavx2 -mfma -mf16c) ;;
     ln_level_avx512.c) [[ $x86 == 1 ]] || continue; flags=(-mavx512f -mavx512bw -mavx2 -mfma -mf16c) ;;
     ln_level_scalar.c) flags=(-Os) ;;
-    ln_level_vec128.c) [[ $x86 == 1 ]] && flags=(-Os) ;;
+    ln_level_vec128.c) if [[ $x86 == 1 ]]; then flags=(-Os); fi ;;
   esac
   "$compiler" "${common[@]}" "${flags[@]}" -c "$source" -o "$objects/$(basename "$source" .c).o" &
   compiles+=($!)
