@@ -42,12 +42,13 @@ if release:
 # the scalar level, which runs only when asked for (ln_simd_set) wherever a vector level is
 # built (11 s to compile instead of 45 s at -O3, and 2-5x slower), and, on x86-64, the
 # 128-bit level, SSE2 with fma() called lane by lane, for CPUs without AVX2 and FMA (14 s
-# instead of 30 s).  The others stay at -O3: at -O2 GCC kept the accumulators of short
+# instead of 34 s).  The others stay at -O3: at -O2 GCC kept the accumulators of short
 # rows in memory (4x20 float32 forward 10% slower, 2048x1024 float16 backward 11%).
 # GCC_ONLY_ARGS go to GCC alone (clang warns of them): -O3's loop unswitching copied each
 # loop once per combination of the layout tests it hoisted (the strided and residual routes
-# test several arrays'), a fifth of the vector levels' build time for no speed measured;
-# the loops that gained from it compile their common case apart (LN_AFFINE_LOOP_APART).
+# test several arrays'), a fifth of the vector levels' build time, with no speed difference
+# measured; the loops that gained from it compile their common case apart instead
+# (LN_AFFINE_LOOP_APART).
 LEVEL_FLAGS = {}
 GCC_ONLY_ARGS = ["-fno-unswitch-loops"]
 platform = sysconfig.get_platform()
