@@ -12,7 +12,9 @@
  * loops apart from the loop that serves every case: forward rows with both a weight and a
  * bias, backward rows with dx and every parameter gradient asked for (LN_AFFINE_LOOP_APART
  * 1: that case runs with no tests in its loops, a few percent faster), or not (0: where a
- * group's arithmetic is many instructions or calls anyway).
+ * group's arithmetic is many instructions or calls anyway).  The idiom is the same call in
+ * both branches of `if (LN_AFFINE_LOOP_APART && weight && bias)`: inlined in the first, the
+ * loops know the pointers are not NULL, and the compiler drops their tests.
  */
 #ifndef LN_SIMD_GROUP_H
 #define LN_SIMD_GROUP_H
