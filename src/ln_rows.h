@@ -102,6 +102,31 @@ static LN_ALWAYS_INLINE gd load_as_f64(ln_dtype dtype, const void *p, ptrdiff_t 
     return gf_widen(load_as_f32(dtype, p, i));
 }
 
+/* 16 float64 values into p[0 .. 16), rounded once to the element type as ln_store1_from_f64
+   rounds them (float16/bfloat16: to odd in float32, then to nearest even), a group at a
+   time: the loop over the lanes vectorizes where the level has vectors. */
+static LN_ALWAYS_INLINE void store_from_f64(ln_dtype dtype, void *p, gd v)
+{
+    if (dtype == LN_F64) {
+        gd_store(p, v);
+        return;
+    }
+    double values[16];
+    float narrowed[16];
+    gd_store(values, v);
+    if (ln_dtype_is_16bit(dtype)) {
+        for (int k = 0; k < 16; k++) {
+            narrowed[k] = ln_double_to_float_odd(values[k]);
+        }
+    }
+    else {
+        for (int k = 0; k < 16; k++) {
+            narrowed[k] = (float)values[k];
+        }
+    }
+    store_from_f32(dtype, p, 0, gf_load(narrowed));
+}
+
 /* ------------------------------------------------------------------------ */
 /* Forward: statistics                                                       */
 /* ------------------------------------------------------------------------ */
@@ -280,6 +305,24 @@ static LN_ALWAYS_INLINE row_norm row_norm_of(ln_dtype dtype, double mean, double
         k.scale_v = gf_splat(k.scale);
     }
     return k;
+}
+
+/* row_norm_of's float32 constants of 16 rows, a row per lane (rows of the short-row and the
+   strided routes). */
+typedef struct {
+    gf mean_hi, mean_lo, scale;
+} lane_norm;
+
+static LN_ALWAYS_INLINE lane_norm lane_norm_of(const double means[16], const double rstds[16])
+{
+    float mean_hi[16], mean_lo[16], scales[16];
+    for (int k = 0; k < 16; k++) {
+        const row_norm row = row_norm_of(LN_F32, means[k], rstds[k]);
+        mean_hi[k] = row.mean_hi;
+        mean_lo[k] = row.mean_lo;
+        scales[k] = row.scale;
+    }
+    return (lane_norm){gf_load(mean_hi), gf_load(mean_lo), gf_load(scales)};
 }
 
 /* y[i .. i + 16) from x[i .. i + 16); `streaming`: by non-temporal stores, y + i 64-byte
@@ -624,22 +667,86 @@ static LN_ALWAYS_INLINE int output_in_f64(ln_dtype dtype, ptrdiff_t n)
     return dtype == LN_F64 || (ln_dtype_is_16bit(dtype) && n < 16);
 }
 
-/* Rows shorter than one group (n < 16), where per-row overhead dominates.  Rows go
-   in blocks of 16: per row, the textbook two passes in float64; per block, the
-   divisions and square roots as one group operation (IEEE division and sqrt are
-   correctly rounded, so lane and scalar results agree bit for bit). */
+/* x / n per lane.  Where n is a power of two its reciprocal is exact, x * (1 / n) is the
+   same real number as x / n and so rounds to the same bits, and a multiply costs a fraction
+   of a division (1000000x8 float32 forward, one thread: 15.7 -> 13.9 ms). */
+typedef struct {
+    gd n, reciprocal;
+    int by_reciprocal;
+} lane_divisor;
+
+static LN_ALWAYS_INLINE lane_divisor lane_divisor_of(ptrdiff_t n)
+{
+    assert(n >= 1);
+    return (lane_divisor){gd_splat((double)n), gd_splat(1.0 / (double)n), (n & (n - 1)) == 0};
+}
+
+static LN_ALWAYS_INLINE gd gd_div_by(gd x, const lane_divisor *d)
+{
+    return d->by_reciprocal ? gd_mul(x, d->reciprocal) : gd_div(x, d->n);
+}
+
+/* Rows shorter than one group (n < 16) go 16 at a time, turned so that lane k of every
+   group holds row block + k (a row of 8 float32 elements is half a group: a vector over
+   the row would leave most lanes idle, and its sums would need a reduction per row).
+   columns[i] holds element i of the block's rows, as elements of the data's type, so that
+   they are converted a group at a time; the slots past the last row hold zeros. */
+static LN_ALWAYS_INLINE void short_rows_to_columns(ln_dtype dtype, const ln_array *array, const ln_extent *extent,
+                                                   ptrdiff_t block, ptrdiff_t rows, ptrdiff_t n,
+                                                   double columns[16][16])
+{
+    const size_t size = ln_dtype_size(dtype);
+    for (ptrdiff_t k = 0; k < 16; k++) {
+        const char *row = k < rows ? ln_row_address(array, extent, block + k) : NULL;
+        for (ptrdiff_t i = 0; i < n; i++) {
+            char *lane = (char *)columns[i] + (size_t)k * size;
+            if (row) {
+                memcpy(lane, row + (size_t)i * size, size);
+            }
+            else {
+                memset(lane, 0, size);
+            }
+        }
+    }
+}
+
+static LN_ALWAYS_INLINE gd short_rows_column(ln_dtype dtype, double columns[16][16], ptrdiff_t i)
+{
+    return load_as_f64(dtype, columns[i], 0);
+}
+
+/* Element i of row block + k from lane k of columns[i] (elements of the data's type), for
+   the rows k < rows with written[k] (NULL: every one). */
+static LN_ALWAYS_INLINE void short_rows_from_columns(ln_dtype dtype, const ln_array *array, const ln_extent *extent,
+                                                     ptrdiff_t block, ptrdiff_t rows, const int *written,
+                                                     ptrdiff_t n, double columns[16][16])
+{
+    const size_t size = ln_dtype_size(dtype);
+    for (ptrdiff_t k = 0; k < rows; k++) {
+        if (written && !written[k]) {
+            continue;
+        }
+        char *row = ln_row_address(array, extent, block + k);
+        for (ptrdiff_t i = 0; i < n; i++) {
+            memcpy(row + (size_t)i * size, (const char *)columns[i] + (size_t)k * size, size);
+        }
+    }
+}
+
+/* Forward of rows shorter than one group, per lane: the textbook two passes in float64,
+   the sums about the row's first element so that a constant row has mean == x exactly
+   (RMSNorm: mean 0), then normalize_one's arithmetic (output_in_f64's in float64). */
 static LN_ALWAYS_INLINE void forward_short_rows(ln_norm_kind kind, ln_dtype dtype, const ln_forward_args *a,
                                                 const ln_rstd_bounds *bounds, ptrdiff_t begin, ptrdiff_t end)
 {
     const ptrdiff_t n = a->extent.row_len;
     const int has_mean = kind == LN_NORM_LAYER;
     assert(1 <= n && n < 16);
-    const gd n_v = gd_splat((double)n), eps_v = gd_splat(a->eps);
-    const gd one_v = gd_splat(1.0);
+    const lane_divisor by_n = lane_divisor_of(n);
+    const gd eps_v = gd_splat(a->eps), one_v = gd_splat(1.0), zero_v = gd_splat(0.0);
     /* the parameters, ones and zeros standing in for an absent weight and bias: rstd * 1 is
        rstd and fma(c, s, +0) is c * s rounded, the bits of the tests they replace, and the
-       output loops below test nothing per element (the build does not unswitch loops,
-       setup.py: 1000000x8 float32 took 30% longer with the tests in them) */
+       output loops test nothing per column */
     double weights[16], biases[16];
     for (ptrdiff_t i = 0; i < n; i++) {
         weights[i] = a->weight ? ln_load1_param_as_f64(dtype, a->weight, i) : 1.0;
@@ -647,59 +754,51 @@ static LN_ALWAYS_INLINE void forward_short_rows(ln_norm_kind kind, ln_dtype dtyp
     }
     for (ptrdiff_t block = begin; block < end; block += 16) {
         const ptrdiff_t rows = end - block < 16 ? end - block : 16;
-        double values[16][16], firsts[16], means[16], m2s[16], rstds[16];
-        for (ptrdiff_t k = 0; k < 16; k++) {
-            /* sums about the first element, so that a constant row has mean == x exactly;
-               RMSNorm's mean is 0 */
-            double sum = 0.0;
-            firsts[k] = 0.0;
-            if (k < rows) {
-                const char *x = ln_row_address(&a->input, &a->extent, block + k);
-                firsts[k] = has_mean ? ln_load1_as_f64(dtype, x, 0) : 0.0;
-                for (ptrdiff_t i = 0; i < n; i++) {
-                    values[k][i] = ln_load1_as_f64(dtype, x, i);
-                    sum += has_mean ? values[k][i] - firsts[k] : 0.0;
-                }
-            }
-            means[k] = sum;
+        double columns[16][16], outputs[16][16], means[16], m2s[16], rstds[16];
+        int written[16];
+        short_rows_to_columns(dtype, &a->input, &a->extent, block, rows, n, columns);
+        const gd first = has_mean ? short_rows_column(dtype, columns, 0) : zero_v;
+        gd sum = zero_v;
+        for (ptrdiff_t i = 0; has_mean && i < n; i++) {
+            sum = gd_add(sum, gd_sub(short_rows_column(dtype, columns, i), first));
         }
-        if (has_mean) {
-            gd_store(means, gd_add(gd_load(firsts), gd_div(gd_load(means), n_v)));
+        const gd mean_v = has_mean ? gd_add(first, gd_div_by(sum, &by_n)) : zero_v;
+        gd m2 = zero_v;
+        for (ptrdiff_t i = 0; i < n; i++) {
+            const gd d = gd_sub(short_rows_column(dtype, columns, i), mean_v);
+            m2 = gd_add(m2, gd_mul(d, d));
         }
-        for (ptrdiff_t k = 0; k < 16; k++) {
-            double m2 = 0.0;
-            for (ptrdiff_t i = 0; k < rows && i < n; i++) {
-                const double d = values[k][i] - means[k];
-                m2 += d * d;
-            }
-            m2s[k] = m2;
-        }
-        const gd var = gd_div(gd_load(m2s), n_v);
-        gd_store(rstds, gd_div(one_v, gd_sqrt(gd_add(var, eps_v))));
+        gd_store(means, mean_v);
+        gd_store(m2s, m2);
+        gd_store(rstds, gd_div(one_v, gd_sqrt(gd_add(gd_div_by(m2, &by_n), eps_v))));
         for (ptrdiff_t k = 0; k < rows; k++) {
-            const double mean = means[k];
-            const ln_moments m = {(double)n, mean, m2s[k]};
-            const double rstd = ln_moments_finite(m) ? rstds[k] : NAN;
-            if (ln_row_needs_exact(rstd, bounds)) {
+            const ln_moments m = {(double)n, means[k], m2s[k]};
+            rstds[k] = ln_moments_finite(m) ? rstds[k] : NAN;
+            written[k] = !ln_row_needs_exact(rstds[k], bounds);
+            if (written[k]) {
+                ln_store_stats(a, block + k, means[k], rstds[k]);
+            }
+            else {
                 ln_forward_exact_row(a, &a->input, block + k);
-                continue;
-            }
-            char *y = ln_row_address(&a->output, &a->extent, block + k);
-            ln_store_stats(a, block + k, mean, rstd);
-            if (output_in_f64(dtype, n)) {
-                for (ptrdiff_t i = 0; i < n; i++) {
-                    ln_store1_from_f64(dtype, y, i, fma(values[k][i] - mean, weights[i] * rstd, biases[i]));
-                }
-            }
-            else {  /* float32 data: float32 parameters, held exactly in weights and biases */
-                const float mean_hi = (float)mean, mean_lo = (float)(mean - (double)mean_hi);
-                const float scale = (float)rstd;
-                for (ptrdiff_t i = 0; i < n; i++) {
-                    const float centred = ((float)values[k][i] - mean_hi) - mean_lo;
-                    ln_store1_from_f64(dtype, y, i, fmaf(centred, (float)weights[i] * scale, (float)biases[i]));
-                }
             }
         }
+        if (output_in_f64(dtype, n)) {
+            const gd rstd_v = gd_load(rstds);
+            for (ptrdiff_t i = 0; i < n; i++) {
+                const gd centred = gd_sub(short_rows_column(dtype, columns, i), mean_v);
+                store_from_f64(dtype, outputs[i], gd_fma(centred, gd_mul(gd_splat(weights[i]), rstd_v),
+                                                         gd_splat(biases[i])));
+            }
+        }
+        else {  /* float32 data: float32 parameters, held exactly in weights and biases */
+            const lane_norm lanes = lane_norm_of(means, rstds);
+            for (ptrdiff_t i = 0; i < n; i++) {
+                const gf centred = gf_sub(gf_sub(gf_load((const float *)columns[i]), lanes.mean_hi), lanes.mean_lo);
+                const gf scale = gf_mul(gf_splat((float)weights[i]), lanes.scale);
+                store_from_f32(dtype, outputs[i], 0, gf_fma(centred, scale, gf_splat((float)biases[i])));
+            }
+        }
+        short_rows_from_columns(dtype, &a->output, &a->extent, block, rows, written, n, outputs);
     }
 }
 
@@ -1202,7 +1301,8 @@ static LN_ALWAYS_INLINE void backward_short_rows(ln_norm_kind kind, ln_dtype dty
     const ptrdiff_t n = a->extent.row_len;
     const int has_mean = kind == LN_NORM_LAYER;
     assert(1 <= n && n < 16);
-    const gd n_v = gd_splat((double)n), zero_v = gd_splat(0.0);
+    const lane_divisor by_n = lane_divisor_of(n);
+    const gd zero_v = gd_splat(0.0);
     gd dweight_lanes[16], dbias_lanes[16];   /* [column], a lane per row slot */
     for (ptrdiff_t i = 0; i < n; i++) {
         dweight_lanes[i] = zero_v;
@@ -1210,30 +1310,18 @@ static LN_ALWAYS_INLINE void backward_short_rows(ln_norm_kind kind, ln_dtype dty
     }
     for (ptrdiff_t block = begin; block < end; block += 16) {
         const ptrdiff_t rows = end - block < 16 ? end - block : 16;
-        double dy_t[16][16], x_t[16][16], dx_t[16][16];   /* [column][row slot] */
-        double means[16], rstds[16];
-        for (ptrdiff_t k = 0; k < 16; k++) {
-            if (k >= rows) {   /* padding slots past the last row: zeros */
-                means[k] = rstds[k] = 0.0;
-                for (ptrdiff_t i = 0; i < n; i++) {
-                    dy_t[i][k] = x_t[i][k] = 0.0;
-                }
-                continue;
-            }
-            const ptrdiff_t r = block + k;
-            const char *dy = ln_row_address(&a->grad_output, &a->extent, r);
-            const char *x = ln_row_address(&a->input, &a->extent, r);
-            means[k] = has_mean ? ln_load_stat(dtype, &a->mean, &a->extent, r) : 0.0;
-            rstds[k] = ln_load_stat(dtype, &a->rstd, &a->extent, r);
-            for (ptrdiff_t i = 0; i < n; i++) {
-                dy_t[i][k] = ln_load1_as_f64(dtype, dy, i);
-                x_t[i][k] = ln_load1_as_f64(dtype, x, i);
-            }
+        double dy_columns[16][16], x_columns[16][16], g_columns[16][16], xhat_columns[16][16], dx_columns[16][16];
+        double means[16] = {0}, rstds[16] = {0};  /* padding slots past the last row: zeros */
+        short_rows_to_columns(dtype, &a->grad_output, &a->extent, block, rows, n, dy_columns);
+        short_rows_to_columns(dtype, &a->input, &a->extent, block, rows, n, x_columns);
+        for (ptrdiff_t k = 0; k < rows; k++) {
+            means[k] = has_mean ? ln_load_stat(dtype, &a->mean, &a->extent, block + k) : 0.0;
+            rstds[k] = ln_load_stat(dtype, &a->rstd, &a->extent, block + k);
         }
         const gd mean_v = gd_load(means), rstd_v = gd_load(rstds);
         gd g_sum = zero_v, gx_sum = zero_v;
         for (ptrdiff_t i = 0; i < n; i++) {
-            const gd dy_v = gd_load(dy_t[i]), value_x = gd_load(x_t[i]);
+            const gd dy_v = short_rows_column(dtype, dy_columns, i), value_x = short_rows_column(dtype, x_columns, i);
             const gd xhat = gd_mul(has_mean ? gd_sub(value_x, mean_v) : value_x, rstd_v);
             const gd g = a->weight ? gd_mul(dy_v, gd_splat(ln_load1_param_as_f64(dtype, a->weight, i))) : dy_v;
             g_sum = has_mean ? gd_add(g_sum, g) : g_sum;
@@ -1244,24 +1332,19 @@ static LN_ALWAYS_INLINE void backward_short_rows(ln_norm_kind kind, ln_dtype dty
             if (dbias) {
                 dbias_lanes[i] = gd_add(dbias_lanes[i], dy_v);
             }
-            gd_store(x_t[i], xhat);
-            gd_store(dy_t[i], g);
+            gd_store(xhat_columns[i], xhat);
+            gd_store(g_columns[i], g);
         }
         if (!a->grad_input.data) {
             continue;
         }
-        const gd g_mean = gd_div(g_sum, n_v), gx_mean = gd_div(gx_sum, n_v);
+        const gd g_mean = gd_div_by(g_sum, &by_n), gx_mean = gd_div_by(gx_sum, &by_n);
         for (ptrdiff_t i = 0; i < n; i++) {
-            const gd g = gd_load(dy_t[i]);
-            const gd inner = gd_sub(has_mean ? gd_sub(g, g_mean) : g, gd_mul(gd_load(x_t[i]), gx_mean));
-            gd_store(dx_t[i], gd_mul(inner, rstd_v));
+            const gd g = gd_load(g_columns[i]);
+            const gd inner = gd_sub(has_mean ? gd_sub(g, g_mean) : g, gd_mul(gd_load(xhat_columns[i]), gx_mean));
+            store_from_f64(dtype, dx_columns[i], gd_quiet_nans(gd_mul(inner, rstd_v)));  /* a NaN the one quiet NaN */
         }
-        for (ptrdiff_t k = 0; k < rows; k++) {
-            char *dx = ln_row_address(&a->grad_input, &a->extent, block + k);
-            for (ptrdiff_t i = 0; i < n; i++) {
-                ln_store1_from_f64(dtype, dx, i, isnan(dx_t[i][k]) ? NAN : dx_t[i][k]);  /* the one quiet NaN */
-            }
-        }
+        short_rows_from_columns(dtype, &a->grad_input, &a->extent, block, rows, NULL, n, dx_columns);
     }
     for (ptrdiff_t i = 0; i < n; i++) {
         double lanes[16];
@@ -1608,17 +1691,11 @@ static LN_ALWAYS_INLINE void forward_tile(ln_norm_kind kind, ln_dtype dtype, con
         }
         return;
     }
-    float mean_hi[16], mean_lo[16], scales[16];
-    for (int k = 0; k < 16; k++) {
-        mean_hi[k] = (float)means[k];
-        mean_lo[k] = (float)(means[k] - (double)mean_hi[k]);
-        scales[k] = (float)rstds[k];
-    }
-    const gf mean_hi_v = gf_load(mean_hi), mean_lo_v = gf_load(mean_lo), scale_v = gf_load(scales);
+    const lane_norm lanes = lane_norm_of(means, rstds);
     for (ptrdiff_t j = 0; j < n; j++) {
         const gf value_x = load_as_f32(dtype, tile_load(dtype, source, count, j, t.x_lanes), 0);
-        const gf centred = has_mean ? gf_sub(gf_sub(value_x, mean_hi_v), mean_lo_v) : value_x;
-        const gf scale = weight ? gf_mul(gf_splat(((const float *)weight)[j]), scale_v) : scale_v;
+        const gf centred = has_mean ? gf_sub(gf_sub(value_x, lanes.mean_hi), lanes.mean_lo) : value_x;
+        const gf scale = weight ? gf_mul(gf_splat(((const float *)weight)[j]), lanes.scale) : lanes.scale;
         const gf offset = gf_splat(bias ? ((const float *)bias)[j] : 0.0f);
         void *target = tile_target(dtype, &t.y, j, t.y_lanes);
         store_from_f32(dtype, target, 0, gf_fma(centred, scale, offset));

@@ -7,6 +7,7 @@
 #ifndef LN_TYPES_H
 #define LN_TYPES_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -49,10 +50,25 @@ static inline size_t ln_param_size(ln_dtype dtype)
 
 /*
  * IEEE binary16 <-> binary32, rounding to nearest even, NaN kept quiet with the top of its
- * payload (what F16C and NEON do).  _Float16 where the compiler has it on this target;
- * otherwise (Clang 14 on x86-64) the same conversions on the bits.
+ * payload (what F16C and NEON do).  F16C's instructions where the unit is compiled for them
+ * (GCC's _Float16 converts to float64 by a library call there); else _Float16 where the
+ * compiler has it on this target; otherwise (Clang 14 on x86-64) the same conversions on
+ * the bits.
  */
-#if defined(__FLT16_MANT_DIG__)
+#if defined(__F16C__)
+#include <immintrin.h>
+
+static inline float ln_half_to_float(uint16_t h)
+{
+    return _cvtsh_ss(h);
+}
+
+static inline uint16_t ln_float_to_half(float f)
+{
+    return (uint16_t)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
+}
+
+#elif defined(__FLT16_MANT_DIG__)
 
 static inline float ln_half_to_float(uint16_t h)
 {
@@ -166,11 +182,13 @@ static inline float ln_double_to_float_odd(double value)
     float f = (float)value;
     uint32_t bits;
     memcpy(&bits, &f, sizeof bits);
-    if ((double)f != value && value == value && (bits & 1) == 0) {
-        /* the other float32 neighbour of value, one step in magnitude */
-        bits += (double)f < value ? (f < 0 ? -1 : 1) : (f > 0 ? -1 : 1);
-        memcpy(&f, &bits, sizeof f);
-    }
+    /* inexact with an even last bit: the other float32 neighbour of value, one step in
+       magnitude (f and value share a sign), by arithmetic instead of a branch that would go
+       either way at random */
+    const uint32_t step = ((double)f != value) & (value == value) & ((bits & 1) == 0);
+    const uint32_t rounded_up = fabs((double)f) > fabs(value);
+    bits += step * (1u - 2u * rounded_up);
+    memcpy(&f, &bits, sizeof f);
     return f;
 }
 
