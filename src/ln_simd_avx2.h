@@ -98,9 +98,10 @@ static LN_ALWAYS_INLINE gf gf_load_bf16(const uint16_t *p)
     return r;
 }
 
-static LN_ALWAYS_INLINE void gf_store_bf16(uint16_t *p, gf a)
+static LN_ALWAYS_INLINE void gf_store_bf16(uint16_t *p, gf a, int nan_lanes)
 {
-    const __m256i packed = _mm256_packus_epi32((__m256i)bf16_rounded(a.v[0]), (__m256i)bf16_rounded(a.v[1]));
+    const __m256i packed = _mm256_packus_epi32((__m256i)bf16_rounded(a.v[0], nan_lanes),
+                                               (__m256i)bf16_rounded(a.v[1], nan_lanes));
     _mm256_storeu_si256((__m256i *)p, _mm256_permute4x64_epi64(packed, 0xd8));
 }
 

@@ -84,8 +84,9 @@ static LN_ALWAYS_INLINE void gf_store_f16(uint16_t *p, gf a)
 
 /* bfloat16, with AVX-512BW's word permute (vpermw): one shuffle each way instead of a
    widening or narrowing move plus a shift, since 512-bit integer work has only two ports.
-   The rounding is bf16_rounded's with its adds masked off the NaN lanes, which stay as they are:
-   the same bits, since every value stored is a result of float arithmetic, whose NaNs are quiet. */
+   The rounding is bf16_rounded's with its adds masked off the NaN lanes (where nan_lanes), which
+   stay as they are: the same bits, since every value stored is a result of float arithmetic,
+   whose NaNs are quiet. */
 static LN_ALWAYS_INLINE gf gf_load_bf16(const uint16_t *p)
 {
     /* word 2i + 1 (the high half of 32-bit lane i) takes element i; the low halves are zeroed */
@@ -98,7 +99,7 @@ static LN_ALWAYS_INLINE gf gf_load_bf16(const uint16_t *p)
     return r;
 }
 
-static LN_ALWAYS_INLINE void gf_store_bf16(uint16_t *p, gf a)
+static LN_ALWAYS_INLINE void gf_store_bf16(uint16_t *p, gf a, int nan_lanes)
 {
     /* word i (i < 16) takes word 2i + 1, the high half of 32-bit lane i */
     const __m512i high_halves = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0,
@@ -106,7 +107,7 @@ static LN_ALWAYS_INLINE void gf_store_bf16(uint16_t *p, gf a)
                                                  (15 << 16) | 13, (11 << 16) | 9, (7 << 16) | 5, (3 << 16) | 1);
     const __m512 value = (__m512)a.v[0];
     const __m512i bits = _mm512_castps_si512(value);
-    const __mmask16 is_number = _mm512_cmp_ps_mask(value, value, _CMP_ORD_Q);
+    const __mmask16 is_number = nan_lanes ? _mm512_cmp_ps_mask(value, value, _CMP_ORD_Q) : 0xffff;
     assert(_mm512_mask_test_epi32_mask((__mmask16)~is_number, bits, _mm512_set1_epi32(0x00400000)) == (__mmask16)~is_number);
     const __mmask16 kept_lsb_set = _mm512_mask_test_epi32_mask(is_number, bits, _mm512_set1_epi32(0x10000));
     const __m512i half_below = _mm512_mask_add_epi32(bits, is_number, bits, _mm512_set1_epi32(0x7fff));

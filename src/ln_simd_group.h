@@ -118,14 +118,15 @@ static LN_ALWAYS_INLINE ln_vf bf16_widened(ln_vu32 halves)
 }
 
 /* The bfloat16 of each lane, in its low 16 bits (the high ones zero): rounded to nearest
-   even by adding 0x7fff plus the kept lsb (a carry steps the exponent, up to Inf); NaN lanes
-   get no add and keep their top half, already quiet since every value stored is a result of
-   float arithmetic. */
-static LN_ALWAYS_INLINE ln_vu32 bf16_rounded(ln_vf value)
+   even by adding 0x7fff plus the kept lsb (a carry steps the exponent, up to Inf).  Where
+   nan_lanes, NaN lanes get no add and keep their top half, already quiet since every value
+   stored is a result of float arithmetic; without it the lanes must hold no NaN (the add
+   could carry a NaN's payload into its exponent and sign), and the test is left out. */
+static LN_ALWAYS_INLINE ln_vu32 bf16_rounded(ln_vf value, int nan_lanes)
 {
     const ln_vu32 bits = (ln_vu32)value;
-    const ln_vu32 is_number = (ln_vu32)(value == value);
-    return (bits + ((0x7fff + ((bits >> 16) & 1)) & is_number)) >> 16;
+    const ln_vu32 round = 0x7fff + ((bits >> 16) & 1);
+    return (bits + (nan_lanes ? round & (ln_vu32)(value == value) : round)) >> 16;
 }
 
 #endif

@@ -82,8 +82,10 @@ static LN_ALWAYS_INLINE gf gf_load_bf16(const uint16_t *p)
     return r;
 }
 
-static LN_ALWAYS_INLINE void gf_store_bf16(uint16_t *p, gf a)
+/* nan_lanes: whether a lane may be a NaN, which the scalar conversion tests for anyway */
+static LN_ALWAYS_INLINE void gf_store_bf16(uint16_t *p, gf a, int nan_lanes)
 {
+    (void)nan_lanes;
     FOR_VF(k) { p[k] = ln_float_to_bfloat16(a.v[k]); }
 }
 

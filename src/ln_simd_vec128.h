@@ -148,9 +148,9 @@ static LN_ALWAYS_INLINE gf gf_load_bf16(const uint16_t *p)
     return r;
 }
 
-static LN_ALWAYS_INLINE void gf_store_bf16(uint16_t *p, gf a)
+static LN_ALWAYS_INLINE void gf_store_bf16(uint16_t *p, gf a, int nan_lanes)
 {
-    FOR_VF(k) { *(ln_vu16_mem *)(p + 4 * k) = __builtin_convertvector(bf16_rounded(a.v[k]), ln_vu16); }
+    FOR_VF(k) { *(ln_vu16_mem *)(p + 4 * k) = __builtin_convertvector(bf16_rounded(a.v[k], nan_lanes), ln_vu16); }
 }
 
 /* Streaming stores (p 64-byte aligned), 16-byte streaming stores (p 16-byte aligned) and
