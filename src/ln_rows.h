@@ -1493,7 +1493,7 @@ static LN_ALWAYS_INLINE const void *tile_load(ln_dtype dtype, const tile_view *t
     const size_t size = ln_dtype_size(dtype);
     if (t->adjacent) {
         if (t->prefetch) {
-            __builtin_prefetch(from + LN_TILE_PREFETCH * LN_TILE_ROWS * size);
+            __builtin_prefetch(from + LN_TILE_PREFETCH * LN_TILE_ROWS * size, 0, LN_TILE_PREFETCH_LOCALITY);
         }
         return from;
     }
@@ -1510,7 +1510,7 @@ static LN_ALWAYS_INLINE void *tile_target(ln_dtype dtype, const tile_view *t, pt
 {
     char *to = t->first + j * t->elem_step;
     if (t->prefetch) {
-        __builtin_prefetch(to + LN_TILE_PREFETCH * LN_TILE_ROWS * ln_dtype_size(dtype), 1);
+        __builtin_prefetch(to + LN_TILE_PREFETCH * LN_TILE_ROWS * ln_dtype_size(dtype), 1, LN_TILE_PREFETCH_LOCALITY);
     }
     return t->adjacent ? to : lanes;
 }
