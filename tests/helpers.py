@@ -33,6 +33,18 @@ from layernorm import _reference
 FLOAT_DTYPES = (np.float16, np.float32, np.float64)
 
 
+def bits(array):
+    """The bytes of an array in C order: equal bits, -0.0 and NaN payloads included."""
+    return np.ascontiguousarray(array).tobytes()
+
+
+def same_bits(a, b):
+    """bits(a) == bits(b), shape and dtype included, without copies to bytes (for large arrays)."""
+    a, b = np.asarray(a), np.asarray(b)
+    unsigned = np.dtype(f"u{a.dtype.itemsize}")
+    return a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a.view(unsigned), b.view(unsigned))
+
+
 def param_dtype(dtype):
     """The compute ("param") dtype of the spec: float32 for f16/f32 input, float64 for f64."""
     return np.float64 if np.dtype(dtype) == np.float64 else np.float32

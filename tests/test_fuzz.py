@@ -44,6 +44,7 @@ from helpers import (
     REF_REL_TOL,
     NormKind,
     assert_within,
+    bits,
     f16_ulp,
     layout,
     param_dtype,
@@ -161,10 +162,6 @@ def cases(draw):
 # The checks
 # ---------------------------------------------------------------------------------------------
 
-def _bits(array):
-    return np.ascontiguousarray(array).tobytes()
-
-
 def assert_output_matches_reference(out, x, ns, w, b, eps, *, centred=True, axis=None):
     """helpers.assert_matches_reference's tolerance (REF_REL_TOL of the output's dtype times the
     size of the terms rounded, plus a float16 ulp), plus the float64 statistics' own error: the
@@ -190,21 +187,21 @@ F16_RSTD_ERROR = 4 * 2.0**-24
 def check_forward(case):
     x, ns, w, b, eps = case.x, case.ns, case.weight, case.bias, case.eps
     dtype = case.base.dtype
-    before = _bits(np.asarray(x)) if isinstance(x, np.ndarray) else None
+    before = bits(np.asarray(x)) if isinstance(x, np.ndarray) else None
     out, mean, rstd = layernorm.native_layer_norm(x, ns, w, b, eps)
     assert out.dtype == dtype and out.shape == case.base.shape and out.flags.c_contiguous
     stats_shape = case.base.shape[: case.base.ndim - len(ns)] + (1,) * len(ns)
     assert mean.shape == rstd.shape == stats_shape
     assert mean.dtype == rstd.dtype == param_dtype(dtype)
-    bits = _bits  # every NaN the forward writes is the one quiet NaN
-    assert bits(layernorm.layer_norm(x, ns, w, b, eps)) == bits(out)
+    as_bytes = bits  # every NaN the forward writes is the one quiet NaN
+    assert as_bytes(layernorm.layer_norm(x, ns, w, b, eps)) == as_bytes(out)
     into = np.full(case.base.shape, 7, dtype)
-    assert layernorm.layer_norm(x, ns, w, b, eps, out=into) is into and bits(into) == bits(out)
+    assert layernorm.layer_norm(x, ns, w, b, eps, out=into) is into and as_bytes(into) == as_bytes(out)
     if before is not None:
-        assert _bits(np.asarray(x)) == before, "the input was changed"
+        assert bits(np.asarray(x)) == before, "the input was changed"
     in_place = case.base.copy()
     assert layernorm.layer_norm(in_place, ns, w, b, eps, out=in_place) is in_place
-    assert bits(in_place) == bits(out)
+    assert as_bytes(in_place) == as_bytes(out)
 
     assert_output_matches_reference(out, case.base, ns, w, b, eps)
     _, ref_mean, ref_rstd, _ = reference_layer_norm(case.base, ns, w, b, eps)
@@ -273,7 +270,7 @@ def check_backward(case):
     dtype = case.base.dtype
     tol = BACKWARD_TOL[dtype]
     scales = gradient_scales(case.base, dy, w, mean, rstd, tuple(range(case.base.ndim - len(ns), case.base.ndim)))
-    bits = _bits  # every NaN the backward writes is the one quiet NaN
+    as_bytes = bits  # every NaN the backward writes is the one quiet NaN
     results = {}
     for mask in MASKS:
         got = layernorm.layer_norm_backward(dy, x, ns, mean, rstd, w, b, mask)
@@ -285,9 +282,9 @@ def check_backward(case):
             expected_dtype = dtype if i == 0 else param_dtype(dtype)
             assert got[i].dtype == expected_dtype and got[i].shape == want[i].shape, name
             if name in results:  # the same bits whatever else the mask asks for
-                assert bits(got[i]) == results[name], (name, mask)
+                assert as_bytes(got[i]) == results[name], (name, mask)
                 continue
-            results[name] = bits(got[i])
+            results[name] = as_bytes(got[i])
             with np.errstate(over="ignore", invalid="ignore"):
                 bound = tol * np.maximum(scales[i], 1.0)
                 rounded = want[i].astype(got[i].dtype).astype(np.float64)
@@ -298,7 +295,7 @@ def check_backward(case):
 
 
 def check_module(case, nan_bits_may_vary=True):
-    bits = _canonical_nan if nan_bits_may_vary else _bits
+    as_bytes = _canonical_nan if nan_bits_may_vary else bits
     ns, eps, dtype = case.ns, case.eps, case.base.dtype
     pdt = param_dtype(dtype)
     module = LayerNorm(ns, eps=eps, elementwise_affine=case.weight is not None or case.bias is not None,
@@ -315,10 +312,10 @@ def check_module(case, nan_bits_may_vary=True):
     for step, (x, dy) in enumerate(((case.x, case.dy), (second, case.dy[::-1].copy()))):
         out = module(x)
         y, mean, rstd = layernorm.native_layer_norm(x, ns, w, b, eps)
-        assert bits(out) == bits(y), f"training forward, step {step}"
+        assert as_bytes(out) == as_bytes(y), f"training forward, step {step}"
         grad_input = module.backward(dy)
         want = layernorm.layer_norm_backward(dy, x, ns, mean, rstd, w, b, (True, w is not None, b is not None))
-        assert bits(grad_input) == bits(want[0]), f"grad_input, step {step}"
+        assert as_bytes(grad_input) == as_bytes(want[0]), f"grad_input, step {step}"
         expected_grads.append(want[1:])
     for index, (param, total) in enumerate(((w, module.weight_grad), (b, module.bias_grad))):
         if param is None:
@@ -327,20 +324,20 @@ def check_module(case, nan_bits_may_vary=True):
         first, again = expected_grads[0][index], expected_grads[1][index]
         with np.errstate(over="ignore", invalid="ignore"):
             expected = np.asarray(first, dtype=param.dtype) + again.astype(param.dtype)
-        assert total.dtype == param.dtype and bits(total) == bits(expected), "accumulated gradient"
-    assert bits(module.eval()(case.x)) == bits(layernorm.layer_norm(case.x, ns, w, b, eps))
+        assert total.dtype == param.dtype and as_bytes(total) == as_bytes(expected), "accumulated gradient"
+    assert as_bytes(module.eval()(case.x)) == as_bytes(layernorm.layer_norm(case.x, ns, w, b, eps))
 
 
 def _canonical_nan(array):
     """The array's bytes with every NaN as the one positive quiet NaN."""
     array = np.array(array, copy=True)
     array[np.isnan(array)] = np.nan
-    return _bits(array)
+    return bits(array)
 
 
 def check_levels(case, nan_bits_may_vary=True):
     x, ns, w, b, eps, dy = case.x, case.ns, case.weight, case.bias, case.eps, case.dy
-    bits = _canonical_nan if nan_bits_may_vary else _bits
+    as_bytes = _canonical_nan if nan_bits_may_vary else bits
     results = {}
     level = layernorm.simd_level()
     try:
@@ -348,7 +345,7 @@ def check_levels(case, nan_bits_may_vary=True):
             layernorm.set_simd_level(name)
             out, mean, rstd = layernorm.native_layer_norm(x, ns, w, b, eps)
             grads = layernorm.layer_norm_backward(dy, x, ns, mean, rstd, w, b)
-            results[name] = [bits(a) for a in (out, mean, rstd) + tuple(g for g in grads if g is not None)]
+            results[name] = [as_bytes(a) for a in (out, mean, rstd) + tuple(g for g in grads if g is not None)]
     finally:
         layernorm.set_simd_level(level)
     for name in LEVELS[1:]:
@@ -461,16 +458,16 @@ def normalized(case):
     out, total = kind.add(case.x, residual, ns, w, b, eps, axis=axis)
     with np.errstate(all="ignore"):
         expected = case.base + case.residual
-    assert total.dtype == case.base.dtype and _bits(total) == _bits(expected), "sum is not input + residual"
+    assert total.dtype == case.base.dtype and bits(total) == bits(expected), "sum is not input + residual"
     assert _canonical_nan(out) == _canonical_nan(kind.forward(total, ns, w, b, eps, axis=axis))
-    assert _bits(residual) == _bits(layout(case.layout_name, case.residual)), "the residual was changed"
+    assert bits(residual) == bits(layout(case.layout_name, case.residual)), "the residual was changed"
     return total
 
 
 def check_family_forward(case):
     kind, ns, w, b, eps, axis = case.kind, case.ns, case.weight, case.bias, case.eps, case.axis
     dtype = case.base.dtype
-    before = _bits(np.asarray(case.x))
+    before = bits(np.asarray(case.x))
     x = normalized(case)
     values = np.asarray(x).astype(dtype)
     out, *stats = kind.native(x, ns, w, b, eps, axis=axis)
@@ -481,7 +478,7 @@ def check_family_forward(case):
     for stat in stats:
         assert stat.shape == stats_shape and stat.dtype == param_dtype(dtype)
     assert _canonical_nan(kind.forward(x, ns, w, b, eps, axis=axis)) == _canonical_nan(out)
-    assert _bits(np.asarray(case.x)) == before, "the input was changed"
+    assert bits(np.asarray(case.x)) == before, "the input was changed"
     eps_value = kind.eps_value(values, eps)
     assert_output_matches_reference(out, values, ns, w, b, eps_value, centred=kind.centred, axis=axis)
     into = np.full(case.base.shape, 7, dtype)

@@ -17,6 +17,7 @@ from helpers import (
     KINDS,
     assert_close,
     axes_last,
+    bits,
     dtype_id,
     grad_input_scale,
     grad_weight_scale,
@@ -25,6 +26,7 @@ from helpers import (
     make_params,
     param_dtype,
     requires_torch,
+    same_bits,
     torch,
     F,
 )
@@ -44,17 +46,6 @@ CASES = [
     ("3d-axes20", (3, 4, 5), (5, 3), (2, 0)),
 ]
 CASE_IDS = [c[0] for c in CASES]
-
-
-def bits(array):
-    """The bytes of an array in C order: equal bits, -0.0 and NaN payloads included."""
-    return np.ascontiguousarray(array).tobytes()
-
-
-def same_bits(a, b):
-    """bits(a) == bits(b) without the copies to bytes (for large arrays)."""
-    unsigned = np.dtype(f"u{a.dtype.itemsize}")
-    return a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a.view(unsigned), b.view(unsigned))
 
 
 def case_data(dtype, shape, ns, affine, seed=0):
