@@ -45,6 +45,14 @@ def test_quick_run_reports_each_thread_count_and_the_target():
     assert "slowest / fastest" in proc.stdout.split("## Target")[1]
 
 
+def test_pool_wake_quick_run_reports_both_columns():
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.pool_wake", "--quick", "--threads", "2"],
+                          cwd=REPOSITORY, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "## 2 threads" in proc.stdout
+    assert "| 128x768 float32 |" in proc.stdout and "after idle / back to back" in proc.stdout
+
+
 @pytest.mark.parametrize("peer_name, module", [("ort_forward", "onnxruntime"), ("jax_forward", "jax")])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_optional_peers_compute_layer_norm(monkeypatch, peer_name, module, dtype):
