@@ -1485,13 +1485,14 @@ static LN_ALWAYS_INLINE tile_view tile_view_of(ln_dtype dtype, const ln_array *a
    adjacent, else gathered into lanes, whose lanes from count on the caller has zeroed.
    Each element of a tile is a cache line of its own (channels-first rows: H*W elements
    apart), more lines at once than the hardware prefetchers follow, so the line of a tile
-   LN_TILE_PREFETCH further on is asked for now. */
+   LN_TILE_PREFETCH further on is asked for now.  `adjacent`: the caller knows t's rows are
+   adjacent, a constant 1 in the instance that serves that case (its loops then test nothing). */
 static LN_ALWAYS_INLINE const void *tile_load(ln_dtype dtype, const tile_view *t, int count, ptrdiff_t j,
-                                              void *lanes)
+                                              void *lanes, int adjacent)
 {
     const char *from = t->first + j * t->elem_step;
     const size_t size = ln_dtype_size(dtype);
-    if (t->adjacent) {
+    if (adjacent || t->adjacent) {
         if (t->prefetch) {
             __builtin_prefetch(from + LN_TILE_PREFETCH * LN_TILE_ROWS * size, 0, LN_TILE_PREFETCH_LOCALITY);
         }
@@ -1506,22 +1507,22 @@ static LN_ALWAYS_INLINE const void *tile_load(ln_dtype dtype, const tile_view *t
 /* Where element j of the tile's rows is to be written as 16 consecutive elements: in memory
    where they are adjacent (and the line LN_TILE_PREFETCH tiles on asked for, to be written:
    see tile_load), else lanes, for tile_scatter. */
-static LN_ALWAYS_INLINE void *tile_target(ln_dtype dtype, const tile_view *t, ptrdiff_t j, void *lanes)
+static LN_ALWAYS_INLINE void *tile_target(ln_dtype dtype, const tile_view *t, ptrdiff_t j, void *lanes, int adjacent)
 {
     char *to = t->first + j * t->elem_step;
     if (t->prefetch) {
         __builtin_prefetch(to + LN_TILE_PREFETCH * LN_TILE_ROWS * ln_dtype_size(dtype), 1, LN_TILE_PREFETCH_LOCALITY);
     }
-    return t->adjacent ? to : lanes;
+    return adjacent || t->adjacent ? to : lanes;
 }
 
 /* Element j of the tile's `count` rows out of lanes, unless tile_target put it in place. */
 static LN_ALWAYS_INLINE void tile_scatter(ln_dtype dtype, const tile_view *t, int count, ptrdiff_t j,
-                                          const void *lanes)
+                                          const void *lanes, int adjacent)
 {
     char *to = t->first + j * t->elem_step;
     const size_t size = ln_dtype_size(dtype);
-    if (t->adjacent) {
+    if (adjacent || t->adjacent) {
         return;
     }
     for (int k = 0; k < count; k++) {
@@ -1529,38 +1530,44 @@ static LN_ALWAYS_INLINE void tile_scatter(ln_dtype dtype, const tile_view *t, in
     }
 }
 
-/* A forward tile's arrays, and lane buffers of 16 elements of any type for those gathered
-   (zero past count). */
+/* A forward tile's arrays, and apart from them (so that the views, never stored through,
+   stay in registers), lane buffers of 16 elements of any type for those gathered (zero past
+   count). */
 typedef struct {
     int count;
     tile_view x, residual, sum, y;
-    double x_lanes[16], residual_lanes[16], sum_lanes[16], y_lanes[16];
 } forward_tile_arrays;
+
+typedef struct {
+    double x[16], residual[16], sum[16], y[16];
+} forward_tile_lanes;
 
 /* Element j of a forward tile's rows as float64 lanes: the input's, or with a residual their
    sum, written to `sum` on the way. */
-static LN_ALWAYS_INLINE gd forward_tile_values(ln_dtype dtype, forward_tile_arrays *t, ptrdiff_t j)
+static LN_ALWAYS_INLINE gd forward_tile_values(ln_dtype dtype, const forward_tile_arrays *t,
+                                               forward_tile_lanes *lanes, ptrdiff_t j, int adjacent)
 {
     if (!t->residual.first) {
-        return load_as_f64(dtype, tile_load(dtype, &t->x, t->count, j, t->x_lanes), 0);
+        return load_as_f64(dtype, tile_load(dtype, &t->x, t->count, j, lanes->x, adjacent), 0);
     }
-    void *target = tile_target(dtype, &t->sum, j, t->sum_lanes);
-    add_group(dtype, tile_load(dtype, &t->x, t->count, j, t->x_lanes),
-              tile_load(dtype, &t->residual, t->count, j, t->residual_lanes), target, 0);
-    tile_scatter(dtype, &t->sum, t->count, j, target);
+    void *target = tile_target(dtype, &t->sum, j, lanes->sum, adjacent);
+    add_group(dtype, tile_load(dtype, &t->x, t->count, j, lanes->x, adjacent),
+              tile_load(dtype, &t->residual, t->count, j, lanes->residual, adjacent), target, 0);
+    tile_scatter(dtype, &t->sum, t->count, j, target, adjacent);
     return load_as_f64(dtype, target, 0);
 }
 
 /* The moments of elements [start, start + len) of a forward tile's rows, per lane, as
    chunk_moments computes them. */
-static LN_ALWAYS_INLINE void forward_tile_chunk(ln_norm_kind kind, ln_dtype dtype, forward_tile_arrays *t,
+static LN_ALWAYS_INLINE void forward_tile_chunk(ln_norm_kind kind, ln_dtype dtype, const forward_tile_arrays *t,
+                                                forward_tile_lanes *lanes, int adjacent,
                                                 ptrdiff_t start, ptrdiff_t len, double means[16], double m2s[16])
 {
     const int has_mean = kind == LN_NORM_LAYER;
     const gd zero_v = gd_splat(0.0);
     gd shift = zero_v, s1 = zero_v, s2 = zero_v;
     for (ptrdiff_t j = start; j < start + len; j++) {  /* the first element in the loop: one copy of it */
-        const gd value = forward_tile_values(dtype, t, j);
+        const gd value = forward_tile_values(dtype, t, lanes, j, adjacent);
         shift = has_mean && j == start ? value : shift;
         const gd d = has_mean ? gd_sub(value, shift) : value;
         s1 = has_mean ? gd_add(s1, d) : s1;
@@ -1574,14 +1581,15 @@ static LN_ALWAYS_INLINE void forward_tile_chunk(ln_norm_kind kind, ln_dtype dtyp
 /* A forward tile's statistics per lane into means and rstds: chunk by chunk, the chunks
    merged by ln_merge, rstd as ln_rstd_of (IEEE division and square root are correctly
    rounded, so lane and scalar results agree bit for bit). */
-static LN_ALWAYS_INLINE void forward_tile_statistics(ln_norm_kind kind, ln_dtype dtype, forward_tile_arrays *t,
-                                                     ptrdiff_t n, double eps, double means[16], double rstds[16])
+static LN_ALWAYS_INLINE void forward_tile_statistics(ln_norm_kind kind, ln_dtype dtype, const forward_tile_arrays *t,
+                                                     forward_tile_lanes *lanes, int adjacent, ptrdiff_t n,
+                                                     double eps, double means[16], double rstds[16])
 {
     double m2s[16], vars[16];
     for (ptrdiff_t start = 0; start < n; start += LN_CHUNK) {  /* one loop: one inlined copy */
         const ptrdiff_t len = n - start < LN_CHUNK ? n - start : LN_CHUNK;
         double chunk_means[16], chunk_m2s[16];
-        forward_tile_chunk(kind, dtype, t, start, len, chunk_means, chunk_m2s);
+        forward_tile_chunk(kind, dtype, t, lanes, adjacent, start, len, chunk_means, chunk_m2s);
         for (int k = 0; k < 16; k++) {
             const ln_moments chunk = {(double)len, chunk_means[k], chunk_m2s[k]};
             const ln_moments m = start == 0 ? chunk : ln_merge((ln_moments){(double)start, means[k], m2s[k]}, chunk);
@@ -1645,25 +1653,19 @@ static void forward_tile_rows(ln_norm_kind kind, ln_dtype dtype, const ln_forwar
     }
 }
 
-/* Tile `tile` forward: statistics per lane (summing the residual into `sum` on the way),
-   the statistics out, then the output. */
-static LN_ALWAYS_INLINE void forward_tile(ln_norm_kind kind, ln_dtype dtype, const ln_forward_args *a,
-                                          const ln_rstd_bounds *bounds, ptrdiff_t tile)
+/* forward_tile's work once its views are made (see tile_load for `adjacent`). */
+static LN_ALWAYS_INLINE void forward_tile_from_views(ln_norm_kind kind, ln_dtype dtype, const ln_forward_args *a,
+                                                     const ln_rstd_bounds *bounds, const forward_tile_arrays *t,
+                                                     ptrdiff_t block, ptrdiff_t row, int adjacent)
 {
     const ptrdiff_t n = a->extent.row_len;
-    const int has_mean = kind == LN_NORM_LAYER;
-    ptrdiff_t block, row;
-    int count;
-    ln_tile_of(&a->extent, tile, &block, &row, &count);
-    forward_tile_arrays t = {
-        .count = count,
-        .x = tile_view_of(dtype, &a->input, a->extent.rows, block, row, count),
-        .residual = tile_view_of(dtype, &a->residual, a->extent.rows, block, row, count),
-        .sum = tile_view_of(dtype, &a->sum, a->extent.rows, block, row, count),
-        .y = tile_view_of(dtype, &a->output, a->extent.rows, block, row, count),
-    };
+    const int has_mean = kind == LN_NORM_LAYER, count = t->count;
+    forward_tile_lanes buffers;
+    if (!adjacent) {
+        memset(&buffers, 0, sizeof buffers);
+    }
     double means[16], rstds[16];
-    forward_tile_statistics(kind, dtype, &t, n, a->eps, means, rstds);
+    forward_tile_statistics(kind, dtype, t, &buffers, adjacent, n, a->eps, means, rstds);
     int exact_rows = 0;
     for (int k = 0; k < count; k++) {
         exact_rows |= ln_row_needs_exact(rstds[k], bounds);
@@ -1678,39 +1680,55 @@ static LN_ALWAYS_INLINE void forward_tile(ln_norm_kind kind, ln_dtype dtype, con
     tile_store_stats(dtype, &mean_out, count, means);
     tile_store_stats(dtype, &rstd_out, count, rstds);
 
-    const tile_view *source = a->residual.data ? &t.sum : &t.x;
+    const tile_view *source = a->residual.data ? &t->sum : &t->x;
     const void *weight = a->weight, *bias = has_mean ? a->bias : NULL;
     if (output_in_f64(dtype, n)) {
         const gd mean_v = gd_load(means), rstd_v = gd_load(rstds);
         for (ptrdiff_t j = 0; j < n; j++) {
-            const gd value_x = load_as_f64(dtype, tile_load(dtype, source, count, j, t.x_lanes), 0);
+            const gd value_x = load_as_f64(dtype, tile_load(dtype, source, count, j, buffers.x, adjacent), 0);
             const gd centred = has_mean ? gd_sub(value_x, mean_v) : value_x;
             const gd scale = weight ? gd_mul(gd_splat(ln_load1_param_as_f64(dtype, weight, j)), rstd_v) : rstd_v;
             const gd offset = gd_splat(bias ? ln_load1_param_as_f64(dtype, bias, j) : 0.0);
-            void *target = tile_target(dtype, &t.y, j, t.y_lanes);
-            if (dtype == LN_F64) {
-                gd_store(target, gd_fma(centred, scale, offset));
-            }
-            else {
-                double values[16];
-                gd_store(values, gd_fma(centred, scale, offset));
-                for (int k = 0; k < 16; k++) {
-                    ln_store1_from_f64(dtype, target, k, values[k]);
-                }
-            }
-            tile_scatter(dtype, &t.y, count, j, target);
+            void *target = tile_target(dtype, &t->y, j, buffers.y, adjacent);
+            store_from_f64(dtype, target, gd_fma(centred, scale, offset));
+            tile_scatter(dtype, &t->y, count, j, target, adjacent);
         }
         return;
     }
     const lane_norm lanes = lane_norm_of(means, rstds);
     for (ptrdiff_t j = 0; j < n; j++) {
-        const gf value_x = load_as_f32(dtype, tile_load(dtype, source, count, j, t.x_lanes), 0);
+        const gf value_x = load_as_f32(dtype, tile_load(dtype, source, count, j, buffers.x, adjacent), 0);
         const gf centred = has_mean ? gf_sub(gf_sub(value_x, lanes.mean_hi), lanes.mean_lo) : value_x;
         const gf scale = weight ? gf_mul(gf_splat(((const float *)weight)[j]), lanes.scale) : lanes.scale;
         const gf offset = gf_splat(bias ? ((const float *)bias)[j] : 0.0f);
-        void *target = tile_target(dtype, &t.y, j, t.y_lanes);
+        void *target = tile_target(dtype, &t->y, j, buffers.y, adjacent);
         store_from_f32(dtype, target, 0, gf_fma(centred, scale, offset), 1);
-        tile_scatter(dtype, &t.y, count, j, target);
+        tile_scatter(dtype, &t->y, count, j, target, adjacent);
+    }
+}
+
+/* Tile `tile` forward: statistics per lane (summing the residual into `sum` on the way),
+   the statistics out, then the output.  The common case, channels-first arrays (every view
+   adjacent), runs in an instance of its own (0.8x the time
+   on (8, 64, 56, 56) float32, one thread, AMD Zen 4). */
+static LN_ALWAYS_INLINE void forward_tile(ln_norm_kind kind, ln_dtype dtype, const ln_forward_args *a,
+                                          const ln_rstd_bounds *bounds, ptrdiff_t tile)
+{
+    ptrdiff_t block, row;
+    int count;
+    ln_tile_of(&a->extent, tile, &block, &row, &count);
+    const forward_tile_arrays t = {
+        .count = count,
+        .x = tile_view_of(dtype, &a->input, a->extent.rows, block, row, count),
+        .residual = tile_view_of(dtype, &a->residual, a->extent.rows, block, row, count),
+        .sum = tile_view_of(dtype, &a->sum, a->extent.rows, block, row, count),
+        .y = tile_view_of(dtype, &a->output, a->extent.rows, block, row, count),
+    };
+    if (t.x.adjacent && t.y.adjacent && (!t.residual.first || (t.residual.adjacent && t.sum.adjacent))) {
+        forward_tile_from_views(kind, dtype, a, bounds, &t, block, row, 1);
+    }
+    else {
+        forward_tile_from_views(kind, dtype, a, bounds, &t, block, row, 0);
     }
 }
 
@@ -1725,14 +1743,65 @@ static LN_ALWAYS_INLINE void forward_tiles(ln_norm_kind kind, ln_dtype dtype, co
     }
 }
 
+/* backward_tile's work once its views are made (see tile_load for `adjacent`). */
+static LN_ALWAYS_INLINE void backward_tile_from_views(ln_norm_kind kind, ln_dtype dtype, const ln_backward_args *a,
+                                                      const tile_view *dy, const tile_view *x, const tile_view *dx,
+                                                      int count, const double means[16], const double rstds[16],
+                                                      int adjacent, double *dweight_lanes, double *dbias_lanes)
+{
+    const ptrdiff_t n = a->extent.row_len;
+    const int has_mean = kind == LN_NORM_LAYER;
+    const void *weight = a->weight;
+    double dy_lanes[16], x_lanes[16], dx_lanes[16];
+    if (!adjacent) {
+        memset(dy_lanes, 0, sizeof dy_lanes);
+        memset(x_lanes, 0, sizeof x_lanes);
+        memset(dx_lanes, 0, sizeof dx_lanes);
+    }
+    const gd mean_v = gd_load(means), rstd_v = gd_load(rstds), zero_v = gd_splat(0.0);
+    gd g_mean = zero_v, gx_mean = zero_v;
+    if (dx->first) {
+        gd g_sum = zero_v, gx_sum = zero_v;
+        for (ptrdiff_t j = 0; j < n; j++) {
+            const gd dy_v = load_as_f64(dtype, tile_load(dtype, dy, count, j, dy_lanes, adjacent), 0);
+            const gd value_x = load_as_f64(dtype, tile_load(dtype, x, count, j, x_lanes, adjacent), 0);
+            const gd xhat = gd_mul(has_mean ? gd_sub(value_x, mean_v) : value_x, rstd_v);
+            const gd g = weight ? gd_mul(dy_v, gd_splat(ln_load1_param_as_f64(dtype, weight, j))) : dy_v;
+            g_sum = has_mean ? gd_add(g_sum, g) : g_sum;
+            gx_sum = gd_add(gx_sum, gd_mul(g, xhat));
+        }
+        const gd n_v = gd_splat((double)n);
+        g_mean = gd_div(g_sum, n_v);
+        gx_mean = gd_div(gx_sum, n_v);
+    }
+    for (ptrdiff_t j = 0; j < n; j++) {
+        const gd dy_v = load_as_f64(dtype, tile_load(dtype, dy, count, j, dy_lanes, adjacent), 0);
+        const gd value_x = load_as_f64(dtype, tile_load(dtype, x, count, j, x_lanes, adjacent), 0);
+        const gd xhat = gd_mul(has_mean ? gd_sub(value_x, mean_v) : value_x, rstd_v);
+        if (dx->first) {
+            const gd g = weight ? gd_mul(dy_v, gd_splat(ln_load1_param_as_f64(dtype, weight, j))) : dy_v;
+            const gd inner = gd_sub(has_mean ? gd_sub(g, g_mean) : g, gd_mul(xhat, gx_mean));
+            void *target = tile_target(dtype, dx, j, dx_lanes, adjacent);
+            store_from_f64(dtype, target, gd_quiet_nans(gd_mul(inner, rstd_v)));  /* a NaN the one quiet NaN */
+            tile_scatter(dtype, dx, count, j, target, adjacent);
+        }
+        if (dweight_lanes) {
+            gd_store(dweight_lanes + 16 * j, gd_add(gd_load(dweight_lanes + 16 * j), gd_mul(dy_v, xhat)));
+        }
+        if (dbias_lanes) {
+            gd_store(dbias_lanes + 16 * j, gd_add(gd_load(dbias_lanes + 16 * j), dy_v));
+        }
+    }
+}
+
 /* Tile `tile` backward, all in float64: pass 1 the lanes' sums of g and g * xhat (when dx is
    wanted), pass 2 dx and the parameter gradients' terms, added into the per-lane column
    sums dweight_lanes and dbias_lanes (each may be NULL).  Lanes past count hold zeros,
-   whose terms are zeros. */
+   whose terms are zeros.  As forward_tile, the common case (dy, x and dx adjacent) runs in
+   an instance of its own. */
 static LN_ALWAYS_INLINE void backward_tile(ln_norm_kind kind, ln_dtype dtype, const ln_backward_args *a,
                                            ptrdiff_t tile, double *dweight_lanes, double *dbias_lanes)
 {
-    const ptrdiff_t n = a->extent.row_len;
     const int has_mean = kind == LN_NORM_LAYER;
     ptrdiff_t block, row;
     int count;
@@ -1742,49 +1811,16 @@ static LN_ALWAYS_INLINE void backward_tile(ln_norm_kind kind, ln_dtype dtype, co
     const tile_view dx = tile_view_of(dtype, &a->grad_input, a->extent.rows, block, row, count);
     const tile_view mean_in = tile_view_of(dtype, &a->mean, a->extent.rows, block, row, count);
     const tile_view rstd_in = tile_view_of(dtype, &a->rstd, a->extent.rows, block, row, count);
-    double dy_lanes[16] = {0}, x_lanes[16] = {0}, dx_lanes[16] = {0};
     double means[16] = {0}, rstds[16] = {0};
     for (int k = 0; k < count; k++) {
         means[k] = has_mean ? ln_load1_param_as_f64(dtype, mean_in.first + k * mean_in.row_step, 0) : 0.0;
         rstds[k] = ln_load1_param_as_f64(dtype, rstd_in.first + k * rstd_in.row_step, 0);
     }
-    const gd mean_v = gd_load(means), rstd_v = gd_load(rstds), zero_v = gd_splat(0.0);
-    gd g_mean = zero_v, gx_mean = zero_v;
-    if (dx.first) {
-        gd g_sum = zero_v, gx_sum = zero_v;
-        for (ptrdiff_t j = 0; j < n; j++) {
-            const gd dy_v = load_as_f64(dtype, tile_load(dtype, &dy, count, j, dy_lanes), 0);
-            const gd value_x = load_as_f64(dtype, tile_load(dtype, &x, count, j, x_lanes), 0);
-            const gd xhat = gd_mul(has_mean ? gd_sub(value_x, mean_v) : value_x, rstd_v);
-            const gd g = a->weight ? gd_mul(dy_v, gd_splat(ln_load1_param_as_f64(dtype, a->weight, j))) : dy_v;
-            g_sum = has_mean ? gd_add(g_sum, g) : g_sum;
-            gx_sum = gd_add(gx_sum, gd_mul(g, xhat));
-        }
-        const gd n_v = gd_splat((double)n);
-        g_mean = gd_div(g_sum, n_v);
-        gx_mean = gd_div(gx_sum, n_v);
+    if (dy.adjacent && x.adjacent && (!dx.first || dx.adjacent)) {
+        backward_tile_from_views(kind, dtype, a, &dy, &x, &dx, count, means, rstds, 1, dweight_lanes, dbias_lanes);
     }
-    for (ptrdiff_t j = 0; j < n; j++) {
-        const gd dy_v = load_as_f64(dtype, tile_load(dtype, &dy, count, j, dy_lanes), 0);
-        const gd value_x = load_as_f64(dtype, tile_load(dtype, &x, count, j, x_lanes), 0);
-        const gd xhat = gd_mul(has_mean ? gd_sub(value_x, mean_v) : value_x, rstd_v);
-        if (dx.first) {
-            const gd g = a->weight ? gd_mul(dy_v, gd_splat(ln_load1_param_as_f64(dtype, a->weight, j))) : dy_v;
-            const gd inner = gd_sub(has_mean ? gd_sub(g, g_mean) : g, gd_mul(xhat, gx_mean));
-            double values[16];
-            gd_store(values, gd_quiet_nans(gd_mul(inner, rstd_v)));
-            void *target = tile_target(dtype, &dx, j, dx_lanes);
-            for (int k = 0; k < 16; k++) {
-                ln_store1_from_f64(dtype, target, k, values[k]);
-            }
-            tile_scatter(dtype, &dx, count, j, target);
-        }
-        if (dweight_lanes) {
-            gd_store(dweight_lanes + 16 * j, gd_add(gd_load(dweight_lanes + 16 * j), gd_mul(dy_v, xhat)));
-        }
-        if (dbias_lanes) {
-            gd_store(dbias_lanes + 16 * j, gd_add(gd_load(dbias_lanes + 16 * j), dy_v));
-        }
+    else {
+        backward_tile_from_views(kind, dtype, a, &dy, &x, &dx, count, means, rstds, 0, dweight_lanes, dbias_lanes);
     }
 }
 
