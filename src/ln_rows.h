@@ -56,7 +56,7 @@
  * Those are the contiguous route's row kernels (rows whose elements are adjacent); the
  * strided route's tile kernels, further down, compute the same per lane.
  */
-#if !defined(LN_LEVEL_KERNELS) || !defined(LN_AFFINE_LOOP_APART)
+#if !defined(LN_LEVEL_KERNELS) || !defined(LN_AFFINE_LOOP_APART) || !defined(LN_ROWS8_F32_TRANSPOSE)
 #error "include a level's ln_simd_<level>.h and define LN_LEVEL_KERNELS before ln_rows.h"
 #endif
 
@@ -701,12 +701,29 @@ static LN_ALWAYS_INLINE gd gd_div_by(gd x, const lane_divisor *d)
    group holds row block + k (a row of 8 float32 elements is half a group: a vector over
    the row would leave most lanes idle, and its sums would need a reduction per row).
    columns[i] holds element i of the block's rows, as elements of the data's type, so that
-   they are converted a group at a time; the slots past the last row hold zeros. */
+   they are converted a group at a time; the slots past the last row hold zeros.  Where the
+   level has it (LN_ROWS8_F32_TRANSPOSE), 16 rows of 8 float32 elements one after another turn
+   in registers. */
+static LN_ALWAYS_INLINE int rows8_f32_adjacent(ln_dtype dtype, const ln_array *array, const ln_extent *extent,
+                                               ptrdiff_t block, ptrdiff_t rows, ptrdiff_t n)
+{
+    /* one row address 15 rows on from the first: no block boundary between them moved a row */
+    return LN_ROWS8_F32_TRANSPOSE && dtype == LN_F32 && n == 8 && rows == 16 && array->walk.elem_step == 4 &&
+           array->walk.row_step == 32 &&
+           ln_row_address(array, extent, block + 15) == ln_row_address(array, extent, block) + 15 * 32;
+}
+
 static LN_ALWAYS_INLINE void short_rows_to_columns(ln_dtype dtype, const ln_array *array, const ln_extent *extent,
                                                    ptrdiff_t block, ptrdiff_t rows, ptrdiff_t n,
                                                    double columns[16][16])
 {
     const size_t size = ln_dtype_size(dtype);
+#if LN_ROWS8_F32_TRANSPOSE
+    if (rows8_f32_adjacent(dtype, array, extent, block, rows, n)) {
+        rows8_f32_to_columns((const float *)ln_row_address(array, extent, block), columns);
+        return;
+    }
+#endif
     for (ptrdiff_t k = 0; k < 16; k++) {
         const char *row = k < rows ? ln_row_address(array, extent, block + k) : NULL;
         for (ptrdiff_t i = 0; i < n; i++) {
@@ -733,6 +750,16 @@ static LN_ALWAYS_INLINE void short_rows_from_columns(ln_dtype dtype, const ln_ar
                                                      ptrdiff_t n, double columns[16][16])
 {
     const size_t size = ln_dtype_size(dtype);
+#if LN_ROWS8_F32_TRANSPOSE
+    int every_row = 1;
+    for (ptrdiff_t k = 0; written && k < rows; k++) {
+        every_row &= written[k];
+    }
+    if (every_row && rows8_f32_adjacent(dtype, array, extent, block, rows, n)) {
+        rows8_f32_from_columns(columns, (float *)ln_row_address(array, extent, block));
+        return;
+    }
+#endif
     for (ptrdiff_t k = 0; k < rows; k++) {
         if (written && !written[k]) {
             continue;

@@ -19,6 +19,7 @@ typedef float ln_vf __attribute__((vector_size(64)));   /* __m512 */
 #define LN_VD_PER_GROUP 2
 #define LN_VF_PER_GROUP 1
 #define LN_AFFINE_LOOP_APART 1
+#define LN_ROWS8_F32_TRANSPOSE 1  /* rows8_f32_to_columns and rows8_f32_from_columns, below */
 
 #include "ln_simd_group.h"
 
@@ -113,6 +114,82 @@ static LN_ALWAYS_INLINE void gf_store_bf16(uint16_t *p, gf a, int nan_lanes)
     const __m512i half_below = _mm512_mask_add_epi32(bits, is_number, bits, _mm512_set1_epi32(0x7fff));
     const __m512i rounded = _mm512_mask_add_epi32(half_below, kept_lsb_set, bits, _mm512_set1_epi32(0x8000));
     _mm256_storeu_si256((__m256i *)p, _mm512_castsi512_si256(_mm512_permutexvar_epi16(high_halves, rounded)));
+}
+
+/* The short-row route's commonest case, rows of 8 float32 elements, turned 16 rows at a time
+   between rows and columns (see short_rows_to_columns): rows holds the 16 rows one after
+   another, 128 elements, and columns[i] element i of each row, as 16 float32 in its first 64
+   bytes.  Element k * 8 + i of rows is element k of column i: as 8 vectors of 16, the
+   permutation takes lane (k % 2) * 8 + i of vector k / 2 to lane k of vector i.  Three rounds
+   of two-source permutes (vpermt2ps) do it, each round pairing vectors and halving the rows
+   that a vector's elements come from: rounds of 8 permutes, where element by element it was
+   128 loads and 128 stores. */
+static LN_ALWAYS_INLINE __m512 rows8_permute(__m512 a, const int index[16], __m512 b)
+{
+    return _mm512_permutex2var_ps(a, _mm512_loadu_si512(index), b);
+}
+
+static LN_ALWAYS_INLINE void rows8_f32_to_columns(const float *rows, double columns[16][16])
+{
+    /* round 1: rows 4a .. 4a + 3 (vectors 2a and 2a + 1), columns 4h .. 4h + 3, lane 4 * (column % 4) + row % 4 */
+    static const int round1[2][16] = {{0, 8, 16, 24, 1, 9, 17, 25, 2, 10, 18, 26, 3, 11, 19, 27},
+                                      {4, 12, 20, 28, 5, 13, 21, 29, 6, 14, 22, 30, 7, 15, 23, 31}};
+    /* round 2: rows 8b .. 8b + 7, columns 4h + 2q and 4h + 2q + 1, lane 8 * (column % 2) + row % 8 */
+    static const int round2[2][16] = {{0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23},
+                                      {8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31}};
+    /* round 3: column i, lane k = row */
+    static const int round3[2][16] = {{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
+                                      {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31}};
+    __m512 v[8], p[4][2], q[2][2][2];
+    for (int m = 0; m < 8; m++) {
+        v[m] = _mm512_loadu_ps(rows + 16 * m);
+    }
+    for (int a = 0; a < 4; a++) {
+        for (int h = 0; h < 2; h++) {
+            p[a][h] = rows8_permute(v[2 * a], round1[h], v[2 * a + 1]);
+        }
+    }
+    for (int b = 0; b < 2; b++) {
+        for (int h = 0; h < 2; h++) {
+            for (int pair = 0; pair < 2; pair++) {
+                q[b][h][pair] = rows8_permute(p[2 * b][h], round2[pair], p[2 * b + 1][h]);
+            }
+        }
+    }
+    for (int i = 0; i < 8; i++) {
+        const int h = i / 4, pair = i % 4 / 2;
+        _mm512_storeu_ps(columns[i], rows8_permute(q[0][h][pair], round3[i % 2], q[1][h][pair]));
+    }
+}
+
+/* rows8_f32_to_columns undone, its rounds in reverse. */
+static LN_ALWAYS_INLINE void rows8_f32_from_columns(double columns[16][16], float *rows)
+{
+    static const int round3[2][16] = {{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
+                                      {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31}};
+    static const int round2[2][16] = {{0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27},
+                                      {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31}};
+    static const int round1[2][16] = {{0, 4, 8, 12, 16, 20, 24, 28, 1, 5, 9, 13, 17, 21, 25, 29},
+                                      {2, 6, 10, 14, 18, 22, 26, 30, 3, 7, 11, 15, 19, 23, 27, 31}};
+    __m512 c[8], p[4][2], q[2][2][2];
+    for (int i = 0; i < 8; i++) {
+        c[i] = _mm512_loadu_ps(columns[i]);
+    }
+    for (int b = 0; b < 2; b++) {
+        for (int h = 0; h < 2; h++) {
+            for (int pair = 0; pair < 2; pair++) {
+                q[b][h][pair] = rows8_permute(c[4 * h + 2 * pair], round3[b], c[4 * h + 2 * pair + 1]);
+            }
+        }
+    }
+    for (int a = 0; a < 4; a++) {
+        for (int h = 0; h < 2; h++) {
+            p[a][h] = rows8_permute(q[a / 2][h][0], round2[a % 2], q[a / 2][h][1]);
+        }
+    }
+    for (int m = 0; m < 8; m++) {
+        _mm512_storeu_ps(rows + 16 * m, rows8_permute(p[m / 2][0], round1[m % 2], p[m / 2][1]));
+    }
 }
 
 /* Streaming stores, p 64-byte aligned: 64-byte non-temporal stores. */

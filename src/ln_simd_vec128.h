@@ -30,6 +30,7 @@ typedef float ln_vf __attribute__((vector_size(16)));
 #else
 #define LN_AFFINE_LOOP_APART 0  /* SSE2: fma() calls, lane by lane */
 #endif
+#define LN_ROWS8_F32_TRANSPOSE 0
 
 #include "ln_simd_group.h"
 
