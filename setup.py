@@ -59,6 +59,8 @@ if platform.endswith(("x86_64", "amd64")):
         os.path.normpath("src/ln_level_vec128.c"): size_optimized,
         os.path.normpath("src/ln_level_avx2.c"): ["-mavx2", "-mfma", "-mf16c"],
         os.path.normpath("src/ln_level_avx512.c"): ["-mavx512f", "-mavx512bw", "-mavx2", "-mfma", "-mf16c"],
+        os.path.normpath("src/ln_level_avx512_bf16.c"): ["-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512bf16",
+                                                        "-mavx2", "-mfma", "-mf16c"],
     }
 elif platform.endswith(("aarch64", "arm64")):
     LEVEL_FLAGS = {os.path.normpath("src/ln_level_scalar.c"): size_optimized}
@@ -119,6 +121,7 @@ setup(
             "layernorm._layernorm",
             # slowest to compile first: they start first in BuildExt's pool
             sources=["src/ln_level_avx2.c", "src/ln_level_avx512.c", "src/ln_level_vec128.c", "src/ln_level_scalar.c",
+                     "src/ln_level_avx512_bf16.c",
                      "src/_layernorm.c", "src/ln_backward.c", "src/ln_forward.c",
                      "src/ln_parts.c", "src/ln_threads.c", "src/ln_dispatch.c", "src/ln_layout.c",
                      "src/ln_exact.c"],

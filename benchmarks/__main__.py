@@ -11,7 +11,7 @@ Usage, from the repository root:
     --quick           few repetitions of short loops (smoke test, < 1 min)
     --cases SUBSTRING only run cases whose label contains SUBSTRING, e.g. "float16", "2048x" or
                       "module" (the module-overhead section is labelled "module 4x20 float32")
-    --simd LEVEL      force layernorm.set_simd_level(LEVEL) ("scalar", "avx2", "avx512")
+    --simd LEVEL      force layernorm.set_simd_level(LEVEL) ("scalar", "avx2", "avx512", "avx512bf16")
     --markdown PATH   also write the report to PATH
     --plot PATH       write a PNG bar chart of the ours/torch time ratios, one panel per thread
                       count (needs matplotlib: python -m pip install ".[bench]"; and torch)

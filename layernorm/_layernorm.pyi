@@ -12,7 +12,7 @@ _Shape = Union[SupportsIndex, Sequence[SupportsIndex]]
 _Axis = Union[SupportsIndex, Sequence[SupportsIndex], None]
 _FloatArray = npt.NDArray[np.floating[Any]]
 _F64 = npt.NDArray[np.float64]
-_SimdLevel = Literal["scalar", "sse2", "neon", "avx2", "avx512"]
+_SimdLevel = Literal["scalar", "sse2", "neon", "avx2", "avx512", "avx512bf16"]
 _Gradients = Tuple[Optional[_FloatArray], Optional[_FloatArray], Optional[_FloatArray]]
 
 class UnsupportedDTypeError(TypeError):

@@ -230,7 +230,7 @@ int ln_backward(const ln_backward_args *a)
     assert(a && ln_backward_args_valid(a));
     ln_backward_job job = {
         .args = a,
-        .kernels = &ln_kernels_in_use()->by_dtype[a->dtype].by_kind[a->kind],
+        .kernels = &ln_dtype_kernels_in_use(a->dtype)->by_kind[a->kind],
         .elsize = (ptrdiff_t)ln_dtype_size(a->dtype),
         .param_elsize = (ptrdiff_t)ln_param_size(a->dtype),
         .grad_blocks = 1,
@@ -287,7 +287,7 @@ int ln_backward(const ln_backward_args *a)
                 dbias[j] += block_dbias[j];
             }
         }
-        const ln_dtype_kernels *kernels = &ln_kernels_in_use()->by_dtype[a->dtype];
+        const ln_dtype_kernels *kernels = ln_dtype_kernels_in_use(a->dtype);
         if (a->grad_weight) {
             kernels->store_params(a->grad_weight, dweight, n);
         }

@@ -21,6 +21,7 @@ static const struct {
     [LN_SIMD_VEC128] = {"sse2", &ln_kernels_vec128},
     [LN_SIMD_AVX2] = {"avx2", &ln_kernels_avx2},
     [LN_SIMD_AVX512] = {"avx512", &ln_kernels_avx512},
+    [LN_SIMD_AVX512_BF16] = {"avx512bf16", &ln_kernels_avx512_bf16},
 #elif defined(__aarch64__)
     [LN_SIMD_VEC128] = {"neon", &ln_kernels_vec128},
 #endif
@@ -36,6 +37,17 @@ static int ln_cpu_has_f16c(void)
     unsigned int eax, ebx, ecx, edx;
     return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
 }
+
+/* AVX512-BF16 (CPUID leaf 7, subleaf 1, EAX bit 5) and AVX512DQ (subleaf 0, EBX bit 17),
+   read directly: older compilers' __builtin_cpu_supports knows neither name. */
+static int ln_cpu_has_avx512_bf16_dq(void)
+{
+    unsigned int eax, ebx, ecx, edx;
+    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) || (ebx & (1u << 17)) == 0) {
+        return 0;
+    }
+    return __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax & (1u << 5)) != 0;
+}
 #endif
 
 ln_simd_level ln_simd_best(void)
@@ -44,7 +56,7 @@ ln_simd_level ln_simd_best(void)
     __builtin_cpu_init();
     const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && ln_cpu_has_f16c();
     if (avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) {
-        return LN_SIMD_AVX512;
+        return ln_cpu_has_avx512_bf16_dq() ? LN_SIMD_AVX512_BF16 : LN_SIMD_AVX512;
     }
     if (avx2) {
         return LN_SIMD_AVX2;
@@ -81,9 +93,14 @@ const char *ln_simd_name(ln_simd_level level)
     return level >= LN_SIMD_SCALAR && level < LN_SIMD_LEVELS ? ln_levels[level].name : NULL;
 }
 
-const ln_kernel_table *ln_kernels_in_use(void)
+const ln_dtype_kernels *ln_dtype_kernels_in_use(ln_dtype dtype)
 {
-    const ln_kernel_table *kernels = ln_levels[ln_simd_get()].kernels;
-    assert(kernels);
-    return kernels;
+    for (int level = (int)ln_simd_get(); level >= LN_SIMD_SCALAR; level--) {
+        const ln_kernel_table *kernels = ln_levels[level].kernels;
+        if (kernels && kernels->by_dtype[dtype].add_row) {
+            return &kernels->by_dtype[dtype];
+        }
+    }
+    assert(0 && "the scalar level has every type's kernels");
+    return &ln_kernels_scalar.by_dtype[dtype];
 }

@@ -194,7 +194,7 @@ static void ln_forward_huge_row_normalize(void *ctx, ptrdiff_t begin, ptrdiff_t 
 int ln_forward(const ln_forward_args *a)
 {
     assert(a && ln_forward_args_valid(a));
-    const ln_dtype_kernels *dtype_kernels = &ln_kernels_in_use()->by_dtype[a->dtype];
+    const ln_dtype_kernels *dtype_kernels = ln_dtype_kernels_in_use(a->dtype);
     ln_forward_job job = {.args = a, .dtype_kernels = dtype_kernels, .kernels = &dtype_kernels->by_kind[a->kind]};
     const ptrdiff_t rows = ln_rows_of(&a->extent), n = a->extent.row_len;
     const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(a->dtype);

@@ -154,10 +154,12 @@ extern const ln_kernel_table ln_kernels_vec128;
 #if defined(__x86_64__)
 extern const ln_kernel_table ln_kernels_avx2;
 extern const ln_kernel_table ln_kernels_avx512;
+extern const ln_kernel_table ln_kernels_avx512_bf16;  /* bfloat16 alone */
 #endif
 
-/* The kernels of the level in use (ln_dispatch.c). */
-const ln_kernel_table *ln_kernels_in_use(void);
+/* The kernels for one element type at the level in use, or, where that level has none of
+   its own for the type, at the nearest level below that has (ln_dispatch.c). */
+const ln_dtype_kernels *ln_dtype_kernels_in_use(ln_dtype dtype);
 
 /* ------------------------------------------------------------------------ */
 /* Threads and scratch memory (ln_threads.c)                                 */

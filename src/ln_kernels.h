@@ -41,8 +41,9 @@ typedef enum {
     LN_SIMD_VEC128 = 1,
     LN_SIMD_AVX2 = 2,
     LN_SIMD_AVX512 = 3,
+    LN_SIMD_AVX512_BF16 = 4,
 } ln_simd_level;
-#define LN_SIMD_LEVELS 4
+#define LN_SIMD_LEVELS 5
 
 /* One array taking part in a call: its first element and how to walk it over the call's
  * extent (ln_layout.h).  Element arrays are aligned to their element size.  Statistics
@@ -176,7 +177,7 @@ int ln_part_grad_input(const ln_part_backward_args *args);
 ln_simd_level ln_simd_best(void);            /* what the CPU and the build allow */
 ln_simd_level ln_simd_get(void);             /* what is in use now */
 int ln_simd_set(ln_simd_level level);        /* 0, or -1 if the CPU or the build can't run it */
-/* "scalar", "sse2" or "neon", "avx2", "avx512"; NULL for a level this build lacks. */
+/* "scalar", "sse2" or "neon", "avx2", "avx512", "avx512bf16"; NULL for a level this build lacks. */
 const char *ln_simd_name(ln_simd_level level);
 
 /* Threads: a small pthread pool shared by every call in the process. */

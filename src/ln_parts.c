@@ -55,7 +55,7 @@ static ln_part_job ln_part_job_of(ln_norm_kind kind, ln_dtype dtype, const ln_ex
     return (ln_part_job){
         .dtype = dtype,
         .extent = extent,
-        .kernels = &ln_kernels_in_use()->by_dtype[dtype].by_kind[kind],
+        .kernels = &ln_dtype_kernels_in_use(dtype)->by_kind[kind],
         .chunks = (extent->row_len + LN_CHUNK - 1) / LN_CHUNK,
     };
 }
@@ -296,7 +296,7 @@ int ln_part_normalize(const ln_part_normalize_args *a)
     job.normalize = a;
     job.streams = ln_output_streams(a->dtype, &a->extent);
     /* the bounds of the part's parameters, and of the whole row's length (float32's x - mean) */
-    const ln_dtype_kernels *kernels = &ln_kernels_in_use()->by_dtype[a->dtype];
+    const ln_dtype_kernels *kernels = ln_dtype_kernels_in_use(a->dtype);
     const ln_forward_args part = {.kind = a->kind, .dtype = a->dtype, .extent = a->extent, .weight = a->weight,
                                   .bias = a->bias};
     const ln_forward_args row = {.kind = a->kind, .dtype = a->dtype,

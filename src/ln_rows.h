@@ -56,7 +56,8 @@
  * Those are the contiguous route's row kernels (rows whose elements are adjacent); the
  * strided route's tile kernels, further down, compute the same per lane.
  */
-#if !defined(LN_LEVEL_KERNELS) || !defined(LN_AFFINE_LOOP_APART) || !defined(LN_ROWS8_F32_TRANSPOSE)
+#if !defined(LN_LEVEL_KERNELS) || !defined(LN_AFFINE_LOOP_APART) || !defined(LN_ROWS8_F32_TRANSPOSE) || \
+    !defined(LN_BF16_PAIR_STORE)
 #error "include a level's ln_simd_<level>.h and define LN_LEVEL_KERNELS before ln_rows.h"
 #endif
 
@@ -336,6 +337,17 @@ static LN_ALWAYS_INLINE lane_norm lane_norm_of(const double means[16], const dou
     return (lane_norm){gf_load(mean_hi), gf_load(mean_lo), gf_load(scales)};
 }
 
+/* y[i .. i + 16) of a float16, float32 or bfloat16 row, in float32 lanes. */
+static LN_ALWAYS_INLINE gf normalized_f32(ln_norm_kind kind, ln_dtype dtype, const row_norm *k, const void *x,
+                                          ptrdiff_t i, const void *weight, const void *bias)
+{
+    const gf value_x = load_as_f32(dtype, x, i);
+    const gf centred = kind == LN_NORM_RMS ? value_x : gf_sub(gf_sub(value_x, k->mean_hi_v), k->mean_lo_v);
+    const gf a = weight ? gf_mul(gf_load((const float *)weight + i), k->scale_v) : k->scale_v;
+    const gf b = bias ? gf_load((const float *)bias + i) : gf_splat(0.0f);
+    return gf_fma(centred, a, b);
+}
+
 /* y[i .. i + 16) from x[i .. i + 16); `streaming`: by non-temporal stores, y + i 64-byte
    aligned (32-byte for 16-bit output, whose groups are half a cache line). */
 static LN_ALWAYS_INLINE void normalize_group(ln_norm_kind kind, ln_dtype dtype, const row_norm *k, const void *x,
@@ -356,11 +368,7 @@ static LN_ALWAYS_INLINE void normalize_group(ln_norm_kind kind, ln_dtype dtype, 
         }
     }
     else {
-        const gf value_x = load_as_f32(dtype, x, i);
-        const gf centred = kind == LN_NORM_RMS ? value_x : gf_sub(gf_sub(value_x, k->mean_hi_v), k->mean_lo_v);
-        const gf a = weight ? gf_mul(gf_load((const float *)weight + i), k->scale_v) : k->scale_v;
-        const gf b = bias ? gf_load((const float *)bias + i) : gf_splat(0.0f);
-        const gf value = gf_fma(centred, a, b);
+        const gf value = normalized_f32(kind, dtype, k, x, i, weight, bias);
         if (streaming && dtype == LN_F32) {
             gf_stream((float *)y + i, value);
         }
@@ -373,6 +381,23 @@ static LN_ALWAYS_INLINE void normalize_group(ln_norm_kind kind, ln_dtype dtype, 
             store_from_f32(dtype, y, i, value, 0);
         }
     }
+}
+
+/* y[i .. i + 32), two groups; bfloat16 where the level stores two groups in one conversion
+   (LN_BF16_PAIR_STORE, gf_store2_bf16) goes that way, the same bits. */
+static LN_ALWAYS_INLINE void normalize_pair(ln_norm_kind kind, ln_dtype dtype, const row_norm *k, const void *x,
+                                            void *y, ptrdiff_t i, const void *weight, const void *bias,
+                                            int streaming)
+{
+#if LN_BF16_PAIR_STORE
+    if (dtype == LN_BF16) {
+        gf_store2_bf16((uint16_t *)y + i, normalized_f32(kind, dtype, k, x, i, weight, bias),
+                       normalized_f32(kind, dtype, k, x, i + 16, weight, bias), 0, streaming);
+        return;
+    }
+#endif
+    normalize_group(kind, dtype, k, x, y, i, weight, bias, streaming);
+    normalize_group(kind, dtype, k, x, y, i + 16, weight, bias, streaming);
 }
 
 /* y[i] from x[i]: the same arithmetic, one element. */
@@ -407,6 +432,9 @@ static LN_ALWAYS_INLINE void normalize(ln_norm_kind kind, ln_dtype dtype, int st
     ptrdiff_t i = 0;
     for (; streaming && i < n && ((uintptr_t)((char *)y + i * elsize) & 63) != 0; i++) {
         normalize_one(kind, dtype, &k, x, y, i, weight, bias);
+    }
+    for (; i + 32 <= n; i += 32) {
+        normalize_pair(kind, dtype, &k, x, y, i, weight, bias, streaming);
     }
     for (; i + 16 <= n; i += 16) {
         normalize_group(kind, dtype, &k, x, y, i, weight, bias, streaming);
@@ -870,8 +898,7 @@ static LN_ALWAYS_INLINE void forward_rows_pipelined(ln_norm_kind kind, ln_dtype 
                 moments_add(&acc, kind, dtype, x, i + 16, 1);
             }
             if (emit) {
-                normalize_group(kind, dtype, &previous, x_previous, y_previous, i, weight, bias, 0);
-                normalize_group(kind, dtype, &previous, x_previous, y_previous, i + 16, weight, bias, 0);
+                normalize_pair(kind, dtype, &previous, x_previous, y_previous, i, weight, bias, 0);
             }
         }
         if (i + 16 <= n) {
@@ -1949,7 +1976,14 @@ static LN_ALWAYS_INLINE void backward_tiles(ln_norm_kind kind, ln_dtype dtype, c
     }                                                                                              \
     LN_FOR_EACH_KIND(LN_KIND_FUNCTIONS, DTYPE, suffix)
 
-LN_FOR_EACH_DTYPE(LN_DTYPE_FUNCTIONS)
+/* The element types the level compiles: all of them, unless its file names fewer (a level
+   that differs from the one below it only for those; ln_dtype_kernels_in_use takes the
+   others from below). */
+#ifndef LN_LEVEL_FOR_EACH_DTYPE
+#define LN_LEVEL_FOR_EACH_DTYPE LN_FOR_EACH_DTYPE
+#endif
+
+LN_LEVEL_FOR_EACH_DTYPE(LN_DTYPE_FUNCTIONS)
 
 #define LN_KIND_TABLE_ENTRY(KIND, kind_suffix, DTYPE, suffix)                              \
     [KIND] = {                                                                             \
@@ -1973,4 +2007,4 @@ LN_FOR_EACH_DTYPE(LN_DTYPE_FUNCTIONS)
         .store_params = store_params_##suffix,                                      \
     },
 
-const ln_kernel_table LN_LEVEL_KERNELS = {.by_dtype = {LN_FOR_EACH_DTYPE(LN_DTYPE_TABLE_ENTRY)}};
+const ln_kernel_table LN_LEVEL_KERNELS = {.by_dtype = {LN_LEVEL_FOR_EACH_DTYPE(LN_DTYPE_TABLE_ENTRY)}};

@@ -20,6 +20,7 @@ typedef float ln_vf __attribute__((vector_size(32)));   /* __m256 */
 #define LN_VF_PER_GROUP 2
 #define LN_AFFINE_LOOP_APART 1
 #define LN_ROWS8_F32_TRANSPOSE 0
+#define LN_BF16_PAIR_STORE 0
 
 #include "ln_simd_group.h"
 

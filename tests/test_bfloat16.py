@@ -221,6 +221,36 @@ def test_bit_identical_across_levels_and_threads(kind, shape, axis, restore_runt
             assert (a is None and b is None) or same_bits(a, b), key
 
 
+@requires_ml_dtypes
+@pytest.mark.parametrize("kind", KINDS, ids=str)
+@pytest.mark.parametrize("shape, axis", [((37, 96), None), ((40, 33), 0)], ids=["rows", "strided"])
+def test_results_below_the_float32_normal_range_at_every_level(kind, shape, axis, restore_runtime):
+    # Weights near 2**-124 put outputs and dx about float32's smallest normal, 2**-126, many
+    # of them below it: float32 subnormals, which vcvtneps2bf16 (the avx512bf16 level's store)
+    # reads as zero.  Every level must round them as the scalar one does, and within 1 ulp
+    # of the float64 answer.
+    n = shape[0] if axis == 0 else shape[-1]
+    x = rows(BF16, shape, seed=30)
+    rng = np.random.default_rng(31)
+    weight = (2.0**-124 * rng.uniform(-1, 1, n)).astype(np.float32)
+    bias = (2.0**-127 * rng.uniform(-1, 1, n)).astype(np.float32) if kind.centred else None
+    dy = rows(BF16, shape, seed=32)
+    results = {}
+    for level in layernorm.available_simd_levels():
+        layernorm.set_simd_level(level)
+        y, *stats = kind.native(x, n, weight, bias, 1e-5, axis=axis)
+        dx = kind.backward(dy, x, n, stats, weight, bias, axis=axis)[0]
+        results[level] = y, dx
+    y, dx = results["scalar"]
+    for result in (y, dx):
+        magnitude = np.abs(result.astype(np.float32))
+        assert np.count_nonzero((magnitude > 0) & (magnitude < 2.0**-126)) > result.size // 4
+    for level, arrays in results.items():
+        assert same_bits(arrays[0], y) and same_bits(arrays[1], dx), level
+    expected = kind.reference(x, n, weight, bias, 1e-5, axis=axis)[0]
+    assert np.all(ulps(y, expected, "bfloat16") <= 1)
+
+
 # ------------------------------------------------------------------------ mixed parameters
 
 

@@ -31,7 +31,7 @@ from layernorm import LayerNorm
 
 LEVELS = layernorm.available_simd_levels()
 # Every level name of any build, slowest first: the 128-bit level is sse2 on x86-64, neon on aarch64.
-ALL_LEVEL_NAMES = ("scalar", "sse2", "neon", "avx2", "avx512")
+ALL_LEVEL_NAMES = ("scalar", "sse2", "neon", "avx2", "avx512", "avx512bf16")
 
 # Row lengths 0 .. 2 * 16 + 1: every tail length up to twice the widest vector (16 float32
 # lanes in AVX-512), so each SIMD body + scalar tail split is exercised.

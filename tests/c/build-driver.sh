@@ -40,6 +40,8 @@ for source in "${sources[@]}"; do
   case "$(basename "$source")" in
     ln_level_avx2.c) [[ $x86 == 1 ]] || continue; flags=(-mavx2 -mfma -mf16c) ;;
     ln_level_avx512.c) [[ $x86 == 1 ]] || continue; flags=(-mavx512f -mavx512bw -mavx2 -mfma -mf16c) ;;
+    ln_level_avx512_bf16.c) [[ $x86 == 1 ]] || continue
+      flags=(-mavx512f -mavx512bw -mavx512dq -mavx512bf16 -mavx2 -mfma -mf16c) ;;
     ln_level_scalar.c) flags=(-Os) ;;
     ln_level_vec128.c) if [[ $x86 == 1 ]]; then flags=(-Os); fi ;;
   esac

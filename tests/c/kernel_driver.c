@@ -68,6 +68,8 @@ typedef struct {
     int row_pad;            /* ROWS input: elements between rows beyond row_len */
     int reversed;           /* ROWS input: rows stored last to first (a negative row step) */
     int special_rows;       /* NaN, +-Inf and constant rows among the ordinary ones */
+    int tiny_params;        /* weight and bias near 2^-124 and 2^-127: outputs (and dx) about
+                               the smallest normal float32, many of them float32-subnormal */
     int residual;           /* forward: normalize input + residual, the sum in its own buffer */
     int sum_over_input;     /* forward with a residual: the sum written over the input */
     int output_over_input;  /* forward: the output written over the input (or over the sum
@@ -89,10 +91,12 @@ static const variant variants[] = {
     {.name = "fwd-weight-strided", .weight = 1, .row_pad = 5},
     {.name = "fwd-reversed", .weight = 1, .bias = 1, .stats = 1, .row_pad = 3, .reversed = 1},
     {.name = "fwd-special", .weight = 1, .bias = 1, .stats = 1, .special_rows = 1},
+    {.name = "fwd-tiny", .weight = 1, .bias = 1, .tiny_params = 1},
     {.name = "bwd", .backward = 1, .weight = 1, .grad_input = 1, .grad_params = 1},
     {.name = "bwd-dx-reversed", .backward = 1, .grad_input = 1, .row_pad = 5, .reversed = 1},
     {.name = "bwd-params", .backward = 1, .weight = 1, .grad_params = 1},
     {.name = "bwd-special", .backward = 1, .weight = 1, .grad_input = 1, .special_rows = 1},
+    {.name = "bwd-tiny", .backward = 1, .weight = 1, .grad_input = 1, .tiny_params = 1},
     {.name = "bwd-one-stat", .backward = 1, .weight = 1, .grad_input = 1, .grad_params = 1, .stats_in = ROW_0_STATS},
     {.name = "rms-fwd", .kind = RMS, .weight = 1, .stats = 1},
     {.name = "rms-fwd-plain", .kind = RMS},
@@ -115,6 +119,8 @@ static const variant variants[] = {
     {.name = "cf-fwd-plain", .in = CHANNELS_FIRST, .out = CHANNELS_FIRST},
     {.name = "cf-fwd-special", .weight = 1, .bias = 1, .stats = 1, .in = CHANNELS_FIRST, .out = CHANNELS_FIRST,
      .special_rows = 1},
+    {.name = "cf-fwd-tiny", .weight = 1, .bias = 1, .in = CHANNELS_FIRST, .out = CHANNELS_FIRST,
+     .tiny_params = 1},
     {.name = "cf-fwd-in-place", .weight = 1, .bias = 1, .in = CHANNELS_FIRST, .out = CHANNELS_FIRST,
      .output_over_input = 1},
     {.name = "cf-fwd-to-rows", .weight = 1, .stats = 1, .in = CHANNELS_FIRST, .out = ROWS},
@@ -140,6 +146,8 @@ static const variant variants[] = {
     {.name = "cf-bwd-params", .backward = 1, .grad_params = 1, .in = CHANNELS_FIRST, .out = CHANNELS_FIRST},
     {.name = "cf-bwd-special", .backward = 1, .weight = 1, .grad_input = 1, .in = CHANNELS_FIRST,
      .out = CHANNELS_FIRST, .special_rows = 1},
+    {.name = "cf-bwd-tiny", .backward = 1, .weight = 1, .grad_input = 1, .in = CHANNELS_FIRST,
+     .out = CHANNELS_FIRST, .tiny_params = 1},
     {.name = "cf-bwd-broadcast", .backward = 1, .weight = 1, .grad_input = 1, .grad_params = 1,
      .in = CHANNELS_FIRST, .out = CHANNELS_FIRST, .stats_in = BLOCK_0_STATS},
     {.name = "cf-bwd-to-rows", .backward = 1, .weight = 1, .grad_input = 1, .in = CHANNELS_FIRST, .out = ROWS},
@@ -211,6 +219,8 @@ static const struct {
     ptrdiff_t rows, row_len;
 } large_cases[] = {
     {"fwd", LN_F32, 1, 128 * 2048 + 3},  /* float32 rows of 1 MiB */
+    {"fwd", LN_BF16, 1, 256 * 2048 + 3},  /* bfloat16 rows of 1 MiB */
+    {"fwd-tiny", LN_BF16, 4, 256 * 2048 + 3},
     {"bwd", LN_F32, 1030, 1024},         /* dx of 4 MiB and more */
     {"bwd", LN_F64, 520, 1024},
 };
@@ -613,10 +623,10 @@ static void case_setup(test_case *c, const variant *v, ln_dtype dtype, ln_extent
 
     c->x = new_input(c, &c->in, &state, v->special_rows);
     if (v->weight) {
-        c->weight = new_params(c, &state, 1.0, 0.5);
+        c->weight = v->tiny_params ? new_params(c, &state, 0.0, 0x1p-124) : new_params(c, &state, 1.0, 0.5);
     }
     if (v->bias) {
-        c->bias = new_params(c, &state, 0.0, 0.25);
+        c->bias = new_params(c, &state, 0.0, v->tiny_params ? 0x1p-127 : 0.25);
     }
     const size_t size = element_size(dtype), psize = param_size(dtype);
     const size_t rows = (size_t)(extent.blocks * extent.rows);
