@@ -114,14 +114,15 @@ static void ln_forward_copy_rows(void *ctx, ptrdiff_t begin, ptrdiff_t end)
     }
 }
 
-/* Rows [begin, end) by the row kernels; with a residual or a copy, rows first staged in `sum`
-   (summed) or `copy` (copied), staged_rows at a time, and normalized from there while they
-   are in cache (a streamed copy: from the input, in cache from being copied). */
+/* Rows [begin, end) by the row kernels; with a residual or a copy that they do not make
+   (ln_copies_in_rows), rows first staged in `sum` (summed) or `copy` (copied), staged_rows at
+   a time, and normalized from there while they are in cache (a streamed copy: from the
+   input, in cache from being copied). */
 static void ln_forward_rows(void *ctx, ptrdiff_t begin, ptrdiff_t end)
 {
     const ln_forward_job *job = ctx;
     const ln_forward_args *a = job->args;
-    if (!a->residual.data && !a->copy.data) {
+    if (!a->residual.data && (!a->copy.data || ln_copies_in_rows(a))) {
         job->kernels->forward_rows(a, &job->bounds, begin, end);
         return;
     }

@@ -381,6 +381,15 @@ static inline int ln_forward_streams(const ln_forward_args *a)
     return ln_output_streams(a->dtype, &a->extent);
 }
 
+/* Whether forward's row kernels write a call's copy themselves, each row as its statistics
+   are gathered (forward_rows_pipelined): rows of 16 to LN_CHUNK elements, the input's and the
+   copy's adjacent. */
+static inline int ln_copies_in_rows(const ln_forward_args *a)
+{
+    return a->copy.data && a->extent.row_len >= 16 && a->extent.row_len <= LN_CHUNK &&
+           ln_elements_adjacent(&a->input, a->dtype) && ln_elements_adjacent(&a->copy, a->dtype);
+}
+
 /* Whether the fused residual pass (forward_sum_rows) writes sum and the output with
    non-temporal stores: as ln_output_streams says for outputs, and for rows of any length once
    the results are large enough that the binding faults in new ones' pages first

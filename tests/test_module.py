@@ -1005,6 +1005,37 @@ def test_training_forward_saves_the_input_it_normalized(kind, route, threads, re
         np.testing.assert_array_equal(getattr(ours, name + "_grad"), getattr(untouched, name + "_grad"))
 
 
+# Row lengths about the pipelined loop's steps of 32 elements (a pair of groups, one group,
+# a tail) and its limit, LN_CHUNK = 2048 elements, past which rows are copied before they
+# are normalized.
+COPIED_ROW_LENGTHS = [1, 15, 16, 17, 31, 32, 33, 48, 50, 777, 2048, 2049]
+TRAINING_FORWARDS = {"LayerNorm": "training_forward", "RMSNorm": "rms_training_forward"}
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("n", COPIED_ROW_LENGTHS, ids=lambda n: f"N{n}")
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "bfloat16"])
+@BY_KIND
+def test_training_forward_saves_the_input_bit_for_bit(kind, dtype, n, threads, restore_runtime):
+    # Every element of the saved input is the input's, whichever route made the copy and
+    # whether the row was normalized by the vector loop or the exact one (huge, NaN rows).
+    if dtype == "bfloat16":
+        dtype = pytest.importorskip("ml_dtypes").bfloat16
+    layernorm.set_num_threads(threads)
+    rng = np.random.default_rng(n)
+    x = (3.0 + rng.standard_normal((40, n))).astype(dtype)
+    x[1] = np.finfo(np.float16).max if dtype == "float16" else 1e30
+    x[2, n // 2] = np.nan
+    x[3, -1] = -np.inf
+    weight = rng.standard_normal(n).astype(np.float64 if dtype == "float64" else np.float32)
+    training_forward = getattr(layernorm._layernorm, TRAINING_FORWARDS[kind.name])
+    params = (weight, None) if kind.functional.centred else (weight,)
+    output, (saved_input, _) = training_forward(x, (n,), *params, 1e-5)
+    assert saved_input is not x and saved_input.dtype == x.dtype
+    assert saved_input.tobytes() == x.tobytes()
+    assert output.tobytes() == kind.functional.forward(x, (n,), weight, eps=1e-5).tobytes()
+
+
 @BY_KIND
 def test_failed_training_forward_leaves_nothing_for_backward(kind):
     # backward() goes through the last training-mode call; when that call raised, there is
