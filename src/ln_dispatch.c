@@ -38,12 +38,12 @@ static int ln_cpu_has_f16c(void)
     return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
 }
 
-/* AVX512-BF16 (CPUID leaf 7, subleaf 1, EAX bit 5) and AVX512DQ (subleaf 0, EBX bit 17),
-   read directly: older compilers' __builtin_cpu_supports knows neither name. */
+/* AVX512DQ (CPUID leaf 7, subleaf 0, EBX bit 17) and AVX512-BF16 (subleaf 1, EAX bit 5; the
+   CPU has subleaf 1 when subleaf 0's EAX is 1 or more), read from CPUID directly, as F16C is. */
 static int ln_cpu_has_avx512_bf16_dq(void)
 {
     unsigned int eax, ebx, ecx, edx;
-    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) || (ebx & (1u << 17)) == 0) {
+    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) || (ebx & (1u << 17)) == 0 || eax < 1) {
         return 0;
     }
     return __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax & (1u << 5)) != 0;
@@ -97,7 +97,7 @@ const ln_dtype_kernels *ln_dtype_kernels_in_use(ln_dtype dtype)
 {
     for (int level = (int)ln_simd_get(); level >= LN_SIMD_SCALAR; level--) {
         const ln_kernel_table *kernels = ln_levels[level].kernels;
-        if (kernels && kernels->by_dtype[dtype].add_row) {
+        if (kernels && kernels->by_dtype[dtype].add_row) {  /* a table's absent types are all NULL */
             return &kernels->by_dtype[dtype];
         }
     }

@@ -8,9 +8,11 @@
  * bit.  On the contiguous route, input and residual with adjacent elements are summed and
  * normalized in one pass (forward_sum_rows); otherwise the residual is summed into `sum` a few
  * rows at a time, and those rows are then normalized from `sum` by the ordinary row kernels.
- * A copy of the input is made that way too: rows copied a few at a time and normalized from
- * the copy while they are in cache; a large copy is written with non-temporal stores instead,
- * and its rows normalized from the input, which copying them brought into cache.
+ * A copy of the input is written by the row kernels themselves where the pipelined loop runs
+ * (ln_copies_in_rows: each row copied as its statistics are gathered); elsewhere it is made
+ * the staged way too: rows copied a few at a time and normalized from the copy while they are
+ * in cache; a large copy is written with non-temporal stores instead, and its rows normalized
+ * from the input, which copying them brought into cache.
  */
 #include <stdlib.h>
 #include <string.h>

@@ -4,6 +4,9 @@
    element types are the avx512 level's (ln_dtype_kernels_in_use).  Run only where
    ln_dispatch.c found those features. */
 #if defined(__x86_64__)
+#if !defined(__AVX512BF16__) || !defined(__AVX512DQ__)
+#error "the avx512bf16 level is compiled with -mavx512dq -mavx512bf16 besides the avx512 level's flags"
+#endif
 #include "ln_simd_avx512.h"
 
 #define LN_LEVEL_FOR_EACH_DTYPE(X) X(LN_BF16, bf16)

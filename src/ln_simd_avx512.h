@@ -121,16 +121,26 @@ static LN_ALWAYS_INLINE void bf16_store_rounded(uint16_t *p, __m512 value, int n
 /* The avx512bf16 level's unit.  vcvtneps2bf16 rounds to nearest even as bf16_store_rounded
    does, and gives a quiet NaN its top half (the quiet bit it sets is set already), in one
    instruction, and vcvtne2ps2bf16 converts two groups in one; but both read float32
-   subnormals (|value| < 2^-126: vfpclassps class 0x20) as zero, so a group holding one takes
-   bf16_store_rounded.  A normal float32 rounds to a normal bfloat16 (both have 8 exponent
-   bits), so that is the only difference.  The test and its branch cost a fifth of the
-   conversion's gain per group (2048x1024 forward, 1 thread: 426 us by integers, 403 us
+   subnormals (nonzero |value| < 2^-126: vfpclassps class 0x20) as zero, so a group holding
+   one takes bf16_store_rounded.  A normal float32 rounds to a normal bfloat16 (both have 8
+   exponent bits), so that is the only difference.  The test and its branch cost enough that
+   pairs of groups share one (2048x1024 forward, 1 thread: 426 us by integers, 403 us
    converting a group at a time, 350 us two groups at a time). */
 #define LN_BF16_PAIR_STORE 1  /* gf_store2_bf16 */
+
+/* Debug builds: the lanes' NaNs are quiet (vcvtneps2bf16 would quieten a signalling one, which
+   bf16_store_rounded keeps), and there are none unless nan_lanes says so. */
+static LN_ALWAYS_INLINE int bf16_lanes_valid(__m512 value, int nan_lanes)
+{
+    const __mmask16 nan = _mm512_cmp_ps_mask(value, value, _CMP_UNORD_Q);
+    const __mmask16 quiet = _mm512_test_epi32_mask(_mm512_castps_si512(value), _mm512_set1_epi32(0x00400000));
+    return (nan & (__mmask16)~quiet) == 0 && (nan_lanes || nan == 0);
+}
 
 static LN_ALWAYS_INLINE void gf_store_bf16(uint16_t *p, gf a, int nan_lanes)
 {
     const __m512 value = (__m512)a.v[0];
+    assert(bf16_lanes_valid(value, nan_lanes));
     if (__builtin_expect(_mm512_fpclass_ps_mask(value, 0x20) != 0, 0)) {
         bf16_store_rounded(p, value, nan_lanes);
         return;
@@ -142,6 +152,7 @@ static LN_ALWAYS_INLINE void gf_store_bf16(uint16_t *p, gf a, int nan_lanes)
 static LN_ALWAYS_INLINE void gf_store2_bf16(uint16_t *p, gf a, gf b, int nan_lanes, int streaming)
 {
     const __m512 first = (__m512)a.v[0], second = (__m512)b.v[0];
+    assert(bf16_lanes_valid(first, nan_lanes) && bf16_lanes_valid(second, nan_lanes));
     uint16_t rounded[32];
     uint16_t *target = streaming ? rounded : p;
     assert(!streaming || ((uintptr_t)p & 63) == 0);

@@ -114,8 +114,9 @@
    they are read back from L1 or L2 rather than memory. */
 #define LN_SUM_BATCH_BYTES ((ptrdiff_t)32 << 10)
 
-/* A copy of the input (what a training-mode call saves for backward) of at least this many
-   bytes is written with non-temporal stores, and its rows normalized from the input, in cache
+/* A copy of the input (what a training-mode call saves for backward) that the row kernels do
+   not write themselves (ln_copies_in_rows) is, from this many bytes, written with non-temporal
+   stores, and its rows normalized from the input, in cache
    from being copied: the copy is not read before backward, by when it has left the cache
    anyway, and the stores cost no read for ownership. */
 #define LN_STREAM_COPY_MIN_BYTES ((ptrdiff_t)1 << 20)
