@@ -10,7 +10,8 @@ Usage, from the repository root:
                       destination, copied before its turn) instead of the same arrays every call
     --quick           few repetitions of short loops (smoke test, < 1 min)
     --cases SUBSTRING only run cases whose label contains SUBSTRING, e.g. "float16", "2048x" or
-                      "module" (the module-overhead section is labelled "module 4x20 float32")
+                      "module" (the module sections are labelled "module 4x20 float32" and
+                      "module 512x768 float32")
     --simd LEVEL      force layernorm.set_simd_level(LEVEL) ("scalar", "avx2", "avx512", "avx512bf16")
     --markdown PATH   also write the report to PATH
     --plot PATH       write a PNG bar chart of the ours/torch time ratios, one panel per thread
@@ -34,8 +35,9 @@ The "out=" case passes a preallocated output to ours (torch and numpy allocate a
 has no allocation-free layer_norm), so its target is its x floor, not ours/torch.
 Backward: layernorm.layer_norm_backward vs torch.ops.aten.native_layer_norm_backward, each fed
 the mean/rstd of its own forward pass, and a copy of 1.5 times x's bytes (read x and dy, write dx).
-Module overhead: layernorm.LayerNorm(20)(x), in training mode and after .eval(), vs
-layernorm.layer_norm(x, 20, weight, bias) on 4x20 float32.
+Module: layernorm.LayerNorm(cols)(x), in training mode and after .eval(), vs
+layernorm.layer_norm(x, cols, weight, bias), on 4x20 float32 (what a module call adds) and on
+512x768 float32 (what training mode, which keeps a copy of x for backward, costs over eval mode).
 Each row reports ours GB/s (bytes read and written / time), ours/torch, and x floor: ours time /
 the copy's time.
 
@@ -112,7 +114,7 @@ def main(argv=None):
     backward_note = "" if with_backward else "skipped (this layernorm has no layer_norm_backward)"
     runs = cases.planned_runs(arguments.cases, with_backward)
     if not runs:
-        labels = [case.label for case in cases.CASES] + [cases.MODULE_LABEL]
+        labels = [case.label for case in cases.CASES] + [cases.module_label(case) for case in cases.MODULE_CASES]
         sys.exit(f"no case label contains {arguments.cases!r}; labels: {labels}")
     if arguments.plot:
         check_plot_prerequisites()

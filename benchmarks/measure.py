@@ -149,11 +149,13 @@ def measure_backward(case, data, options):
 
 
 def measure_module(case, data, options):
-    """The module calls and the functional call they wrap, which must give the same bits."""
-    functions = cases.module_calls(data)
+    """The module calls and the functional call they wrap, which must give the same bits, and the
+    copy of x (what training mode's saved copy costs is set against it)."""
+    calls = cases.module_calls(data)
+    functions = {**calls, "copy": peers.copy(data.x)}
 
     def checked(threads):
-        outputs = {name: timed.at(threads).run() for name, timed in functions.items()}
+        outputs = {name: timed.at(threads).run() for name, timed in calls.items()}
         result = Result(case, "module", threads, reference=MODULE_BASELINE)
         result.max_diff = max(scaled_max_diff(output, outputs[MODULE_BASELINE])[0] for output in outputs.values())
         if result.max_diff != 0:

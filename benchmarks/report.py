@@ -14,7 +14,7 @@ import numpy as np
 import layernorm
 
 from . import peers, timing
-from .cases import EPS, MODULE_BASELINE, MODULE_CALLS, MODULE_VARIANTS, SECTION_PREFIXES, Case
+from .cases import EPS, MODULE_BASELINE, MODULE_VARIANTS, SECTION_PREFIXES, TRAINING_CASE, Case, module_call_text
 from .measure import REFERENCE
 from .timing import threads_text
 
@@ -27,7 +27,8 @@ TORCH_LIMIT = 0.9  # ours/torch of every other forward case and of every backwar
 FLOOR_LIMIT = 1.3  # x floor of the out= case and of the large bfloat16 cases
 BFLOAT16_TORCH_LIMIT = 0.5  # ours/torch of the bfloat16 cases, forward and backward
 LARGE_BYTES = 16 * 2**20  # a bfloat16 case of this many input bytes also has the floor target
-MODULE_OVERHEAD_LIMIT_US = 1.0  # each module call's time minus layer_norm's
+MODULE_OVERHEAD_LIMIT_US = 1.0  # each module call's time minus layer_norm's, except on TRAINING_CASE
+TRAINING_LIMIT = 1.15  # on TRAINING_CASE: the training-mode module's time / the eval-mode module's
 
 
 # ----------------------------------------------------------------------------- targets
@@ -69,7 +70,8 @@ def ratio_check(result, quantity, denominator, limit):
 
 
 def module_overhead_check(result, name):
-    calls = f"{MODULE_CALLS[name]} − {MODULE_CALLS[MODULE_BASELINE]}"
+    cols = result.case.cols
+    calls = f"{module_call_text(name, cols)} − {module_call_text(MODULE_BASELINE, cols)}"
     target = f"{calls} ({threads_text(result.threads)}) < {MODULE_OVERHEAD_LIMIT_US:g} µs"
     extra = result.extra_microseconds(name, MODULE_BASELINE)
     if extra is None:
@@ -77,8 +79,18 @@ def module_overhead_check(result, name):
     return Check(target, f"{extra:+.2f} µs", extra < MODULE_OVERHEAD_LIMIT_US)
 
 
+def training_mode_check(result):
+    target = f"{result.label} ({threads_text(result.threads)}) module train / module eval ≤ {TRAINING_LIMIT}"
+    ratio = result.ratio("module train", "module eval")
+    if ratio is None:
+        return Check(target, MISSING, None, why_not_timed(result, "module train"))
+    return Check(target, f"{ratio:.2f}", ratio <= TRAINING_LIMIT)
+
+
 def result_checks(result):
     if result.section == "module":
+        if result.case == TRAINING_CASE:
+            return [training_mode_check(result)]
         return [module_overhead_check(result, name) for name in MODULE_VARIANTS]
     if result.case.use_out:
         # ours writes into a given array; torch (which has no allocation-free layer_norm)
@@ -312,17 +324,19 @@ def backward_table_lines(results, threads):
 
 
 def module_table_lines(result):
-    calls = f"LayerNorm({result.case.cols})(x) vs {MODULE_CALLS[MODULE_BASELINE]}"
-    title = f"## Module overhead, {threads_text(result.threads)}: {calls}, {result.case.label}"
+    cols = result.case.cols
+    calls = f"LayerNorm({cols})(x) vs {module_call_text(MODULE_BASELINE, cols)}"
+    title = f"## Module, {threads_text(result.threads)}: {calls}, {result.case.label}"
     if result.error:
         return [title, "", f"{result.error} (max \\|module - {MODULE_BASELINE}\\| {format_diff(result.max_diff)})"]
-    baseline_row = [MODULE_CALLS[MODULE_BASELINE], format_microseconds(result.times.get(MODULE_BASELINE)), ""]
-    variant_rows = [
-        [MODULE_CALLS[name], format_microseconds(result.times.get(name)),
-         format_extra_microseconds(result.extra_microseconds(name, MODULE_BASELINE))]
-        for name in MODULE_VARIANTS
+    rows = [
+        [module_call_text(name, cols), format_microseconds(result.times.get(name)),
+         "" if name == MODULE_BASELINE else format_extra_microseconds(result.extra_microseconds(name, MODULE_BASELINE)),
+         format_ratio(result.ratio(name, "module eval"))]
+        for name in (MODULE_BASELINE, *MODULE_VARIANTS)
     ]
-    return table_lines(title, ["call", "µs", f"over {MODULE_BASELINE} µs"], [baseline_row] + variant_rows)
+    copy_row = ["np.copyto of x (single-threaded)", format_microseconds(result.times.get("copy")), "", ""]
+    return table_lines(title, ["call", "µs", f"over {MODULE_BASELINE} µs", "/ module eval"], rows + [copy_row])
 
 
 def slower_than_torch_lines(results):
@@ -352,7 +366,7 @@ def markdown_report(options, loads, results, backward_note):
             lines += [""] + backward_table_lines(backward_results, threads)
     if backward_note:
         lines += ["", f"## Backward: {backward_note}"]
-    for module_result in sorted(results_of(results, "module"), key=lambda result: result.threads):
+    for module_result in sorted(results_of(results, "module"), key=lambda result: (result.case.rows, result.threads)):
         lines += [""] + module_table_lines(module_result)
     timed_against_torch = results_of(results, "forward") + results_of(results, "backward")
     lines += slower_than_torch_lines(timed_against_torch)

@@ -1,5 +1,5 @@
-"""The placement benchmark's machinery: arrays land at the page offsets asked for, and a quick run
-reports its table and target (without torch too: torch is then left out of the sweep)."""
+"""The benchmarks' machinery: placed arrays land at the page offsets asked for, and quick runs
+report their tables and targets (the placement sweep without torch too: torch is then left out)."""
 
 import pathlib
 import subprocess
@@ -84,3 +84,12 @@ def test_ort_rms_normalization_computes_rms_norm(monkeypatch):
     timed.use_threads()
     expected = _reference.rms_norm(x, 64, weight, cases.EPS)[0]
     np.testing.assert_allclose(timed.run(), expected, rtol=0, atol=1e-5)
+
+
+def test_module_section_reports_training_mode_against_eval_mode():
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "--quick", "--threads", "1", "--cases", "module 512x768"],
+                          cwd=REPOSITORY, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "## Module, 1 thread: LayerNorm(768)(x)" in proc.stdout
+    assert "| np.copyto of x (single-threaded) |" in proc.stdout
+    assert "module 512x768 float32 (1 thread) module train / module eval ≤ 1.15" in proc.stdout.split("## Targets")[1]
