@@ -46,6 +46,10 @@
 /* The pool's most threads; ln_threads_set clamps to it. */
 #define LN_MAX_THREADS 256
 
+/* Pieces each worker's range of a parallel job is cut into: a piece is run by the worker or,
+   if it has not taken it by the time the caller is done with its own range, by the caller. */
+#define LN_POOL_PIECES 4
+
 /* Pause iterations a worker spins for the next job (back-to-back calls are common), and
    the caller for the last worker, before sleeping on a condition variable. */
 #define LN_SPIN_ITERATIONS 20000
