@@ -38,12 +38,12 @@ if release:
 
 # One translation unit per SIMD level, each compiled for its own instruction set; the x86
 # levels exist only in x86-64 builds (their sources compile to nothing elsewhere).
-# Levels that run only where nothing faster can are optimized for size (-Os, same bits):
-# the scalar level, which runs only when asked for (ln_simd_set) wherever a vector level is
-# built (11 s to compile instead of 45 s at -O3, and 2-5x slower), and, on x86-64, the
-# 128-bit level, SSE2 with fma() called lane by lane, for CPUs without AVX2 and FMA (14 s
-# instead of 34 s).  The others stay at -O3: at -O2 GCC kept the accumulators of short
-# rows in memory (4x20 float32 forward 10% slower, 2048x1024 float16 backward 11%).
+# The scalar level, which runs only when asked for (ln_simd_set) wherever a vector level is
+# built, is optimized for size (-Os, same bits: 11 s to compile instead of 45 s at -O3, and
+# 2-5x slower).  The others stay at -O3: at -O2 GCC kept the accumulators of short rows in
+# memory (4x20 float32 forward 10% slower, 2048x1024 float16 backward 11%), and the SSE2
+# level, the one x86-64 CPUs without AVX2 and FMA run, took 2.4-4x as long at -Os (512x768
+# float32, forward and backward), copying its 64-byte groups with `rep movs`.
 # GCC_ONLY_ARGS go to GCC alone (clang warns of them): -O3's loop unswitching copied each
 # loop once per combination of the layout tests it hoisted (the strided and residual routes
 # test several arrays'), a fifth of the vector levels' build time, with no speed difference
@@ -56,7 +56,6 @@ size_optimized = ["-Os"] if release else []
 if platform.endswith(("x86_64", "amd64")):
     LEVEL_FLAGS = {
         os.path.normpath("src/ln_level_scalar.c"): size_optimized,
-        os.path.normpath("src/ln_level_vec128.c"): size_optimized,
         os.path.normpath("src/ln_level_avx2.c"): ["-mavx2", "-mfma", "-mf16c"],
         os.path.normpath("src/ln_level_avx512.c"): ["-mavx512f", "-mavx512bw", "-mavx2", "-mfma", "-mf16c"],
         os.path.normpath("src/ln_level_avx512_bf16.c"): ["-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512bf16",

@@ -32,6 +32,6 @@ if ! grep -qa "clang version" "$extension"; then
   echo "clang: $extension was not compiled by $clang" >&2
   exit 1
 fi
-# CC also for the tests that compile C themselves (tests/test_thread_pool.py)
+# CC also for the tests that compile C themselves (tests/test_c_checks.py)
 CC=$clang ../venv/bin/python -m pytest -q -p no:cacheprovider
 echo "clang: ok in ${SECONDS}s"

@@ -4,9 +4,9 @@
  * unit needs no extra flags.  A group is 8 vectors of 2 float64 or 4 of 4 float32.
  *
  * Bit-identity with the other levels needs a true fused multiply-add.  aarch64 has one
- * (vfmaq) and converts float16 in hardware (vcvt).  SSE2 has neither: there fma()/fmaf()
- * and the scalar float16 conversions run lane by lane -- exact, but slow; x86-64 CPUs with
- * FMA take the avx2 level anyway.
+ * (vfmaq) and converts float16 in hardware (vcvt).  SSE2 has neither: its fused multiply-adds
+ * are computed exactly from float64 operations rounded to odd (below), and its float16
+ * conversions run lane by lane; x86-64 CPUs with FMA take the avx2 level anyway.
  */
 #ifndef LN_SIMD_VEC128_H
 #define LN_SIMD_VEC128_H
@@ -28,7 +28,7 @@ typedef float ln_vf __attribute__((vector_size(16)));
 #if defined(__aarch64__)
 #define LN_AFFINE_LOOP_APART 1
 #else
-#define LN_AFFINE_LOOP_APART 0  /* SSE2: fma() calls, lane by lane */
+#define LN_AFFINE_LOOP_APART 0  /* SSE2: the loops' tests are small beside its emulated fma */
 #endif
 #define LN_ROWS8_F32_TRANSPOSE 0
 #define LN_BF16_PAIR_STORE 0
@@ -52,15 +52,100 @@ static LN_ALWAYS_INLINE gd gd_sqrt(gd a)
     return a;
 }
 
+#if !defined(__aarch64__)
+/* Fused multiply-adds from SSE2's float64 operations.  Both rest on rounding to odd: x + y
+   rounded toward zero, and then, if that was inexact, its last significand bit set.  A sum
+   rounded to odd in float64 and then rounded to nearest in a format of p <= 25 bits is the
+   sum rounded once to nearest in that format (Boldo and Melquiond, "Emulation of FMA and
+   correctly rounded sums: proved algorithms using rounding to odd", IEEE Trans. Computers
+   57(4), 2008; their condition is 53 >= 2p + 2).  Rounding to odd comes from the sum rounded
+   to nearest, s, and its exact error e (Knuth's TwoSum): where e != 0, s rounded toward zero
+   is s itself if e has s's sign, else one unit below it in magnitude, and either with its last
+   bit set is the answer.  A sum that is not finite is left as it is. */
+static LN_ALWAYS_INLINE __m128d sse2_two_sum(__m128d x, __m128d y, __m128d *error)
+{
+    const __m128d s = _mm_add_pd(x, y);
+    const __m128d y_part = _mm_sub_pd(s, x), x_part = _mm_sub_pd(s, y_part);
+    *error = _mm_add_pd(_mm_sub_pd(x, x_part), _mm_sub_pd(y, y_part));
+    return s;
+}
+
+static LN_ALWAYS_INLINE __m128d sse2_add_round_to_odd(__m128d x, __m128d y)
+{
+    __m128d error;
+    const __m128d s = sse2_two_sum(x, y, &error);
+    const __m128d magnitude = _mm_and_pd(s, _mm_castsi128_pd(_mm_set1_epi64x(0x7fffffffffffffff)));
+    const __m128d inexact = _mm_and_pd(_mm_cmpneq_pd(error, _mm_setzero_pd()),
+                                       _mm_cmplt_pd(magnitude, _mm_set1_pd((double)INFINITY)));
+    const __m128i signs_differ = _mm_castpd_si128(_mm_xor_pd(s, error));
+    const __m128i minus_one = _mm_shuffle_epi32(_mm_srai_epi32(signs_differ, 31), _MM_SHUFFLE(3, 3, 1, 1));
+    const __m128i odd = _mm_or_si128(_mm_add_epi64(_mm_castpd_si128(s), minus_one), _mm_set1_epi64x(1));
+    return _mm_or_pd(_mm_and_pd(inexact, _mm_castsi128_pd(odd)), _mm_andnot_pd(inexact, s));
+}
+
+/* float32 a * b + c for two lanes held as float64: the product is exact (24 + 24 bits), the sum
+   rounded to odd, and the caller's rounding to float32 the only other rounding. */
+static LN_ALWAYS_INLINE __m128d sse2_fmaf_as_f64(__m128d a, __m128d b, __m128d c)
+{
+    return sse2_add_round_to_odd(_mm_mul_pd(a, b), c);
+}
+
+/* a * b split exactly into high + low (Dekker's product, with Veltkamp's split); exact when
+   no step overflows or underflows (sse2_fma's range test). */
+static LN_ALWAYS_INLINE __m128d sse2_two_product(__m128d a, __m128d b, __m128d *low)
+{
+    const __m128d splitter = _mm_set1_pd(134217729.0); /* 2^27 + 1 */
+    const __m128d a_scaled = _mm_mul_pd(a, splitter), b_scaled = _mm_mul_pd(b, splitter);
+    const __m128d a_high = _mm_sub_pd(a_scaled, _mm_sub_pd(a_scaled, a)), a_low = _mm_sub_pd(a, a_high);
+    const __m128d b_high = _mm_sub_pd(b_scaled, _mm_sub_pd(b_scaled, b)), b_low = _mm_sub_pd(b, b_high);
+    const __m128d high = _mm_mul_pd(a, b);
+    const __m128d partial = _mm_add_pd(_mm_add_pd(_mm_sub_pd(_mm_mul_pd(a_high, b_high), high),
+                                                  _mm_mul_pd(a_high, b_low)),
+                                       _mm_mul_pd(a_low, b_high));
+    *low = _mm_add_pd(partial, _mm_mul_pd(a_low, b_low));
+    return high;
+}
+
+/* Lanes whose magnitude is 0 or within [2^-450, 2^450]: where a, b and c all are, every step of
+   sse2_fma is exact (no overflow, no result below the normal range). */
+static LN_ALWAYS_INLINE __m128d sse2_in_fma_range(__m128d x)
+{
+    const __m128d magnitude = _mm_and_pd(x, _mm_castsi128_pd(_mm_set1_epi64x(0x7fffffffffffffff)));
+    const __m128d inside = _mm_and_pd(_mm_cmpge_pd(magnitude, _mm_set1_pd(0x1p-450)),
+                                      _mm_cmple_pd(magnitude, _mm_set1_pd(0x1p450)));
+    return _mm_or_pd(inside, _mm_cmpeq_pd(magnitude, _mm_setzero_pd()));
+}
+
+/* float64 a * b + c rounded once (Boldo and Melquiond's emulated FMA): a * b = high + low
+   exactly, c + high = th + tl exactly, then th + (tl + low rounded to odd) rounded to nearest.
+   A zero product makes the sum exactly (so its zero has the right sign); lanes outside
+   sse2_in_fma_range go to the C library's fma(). */
+static LN_ALWAYS_INLINE __m128d sse2_fma(__m128d a, __m128d b, __m128d c)
+{
+    const __m128d in_range = _mm_and_pd(_mm_and_pd(sse2_in_fma_range(a), sse2_in_fma_range(b)), sse2_in_fma_range(c));
+    if (_mm_movemask_pd(in_range) != 3) {
+        double lanes_a[2], lanes_b[2], lanes_c[2];
+        _mm_storeu_pd(lanes_a, a);
+        _mm_storeu_pd(lanes_b, b);
+        _mm_storeu_pd(lanes_c, c);
+        return _mm_set_pd(fma(lanes_a[1], lanes_b[1], lanes_c[1]), fma(lanes_a[0], lanes_b[0], lanes_c[0]));
+    }
+    __m128d low, tl;
+    const __m128d high = sse2_two_product(a, b, &low);
+    const __m128d th = sse2_two_sum(c, high, &tl);
+    const __m128d fused = _mm_add_pd(th, sse2_add_round_to_odd(tl, low));
+    const __m128d zero_product = _mm_cmpeq_pd(high, _mm_setzero_pd());
+    return _mm_or_pd(_mm_and_pd(zero_product, _mm_add_pd(high, c)), _mm_andnot_pd(zero_product, fused));
+}
+#endif
+
 /* a * b + c, rounded once */
 static LN_ALWAYS_INLINE gd gd_fma(gd a, gd b, gd c)
 {
 #if defined(__aarch64__)
     FOR_VD(k) { a.v[k] = (ln_vd)vfmaq_f64((float64x2_t)c.v[k], (float64x2_t)a.v[k], (float64x2_t)b.v[k]); }
 #else
-    FOR_VD(k) {
-        a.v[k] = (ln_vd){fma(a.v[k][0], b.v[k][0], c.v[k][0]), fma(a.v[k][1], b.v[k][1], c.v[k][1])};
-    }
+    FOR_VD(k) { a.v[k] = (ln_vd)sse2_fma((__m128d)a.v[k], (__m128d)b.v[k], (__m128d)c.v[k]); }
 #endif
     return a;
 }
@@ -71,8 +156,11 @@ static LN_ALWAYS_INLINE gf gf_fma(gf a, gf b, gf c)
     FOR_VF(k) { a.v[k] = (ln_vf)vfmaq_f32((float32x4_t)c.v[k], (float32x4_t)a.v[k], (float32x4_t)b.v[k]); }
 #else
     FOR_VF(k) {
-        a.v[k] = (ln_vf){fmaf(a.v[k][0], b.v[k][0], c.v[k][0]), fmaf(a.v[k][1], b.v[k][1], c.v[k][1]),
-                         fmaf(a.v[k][2], b.v[k][2], c.v[k][2]), fmaf(a.v[k][3], b.v[k][3], c.v[k][3])};
+        const __m128 va = (__m128)a.v[k], vb = (__m128)b.v[k], vc = (__m128)c.v[k];
+        const __m128d low = sse2_fmaf_as_f64(_mm_cvtps_pd(va), _mm_cvtps_pd(vb), _mm_cvtps_pd(vc));
+        const __m128d high = sse2_fmaf_as_f64(_mm_cvtps_pd(_mm_movehl_ps(va, va)), _mm_cvtps_pd(_mm_movehl_ps(vb, vb)),
+                                              _mm_cvtps_pd(_mm_movehl_ps(vc, vc)));
+        a.v[k] = (ln_vf)_mm_movelh_ps(_mm_cvtpd_ps(low), _mm_cvtpd_ps(high));
     }
 #endif
     return a;

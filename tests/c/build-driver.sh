@@ -8,8 +8,7 @@
 # The flags are the package's (setup.py): no host-specific -march, no fast-math, and
 # -ffp-contract=off so that every level does the same roundings.  The AVX2/AVX-512 level
 # files get their target flags, and are built only when the compiler targets x86-64; the
-# levels that setup.py optimizes for size (the scalar level, and the 128-bit level on x86-64)
-# are built with -Os here too.
+# scalar level, which setup.py optimizes for size, is built with -Os here too.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -43,7 +42,6 @@ for source in "${sources[@]}"; do
     ln_level_avx512_bf16.c) [[ $x86 == 1 ]] || continue
       flags=(-mavx512f -mavx512bw -mavx512dq -mavx512bf16 -mavx2 -mfma -mf16c) ;;
     ln_level_scalar.c) flags=(-Os) ;;
-    ln_level_vec128.c) if [[ $x86 == 1 ]]; then flags=(-Os); fi ;;
   esac
   "$compiler" "${common[@]}" "${flags[@]}" -c "$source" -o "$objects/$(basename "$source" .c).o" &
   compiles+=($!)

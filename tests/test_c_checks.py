@@ -1,10 +1,15 @@
-"""The thread pool and the default thread count (src/ln_threads.c), checked in C by
-tests/c/thread_pool_check.c: built here with the C compiler setuptools would use (CC, else
-the one Python was built with), plain and under ThreadSanitizer, and run.  Skipped where there
-is no compiler or no source tree.
+"""Checks written in C, of parts of the kernel layer that need no Python: built here with the C
+compiler setuptools would use (CC, else the one Python was built with) and run.  Skipped where
+there is no compiler or no source tree.
+
+- tests/c/thread_pool_check.c: the thread pool and the default thread count (src/ln_threads.c),
+  built plain and under ThreadSanitizer;
+- tests/c/sse2_fma_check.c: the SSE2 level's fused multiply-adds (src/ln_simd_vec128.h), bit
+  for bit against the C library's fma() and fmaf(), on x86-64.
 """
 
 import os
+import platform
 import shlex
 import subprocess
 import sysconfig
@@ -14,6 +19,7 @@ import pytest
 ROOT = os.path.join(os.path.dirname(__file__), os.pardir)
 CHECK = os.path.join(ROOT, "tests", "c", "thread_pool_check.c")
 POOL = os.path.join(ROOT, "src", "ln_threads.c")
+SSE2_FMA_CHECK = os.path.join(ROOT, "tests", "c", "sse2_fma_check.c")
 FLAGS = {
     "plain": ["-O2"],
     "thread-sanitizer": ["-O1", "-g", "-fsanitize=thread"],
@@ -49,3 +55,20 @@ def test_thread_pool_check(build, tmp_path):
     ran = subprocess.run([str(program)], capture_output=True, text=True, timeout=600, env=env)
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert ran.stdout == "thread_pool_check: ok\n"
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="the SSE2 level is x86-64's")
+def test_sse2_fma_check(tmp_path):
+    if not os.path.isfile(SSE2_FMA_CHECK):
+        pytest.skip("no source tree next to the tests")
+    program = tmp_path / "sse2_fma_check"
+    built = subprocess.run(
+        compiler() + ["-std=c11", "-O2", "-ffp-contract=off", "-Wall", "-Wextra", "-UNDEBUG",
+                      "-I", os.path.join(ROOT, "src"), SSE2_FMA_CHECK, "-lm", "-o", str(program)],
+        capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr
+    assert "warning" not in built.stderr, built.stderr
+    env = {name: value for name, value in os.environ.items() if name != "LD_PRELOAD"}
+    ran = subprocess.run([str(program)], capture_output=True, text=True, timeout=600, env=env)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert ran.stdout == "sse2_fma_check: ok\n"
