@@ -145,7 +145,8 @@ def ours_backward(case, data):
 
 
 def module_calls(data):
-    """The calls of MODULE_CALLS on the same input, parameters and eps."""
+    """The module section's calls (module_call_text names them) on the same input, parameters
+    and eps."""
     x = data.x
     size = x.shape[-1]
     training_module = layernorm.LayerNorm(size)

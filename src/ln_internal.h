@@ -167,8 +167,9 @@ const ln_dtype_kernels *ln_dtype_kernels_in_use(ln_dtype dtype);
 
 typedef void (*ln_range_fn)(void *ctx, ptrdiff_t begin, ptrdiff_t end);
 
-/* Runs fn over [0, n) in up to ln_threads_get() contiguous parts of at least
-   min_per_part each. */
+/* Runs fn over [0, n) on up to ln_threads_get() threads: in as many parts, of at least
+   min_per_part each, except that each part but the caller's is handed to fn in
+   LN_POOL_PIECES contiguous pieces (any of which may be smaller, or empty and skipped). */
 void ln_parallel_for(ptrdiff_t n, ptrdiff_t min_per_part, ln_range_fn fn, void *ctx);
 
 /* Part `part` of [0, n) cut into `parts` contiguous parts. */

@@ -172,7 +172,7 @@ static int ln_pool_grow(int wanted)
         const int index = ln_pool.workers + 1;
         ln_worker_slot *const slot = &ln_pool.slot[index];
         atomic_store(&slot->jobs, 0);
-        atomic_store(&slot->next_piece, 0);
+        atomic_store(&slot->next_piece, LN_POOL_PIECES);  /* job 0's pieces, all taken */
         pthread_mutex_init(&slot->lock, NULL);
         pthread_cond_init(&slot->wake, NULL);
         pthread_t thread;

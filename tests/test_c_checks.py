@@ -63,7 +63,7 @@ def test_sse2_fma_check(tmp_path):
         pytest.skip("no source tree next to the tests")
     program = tmp_path / "sse2_fma_check"
     built = subprocess.run(
-        compiler() + ["-std=c11", "-O2", "-ffp-contract=off", "-Wall", "-Wextra", "-UNDEBUG",
+        compiler() + ["-std=c11", "-O3", "-ffp-contract=off", "-Wall", "-Wextra", "-UNDEBUG",
                       "-I", os.path.join(ROOT, "src"), SSE2_FMA_CHECK, "-lm", "-o", str(program)],
         capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, built.stderr

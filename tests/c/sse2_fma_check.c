@@ -3,7 +3,7 @@
  * x86-64), which are computed from float64 operations rounded to odd, bit for bit against the
  * C library's fma() and fmaf(), without Python: built and run by tests/test_c_checks.py.
  *
- *     cc -std=c11 -O2 -ffp-contract=off -Isrc tests/c/sse2_fma_check.c -lm -o check
+ *     cc -std=c11 -O3 -ffp-contract=off -Isrc tests/c/sse2_fma_check.c -lm -o check
  *     ./check           prints "sse2_fma_check: ok", or the first differences and exits 1
  *
  * The triples: random significands with exponents near 0; c = -(a * b) and c a few units away
@@ -85,7 +85,7 @@ static double random_scale(void)
 
 /* a * b + c just off halfway between two neighbours of c, for a format of `bits` significand
    bits: a = (1 + u) s1, b = (1 - u) s2, u = 2^(1 - bits), and c an odd multiple of the unit
-   2 s1 s2 with the product's sign. */
+   2 s1 s2, of either sign. */
 static void near_tie(int bits, double *a, double *b, double *c)
 {
     const double u = ldexp(1.0, 1 - bits), s1 = random_scale(), s2 = random_scale();
@@ -95,52 +95,68 @@ static void near_tie(int bits, double *a, double *b, double *c)
     *c = (ldexp(1.0, bits) + odd * 2) * s1 * s2 * (random_bits() % 2 ? 1 : -1);
 }
 
+/* One random triple of one of the kinds above (`bits`: 53 for float64, 24 for float32). */
+static void random_triple(int bits, double *a, double *b, double *c)
+{
+    const int any = random_bits() % 4 == 0, kind = (int)(random_bits() % 5);
+    if (kind == 4) {
+        near_tie(bits, a, b, c);
+        return;
+    }
+    *a = bits == 53 ? random_double(any) : (double)random_float(any);
+    *b = bits == 53 ? random_double(any) : (double)random_float(any);
+    if (random_bits() % 32 == 0) {
+        *a = random_bits() % 2 ? 0.0 : -0.0;
+    }
+    const double product = bits == 53 ? *a * *b : (double)((float)*a * (float)*b);
+    *c = addend_for(product, kind, any);
+}
+
+static long differences;
+
+static void report(const char *name, double a, double b, double c, double expected, double emulated)
+{
+    if (differences++ < 10) {
+        printf("%s(%a, %a, %a): %a, emulated %a\n", name, a, b, c, expected, emulated);
+    }
+}
+
 int main(void)
 {
-    long differences = 0;
-    for (long t = 0; t < TRIPLES; t++) {
-        const int any = random_bits() % 4 == 0, kind = (int)(random_bits() % 5);
-
-        double a = random_double(any), b = random_double(any), c;
-        if (random_bits() % 32 == 0) {
-            a = random_bits() % 2 ? 0.0 : -0.0;
+    /* each lane its own triple, so that one lane's answer turning up in another is seen, and
+       the ranges sse2_fma sends to fma() mixed with the others in one vector */
+    for (long t = 0; t < TRIPLES / 2; t++) {
+        double a[2], b[2], c[2], emulated[2];
+        for (int lane = 0; lane < 2; lane++) {
+            random_triple(53, &a[lane], &b[lane], &c[lane]);
         }
-        c = addend_for(a * b, kind, any);
-        if (kind == 4) {
-            near_tie(53, &a, &b, &c);
-        }
-        double emulated[2];
-        _mm_storeu_pd(emulated, sse2_fma(_mm_set1_pd(a), _mm_set1_pd(b), _mm_set1_pd(c)));
-        const double expected = fma(a, b, c);
-        if (!same_double(emulated[0], expected) && differences++ < 10) {
-            printf("fma(%a, %a, %a): %a, emulated %a\n", a, b, c, expected, emulated[0]);
-        }
-
-        float fa = random_float(any), fb = random_float(any);
-        float fc = (float)addend_for((double)(fa * fb), kind, any);
-        if (kind == 4) {
-            double tie_a, tie_b, tie_c;
-            near_tie(24, &tie_a, &tie_b, &tie_c);
-            fa = (float)tie_a;
-            fb = (float)tie_b;
-            fc = (float)tie_c;
-        }
-        gf ga, gb, gc;
-        FOR_VF(k) {
-            ga.v[k] = (ln_vf){fa, fa, fa, fa};
-            gb.v[k] = (ln_vf){fb, fb, fb, fb};
-            gc.v[k] = (ln_vf){fc, fc, fc, fc};
-        }
-        const gf fused = gf_fma(ga, gb, gc);
-        const float expected_float = fmaf(fa, fb, fc);
-        int lanes_differ = 0;
-        FOR_VF(k) {
-            for (int lane = 0; lane < 4; lane++) {
-                lanes_differ |= !same_float(fused.v[k][lane], expected_float);
+        _mm_storeu_pd(emulated, sse2_fma(_mm_loadu_pd(a), _mm_loadu_pd(b), _mm_loadu_pd(c)));
+        for (int lane = 0; lane < 2; lane++) {
+            const double expected = fma(a[lane], b[lane], c[lane]);
+            if (!same_double(emulated[lane], expected)) {
+                report("fma", a[lane], b[lane], c[lane], expected, emulated[lane]);
             }
         }
-        if (lanes_differ && differences++ < 10) {
-            printf("fmaf(%a, %a, %a): %a, emulated %a\n", fa, fb, fc, expected_float, fused.v[0][0]);
+    }
+    for (long t = 0; t < TRIPLES / 16; t++) {
+        gf a, b, c;
+        FOR_VF(k) {
+            for (int lane = 0; lane < 4; lane++) {
+                double triple[3];
+                random_triple(24, &triple[0], &triple[1], &triple[2]);
+                a.v[k][lane] = (float)triple[0];
+                b.v[k][lane] = (float)triple[1];
+                c.v[k][lane] = (float)triple[2];
+            }
+        }
+        const gf fused = gf_fma(a, b, c);
+        FOR_VF(k) {
+            for (int lane = 0; lane < 4; lane++) {
+                const float expected = fmaf(a.v[k][lane], b.v[k][lane], c.v[k][lane]);
+                if (!same_float(fused.v[k][lane], expected)) {
+                    report("fmaf", a.v[k][lane], b.v[k][lane], c.v[k][lane], expected, fused.v[k][lane]);
+                }
+            }
         }
     }
     if (differences) {
