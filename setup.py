@@ -123,7 +123,7 @@ setup(
                      "src/ln_level_avx512_bf16.c",
                      "src/_layernorm.c", "src/ln_backward.c", "src/ln_forward.c",
                      "src/ln_parts.c", "src/ln_threads.c", "src/ln_dispatch.c", "src/ln_layout.c",
-                     "src/ln_exact.c"],
+                     "src/ln_exact.c", "src/ln_buffers.c"],
             depends=["src/ln_kernels.h", "src/ln_layout.h", "src/ln_internal.h", "src/ln_types.h", "src/ln_tuning.h",
                      "src/ln_rows.h", "src/ln_simd_group.h", "src/ln_simd_scalar.h",
                      "src/ln_simd_vec128.h", "src/ln_simd_avx2.h", "src/ln_simd_avx512.h"],

@@ -9,7 +9,9 @@ array([[-1.3416, -0.4472,  0.4472,  1.3416],
 from ._layernorm import (
     available_simd_levels,
     get_num_threads,
+    result_cache_info,
     set_num_threads,
+    set_result_cache,
     set_simd_level,
     simd_level,
 )
@@ -38,9 +40,11 @@ __all__ = [
     "layer_norm_backward",
     "native_layer_norm",
     "native_rms_norm",
+    "result_cache_info",
     "rms_norm",
     "rms_norm_backward",
     "set_num_threads",
+    "set_result_cache",
     "set_simd_level",
     "simd_level",
 ]

@@ -110,6 +110,7 @@ typedef struct {
     PyObject *parameter_changed_error;  /* ParameterChangedError, a RuntimeError subclass */
     PyObject *axis_error;               /* NumPy's AxisError, raised as NumPy raises it */
     PyObject *keywords[KW_COUNT];       /* interned keyword names */
+    PyObject *result_memory;            /* NumPy memory handler (a capsule) over ln_buffers.c */
     int bfloat16_type_num;              /* ml_dtypes' bfloat16 once an array of it is seen, else -1 */
 } module_state;
 
@@ -128,6 +129,7 @@ module_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(state->unsupported_dtype_error);
     Py_VISIT(state->parameter_changed_error);
     Py_VISIT(state->axis_error);
+    Py_VISIT(state->result_memory);
     for (int k = 0; k < KW_COUNT; k++) {
         Py_VISIT(state->keywords[k]);
     }
@@ -141,6 +143,7 @@ module_clear(PyObject *module)
     Py_CLEAR(state->unsupported_dtype_error);
     Py_CLEAR(state->parameter_changed_error);
     Py_CLEAR(state->axis_error);
+    Py_CLEAR(state->result_memory);
     for (int k = 0; k < KW_COUNT; k++) {
         Py_CLEAR(state->keywords[k]);
     }
@@ -888,18 +891,109 @@ done:
     return result;
 }
 
+/* ------------------------------------------------------------------------ */
+/* Memory for large results                                                  */
+/* ------------------------------------------------------------------------ */
+
+/* Results as large as LN_BUFFER_MIN_BYTES are allocated through this NumPy memory handler
+   (NEP 49): ln_buffers.c keeps their memory when they are freed, for the next result of
+   their size, so a loop of calls on large arrays does not have the OS map and zero new pages
+   for every result.  They are ordinary arrays that own their data; NumPy frees it through
+   the handler each array keeps, and counts it for tracemalloc as any array's. */
+
+static void *
+result_memory_malloc(void *ctx, size_t size)
+{
+    return ln_buffer_alloc(size, 0);
+}
+
+static void *
+result_memory_calloc(void *ctx, size_t count, size_t size)
+{
+    size_t bytes;
+    return __builtin_mul_overflow(count, size, &bytes) ? NULL : ln_buffer_alloc(bytes, 1);
+}
+
+static void *
+result_memory_realloc(void *ctx, void *data, size_t size)
+{
+    return ln_buffer_realloc(data, size);
+}
+
+static void
+result_memory_free(void *ctx, void *data, size_t size)
+{
+    ln_buffer_free(data);
+}
+
+static PyDataMem_Handler result_memory_handler = {
+    .name = "layernorm_result_memory",
+    .version = 1,
+    .allocator = {
+        .ctx = NULL,
+        .malloc = result_memory_malloc,
+        .calloc = result_memory_calloc,
+        .realloc = result_memory_realloc,
+        .free = result_memory_free,
+    },
+};
+
+/* Backward's 16-byte non-temporal stores of dx fill whole cache lines only from a 64-byte
+   aligned start (Xeon, 512x4096 float32 backward, one thread, x and dy at page offsets
+   0..224: slowest/fastest 1.71-1.91 -> 1.08-1.09): every result they are used for is large
+   enough to come from ln_buffers.c, whose blocks are so aligned. */
+_Static_assert(LN_BUFFER_MIN_BYTES <= (size_t)LN_BACKWARD_STREAM_MIN_BYTES,
+               "every result backward streams into is a block of ln_buffers.c");
+
+/* Makes NumPy allocate what follows through result_memory_handler, when a result as large as
+   `input` gains from it, until result_memory_end; the memory is placed so as not to alias the
+   input's (ln_buffers_place).  Returns the handler to restore then (a new reference; None when
+   nothing changed), or NULL with an exception set. */
+static PyObject *
+result_memory_begin(module_state *state, PyArrayObject *input)
+{
+    if (PyArray_NBYTES(input) < (npy_intp)LN_BUFFER_MIN_BYTES) {
+        Py_RETURN_NONE;
+    }
+    ln_buffers_place(PyArray_DATA(input));
+    return PyDataMem_SetHandler(state->result_memory);
+}
+
+/* Restores `previous` (stolen), from result_memory_begin.  Returns `made` (stolen), what was
+   allocated since, or NULL with an exception set when that could not be done. */
+static PyArrayObject *
+result_memory_end(PyObject *previous, PyArrayObject *made)
+{
+    if (previous != Py_None) {
+        PyObject *ours = PyDataMem_SetHandler(previous);
+        if (ours) {
+            Py_DECREF(ours);
+        }
+        else {
+            Py_CLEAR(made);
+        }
+    }
+    Py_DECREF(previous);
+    return made;
+}
+
 /* New reference: an uninitialised array for a result of the input's shape and type type_num,
    in the input's memory order when axis= was given (an NCHW input normalized over C gives an
    NCHW result), else C-contiguous as torch's; NULL with an exception set. */
 static PyArrayObject *
-new_result(const char *fname, const char *name, PyArrayObject *input, const norm_axes *ax, int type_num)
+new_result(module_state *state, const char *fname, const char *name, PyArrayObject *input, const norm_axes *ax,
+           int type_num)
 {
-    PyArrayObject *result;
-    if (ax->given) {
-        result = (PyArrayObject *)PyArray_NewLikeArray(input, NPY_KEEPORDER, PyArray_DescrFromType(type_num), 0);
-    }
-    else {
-        result = (PyArrayObject *)PyArray_SimpleNew(PyArray_NDIM(input), PyArray_DIMS(input), type_num);
+    PyArrayObject *result = NULL;
+    PyObject *previous = result_memory_begin(state, input);
+    if (previous) {
+        if (ax->given) {
+            result = (PyArrayObject *)PyArray_NewLikeArray(input, NPY_KEEPORDER, PyArray_DescrFromType(type_num), 0);
+        }
+        else {
+            result = (PyArrayObject *)PyArray_SimpleNew(PyArray_NDIM(input), PyArray_DIMS(input), type_num);
+        }
+        result = result_memory_end(previous, result);
     }
     if (!result) {
         allocation_failed(fname, name, PyArray_NDIM(input), PyArray_DIMS(input), type_num);
@@ -907,53 +1001,16 @@ new_result(const char *fname, const char *name, PyArrayObject *input, const norm
     return result;
 }
 
-/* New reference: `result` (stolen), or, when it is large enough for the kernel to write by
-   non-temporal stores and does not start a cache line, a result of the same shape and strides
-   that does; NULL with an exception set.  Backward's 16-byte non-temporal stores of a group
-   of 16 elements then fill one whole line, not parts of two left open in the write-combining
-   buffers (Xeon, 512x4096 float32 backward, one thread, x and dy at page offsets 0..224: slowest
-   2.2-2.4 -> 1.4-1.5 ms, slowest/fastest 1.71-1.91 -> 1.08-1.09). */
-static PyArrayObject *
-line_aligned(const char *fname, const char *name, PyArrayObject *result)
-{
-    const npy_intp line = 64, bytes = result ? PyArray_NBYTES(result) : 0;
-    if (!result || bytes < LN_BACKWARD_STREAM_MIN_BYTES || (uintptr_t)PyArray_DATA(result) % line == 0) {
-        return result;
-    }
-    npy_intp buffer_bytes = bytes + line - 1;
-    PyArrayObject *aligned = NULL;
-    PyArrayObject *buffer = (PyArrayObject *)PyArray_SimpleNew(1, &buffer_bytes, NPY_UINT8);
-    if (buffer) {
-        char *const data = PyArray_BYTES(buffer) + (line - (npy_intp)((uintptr_t)PyArray_BYTES(buffer) % line)) % line;
-        PyArray_Descr *descr = PyArray_DESCR(result);
-        Py_INCREF(descr);
-        aligned = (PyArrayObject *)PyArray_NewFromDescr(&PyArray_Type, descr, PyArray_NDIM(result),
-                                                        PyArray_DIMS(result), PyArray_STRIDES(result), data,
-                                                        NPY_ARRAY_WRITEABLE, NULL);
-        if (aligned && PyArray_SetBaseObject(aligned, (PyObject *)buffer) < 0) {
-            Py_CLEAR(aligned);
-        }
-        else if (!aligned) {
-            Py_DECREF(buffer);
-        }
-    }
-    if (!aligned) {
-        allocation_failed(fname, name, PyArray_NDIM(result), PyArray_DIMS(result), PyArray_TYPE(result));
-    }
-    Py_DECREF(result);
-    return aligned;
-}
-
 /* New reference: the caller's array obj, the keyword `keyword`, when given (checked), else a new
    result array, `name` in messages. */
 static PyArrayObject *
-result_array(const char *fname, PyObject *obj, const char *keyword, const char *name, PyArrayObject *input,
-             const norm_axes *ax, int type_num)
+result_array(module_state *state, const char *fname, PyObject *obj, const char *keyword, const char *name,
+             PyArrayObject *input, const norm_axes *ax, int type_num)
 {
     if (obj && obj != Py_None) {
         return check_result_array(obj, keyword, input, type_num);
     }
-    return new_result(fname, name, input, ax, type_num);
+    return new_result(state, fname, name, input, ax, type_num);
 }
 
 /* New reference: an uninitialised C-contiguous array for the statistic `name`, one value per
@@ -995,7 +1052,7 @@ stats_over_bytes(PyObject *owner, char *data, PyArrayObject *input, const norm_a
    from a list or tuple input_obj, else a copy; NULL with an exception set.  *kernel_fills is
    set when the data is not there yet: the forward kernel copies each row as it reads it. */
 static PyArrayObject *
-private_input(PyObject *input_obj, PyArrayObject *input, int *kernel_fills)
+private_input(module_state *state, PyObject *input_obj, PyArrayObject *input, int *kernel_fills)
 {
     *kernel_fills = 0;
     /* Only an array made here is known to be private: an array that came out of the caller's
@@ -1006,15 +1063,23 @@ private_input(PyObject *input_obj, PyArrayObject *input, int *kernel_fills)
         Py_INCREF(input);
         return input;
     }
+    PyObject *previous = result_memory_begin(state, input);
+    if (!previous) {
+        return NULL;
+    }
+    PyArrayObject *copy;
     if (PyArray_ISCARRAY_RO(input) && PyArray_ISNOTSWAPPED(input)) {
         /* the common case: no second pass over the input, nor NumPy's general copy machinery
            (a third of a small call's time) */
         *kernel_fills = 1;
-        return (PyArrayObject *)PyArray_SimpleNew(PyArray_NDIM(input), PyArray_DIMS(input), PyArray_TYPE(input));
+        copy = (PyArrayObject *)PyArray_SimpleNew(PyArray_NDIM(input), PyArray_DIMS(input), PyArray_TYPE(input));
     }
-    return (PyArrayObject *)PyArray_FromArray(input, PyArray_DescrFromType(PyArray_TYPE(input)),
-                                              NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED |
-                                                  NPY_ARRAY_ENSURECOPY | NPY_ARRAY_FORCECAST);
+    else {
+        copy = (PyArrayObject *)PyArray_FromArray(input, PyArray_DescrFromType(PyArray_TYPE(input)),
+                                                  NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED |
+                                                      NPY_ARRAY_ENSURECOPY | NPY_ARRAY_FORCECAST);
+    }
+    return result_memory_end(previous, copy);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1486,12 +1551,12 @@ forward(module_state *state, const norm_kind *kind, const char *what, const forw
     }
     /* The results first, then any copies of the arguments: a call that cannot have its
        results fails before it has spent memory on copies. */
-    output = result_array(what, objs->out, "out", "the output", input, &ax, element_type_num(state, dtype));
+    output = result_array(state, what, objs->out, "out", "the output", input, &ax, element_type_num(state, dtype));
     if (!output) {
         goto done;
     }
     if (returns == RETURN_SUM) {
-        sum = result_array(what, objs->residual_out, "residual_out", "the sum", input, &ax, element_type_num(state, dtype));
+        sum = result_array(state, what, objs->residual_out, "residual_out", "the sum", input, &ax, element_type_num(state, dtype));
         if (!sum) {
             goto done;
         }
@@ -1540,7 +1605,7 @@ forward(module_state *state, const norm_kind *kind, const char *what, const forw
             }
         }
         int kernel_fills;
-        saved_input = private_input(objs->input, input, &kernel_fills);
+        saved_input = private_input(state, objs->input, input, &kernel_fills);
         if (!saved_input) {
             allocation_failed(what, "the copy of the input saved for backward", PyArray_NDIM(input),
                               PyArray_DIMS(input), PyArray_TYPE(input));
@@ -1613,16 +1678,7 @@ forward(module_state *state, const norm_kind *kind, const char *what, const forw
             .rstd = call_array_at(&call, RSTD),
             .copy = call_array_at(&call, COPY),
         };
-        /* the results made here that the kernel may write by non-temporal stores (the copy is
-           written by memcpy, whose stores meet the zeroed lines in cache) */
-        PyArrayObject *const made_here[2] = {objs->out && objs->out != Py_None ? NULL : output,
-                                             objs->residual_out && objs->residual_out != Py_None ? NULL : sum};
         Py_BEGIN_ALLOW_THREADS
-        for (int m = 0; m < 2; m++) {
-            if (made_here[m]) {
-                ln_fault_in(PyArray_DATA(made_here[m]), (size_t)PyArray_NBYTES(made_here[m]));
-            }
-        }
         status = ln_forward(&args);
         Py_END_ALLOW_THREADS
     }
@@ -1853,8 +1909,7 @@ backward(module_state *state, const norm_kind *kind, const char *what, const bac
        results fails before it has spent memory on copies (broadcast statistics of 2**30
        rows were 8 GiB of copies before grad_input's MemoryError). */
     if (mask[0]) {
-        grad_input = line_aligned(what, "grad_input",
-                                  new_result(what, "grad_input", input, &ax, element_type_num(state, dtype)));
+        grad_input = new_result(state, what, "grad_input", input, &ax, element_type_num(state, dtype));
         if (!grad_input) {
             goto done;
         }
@@ -1914,9 +1969,6 @@ backward(module_state *state, const norm_kind *kind, const char *what, const bac
             .grad_bias = grad_params[1] ? PyArray_DATA(grad_params[1]) : NULL,
         };
         Py_BEGIN_ALLOW_THREADS
-        if (grad_input) {
-            ln_fault_in(PyArray_DATA(grad_input), (size_t)PyArray_NBYTES(grad_input));
-        }
         status = ln_backward(&args);
         Py_END_ALLOW_THREADS
     }
@@ -2439,7 +2491,7 @@ part_normalize(module_state *state, const norm_kind *kind, const char *what, con
             goto done;
         }
     }
-    output = new_result(what, "the output", input, &ax, element_type_num(state, dtype));
+    output = new_result(state, what, "the output", input, &ax, element_type_num(state, dtype));
     if (!output) {
         goto done;
     }
@@ -2671,7 +2723,7 @@ part_backward(module_state *state, const norm_kind *kind, const char *what, cons
         }
     }
     if (objs->row_means) {
-        grad_input = new_result(what, "grad_input", input, &ax, element_type_num(state, dtype));
+        grad_input = new_result(state, what, "grad_input", input, &ax, element_type_num(state, dtype));
         if (!grad_input) {
             goto done;
         }
@@ -2863,6 +2915,27 @@ threads_allowed(Py_ssize_t n)
     return n > MAX_THREADS ? MAX_THREADS : (int)n;
 }
 
+/* Stores into *value the int argument `arg`, called `name`, of fname(), clipped to the
+   Py_ssize_t range.  Returns 0, or -1 with TypeError set when it is not an int (a bool is
+   not taken) or ValueError when it is below `minimum`. */
+static int
+int_argument(const char *fname, const char *name, PyObject *arg, Py_ssize_t minimum, Py_ssize_t *value)
+{
+    if (!PyIndex_Check(arg) || PyBool_Check(arg)) {
+        PyErr_Format(PyExc_TypeError, "%s() takes an int, got %.200s", fname, Py_TYPE(arg)->tp_name);
+        return -1;
+    }
+    *value = PyNumber_AsSsize_t(arg, NULL);
+    if (*value == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (*value < minimum) {
+        PyErr_Format(PyExc_ValueError, "%s() needs %s >= %zd, got %R", fname, name, minimum, arg);
+        return -1;
+    }
+    return 0;
+}
+
 PyDoc_STRVAR(set_num_threads_doc,
 "set_num_threads($module, n, /)\n--\n\n"
 "Use at most n threads (n >= 1) per call.  Results do not depend on n.\n"
@@ -2880,17 +2953,9 @@ PyDoc_STRVAR(set_num_threads_doc,
 static PyObject *
 set_num_threads(PyObject *module, PyObject *arg)
 {
-    if (!PyIndex_Check(arg) || PyBool_Check(arg)) {
-        PyErr_Format(PyExc_TypeError, "set_num_threads() takes an int, got %.200s", Py_TYPE(arg)->tp_name);
-        return NULL;
-    }
-    /* clipped to the Py_ssize_t range: 10**30 threads are as many as the kernels run */
-    Py_ssize_t n = PyNumber_AsSsize_t(arg, NULL);
-    if (n == -1 && PyErr_Occurred()) {
-        return NULL;
-    }
-    if (n < 1) {
-        PyErr_Format(PyExc_ValueError, "set_num_threads() needs n >= 1, got %R", arg);
+    /* 10**30 threads are as many as the kernels run */
+    Py_ssize_t n;
+    if (int_argument("set_num_threads", "n", arg, 1, &n) < 0) {
         return NULL;
     }
     ln_threads_set(threads_allowed(n));
@@ -2904,6 +2969,42 @@ static PyObject *
 get_num_threads(PyObject *module, PyObject *Py_UNUSED(ignored))
 {
     return PyLong_FromLong(ln_threads_get());
+}
+
+PyDoc_STRVAR(set_result_cache_doc,
+"set_result_cache($module, max_bytes, /)\n--\n\n"
+"Keep up to max_bytes of the memory of freed large results (4 MiB and more) for the next\n"
+"results of their size; 0 keeps none, and releases what is kept.  The default is 256 MiB.\n"
+"\n"
+"The OS hands out a new mapping of zeroed pages for each large allocation: taking memory\n"
+"kept here instead, a loop of calls on large arrays runs at the speed of calls writing\n"
+"into out= (2048x4096 float32 forward, one thread: 6.3 ms into new memory, 2.95 ms into\n"
+"reused memory).  Blocks kept are unmapped, oldest first, once the limit or 16 blocks\n"
+"are passed.");
+
+static PyObject *
+set_result_cache(PyObject *module, PyObject *arg)
+{
+    /* 10**30 bytes are more than any address space holds */
+    Py_ssize_t max_bytes;
+    if (int_argument("set_result_cache", "max_bytes", arg, 0, &max_bytes) < 0) {
+        return NULL;
+    }
+    ln_buffers_set_limit((size_t)max_bytes);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(result_cache_info_doc,
+"result_cache_info($module, /)\n--\n\n"
+"The memory kept for large results: a dict with max_bytes (set_result_cache's limit),\n"
+"bytes (kept now) and blocks (how many).");
+
+static PyObject *
+result_cache_info(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    const ln_buffers_state kept = ln_buffers_get();
+    return Py_BuildValue("{snsnsi}", "max_bytes", (Py_ssize_t)kept.limit, "bytes", (Py_ssize_t)kept.held,
+                         "blocks", kept.blocks);
 }
 
 PyDoc_STRVAR(simd_level_doc,
@@ -3011,6 +3112,8 @@ static PyMethodDef layernorm_methods[] = {
     {"_rms_norm_part_grad_input", (PyCFunction)(void (*)(void))rms_norm_part_grad_input, METH_FASTCALL | METH_KEYWORDS, rms_norm_part_grad_input_doc},
     {"set_num_threads", set_num_threads, METH_O, set_num_threads_doc},
     {"get_num_threads", get_num_threads, METH_NOARGS, get_num_threads_doc},
+    {"set_result_cache", set_result_cache, METH_O, set_result_cache_doc},
+    {"result_cache_info", result_cache_info, METH_NOARGS, result_cache_info_doc},
     {"simd_level", simd_level, METH_NOARGS, simd_level_doc},
     {"available_simd_levels", available_simd_levels, METH_NOARGS, available_simd_levels_doc},
     {"set_simd_level", set_simd_level, METH_O, set_simd_level_doc},
@@ -3104,6 +3207,10 @@ layernorm_exec(PyObject *module)
         "layernorm._layernorm.ParameterChangedError", parameter_changed_error_doc, PyExc_RuntimeError, NULL);
     if (!state->parameter_changed_error ||
         PyModule_AddObjectRef(module, "ParameterChangedError", state->parameter_changed_error) < 0) {
+        return -1;
+    }
+    state->result_memory = PyCapsule_New(&result_memory_handler, "mem_handler", NULL);
+    if (!state->result_memory) {
         return -1;
     }
     /* NumPy's own class, so that `except np.exceptions.AxisError` catches ours */

@@ -10,6 +10,7 @@
  *     ln_level_<level>.c                 one translation unit per level: primitives + rows,
  *                                        exporting its kernel table only
  *     ln_dispatch.c, ln_threads.c        level choice; thread pool and scratch buffer
+ *     ln_buffers.c                       memory for large results, kept for reuse
  *     ln_layout.c                        shapes and strides to blocks x rows x row_len walks
  *     ln_forward.c, ln_backward.c        drivers: split a call into rows or tiles, spans, threads
  *
@@ -183,6 +184,10 @@ int ln_threads_default_in(const char *cgroup_dir);
    buffer.  Give them back with ln_scratch_give. */
 double *ln_scratch_take(size_t count, int *kept);
 void ln_scratch_give(double *data, int kept);
+
+/* Memory just mapped for a result that a kernel is about to write whole: its pages faulted
+   in first, by the pool's threads (Linux; elsewhere nothing). */
+void ln_fault_in(void *data, size_t bytes);
 
 /* ------------------------------------------------------------------------ */
 /* Rows the row kernels cannot carry (ln_exact.c)                            */
@@ -393,14 +398,14 @@ static inline int ln_copies_in_rows(const ln_forward_args *a)
 
 /* Whether the fused residual pass (forward_sum_rows) writes sum and the output with
    non-temporal stores: as ln_output_streams says for outputs, and for rows of any length once
-   the results are large enough that the binding faults in new ones' pages first
-   (LN_FAULT_IN_MIN_BYTES): the pass reads neither back from memory (8192x1024 float32 out=,
-   one thread: 10.8 -> 4.6 ms), but on pages the OS has just zeroed, non-temporal stores cost
-   more than they save (32x197x768 float32 into new arrays: 7.0 -> 10.1 ms). */
+   the results are large (LN_SUM_STREAM_MIN_BYTES): the pass reads neither back from memory
+   (8192x1024 float32 out=, one thread: 10.8 -> 4.6 ms), but on pages the OS has just zeroed,
+   non-temporal stores cost more than they save (32x197x768 float32 into new arrays: 7.0 ->
+   10.1 ms). */
 static inline int ln_sum_streams(const ln_forward_args *a)
 {
     const ptrdiff_t result_bytes = ln_rows_of(&a->extent) * a->extent.row_len * (ptrdiff_t)ln_dtype_size(a->dtype);
-    return ln_forward_streams(a) || result_bytes >= (ptrdiff_t)LN_FAULT_IN_MIN_BYTES;
+    return ln_forward_streams(a) || result_bytes >= LN_SUM_STREAM_MIN_BYTES;
 }
 
 /* Whether a backward over extent writes dx, of dtype, with non-temporal stores (see

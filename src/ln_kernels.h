@@ -185,8 +185,25 @@ int ln_threads_get(void);
 void ln_threads_set(int n);                  /* n >= 1 */
 int ln_threads_default(void);                /* CPUs this process may run on */
 
-/* Memory just allocated for a result that a kernel is about to write whole: its pages faulted
-   in first, by the pool's threads, when it is large (Linux; elsewhere nothing). */
-void ln_fault_in(void *data, size_t bytes);
+/* Memory for large results (ln_buffers.c): 64-byte aligned blocks, each kept after it is
+   freed, for the next result of about its size, while the blocks kept fit in a limit of bytes
+   (LN_BUFFER_CACHE_DEFAULT until set).  ln_buffer_alloc returns NULL when out of memory;
+   zeroed asks for zeros.  ln_buffer_realloc and ln_buffer_free take only these blocks (or
+   NULL); realloc keeps the first bytes of the block as realloc() does. */
+void *ln_buffer_alloc(size_t bytes, int zeroed);
+/* The blocks this thread takes from now on start half a page from `input`'s place in its
+   page (until it is called again): a result of input that does not alias it. */
+void ln_buffers_place(const void *input);
+void *ln_buffer_realloc(void *data, size_t bytes);
+void ln_buffer_free(void *data);
+
+typedef struct {
+    size_t limit;  /* bytes the kept blocks may take */
+    size_t held;   /* bytes they take */
+    int blocks;    /* how many are kept */
+} ln_buffers_state;
+
+ln_buffers_state ln_buffers_get(void);
+void ln_buffers_set_limit(size_t bytes);     /* unmaps kept blocks beyond it; 0 keeps none */
 
 #endif

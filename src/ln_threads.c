@@ -1,7 +1,7 @@
 /*
  * ln_threads.c -- the thread pool that runs a call's parts, how many threads it uses by
  * default, the scratch buffer that backward keeps between calls, and the faulting in of new
- * results' pages.
+ * results' pages (ln_buffers.c maps them).
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -420,9 +420,6 @@ static void ln_fault_in_pieces(void *ctx, ptrdiff_t begin, ptrdiff_t end)
 
 void ln_fault_in(void *data, size_t bytes)
 {
-    if (bytes < LN_FAULT_IN_MIN_BYTES) {
-        return;
-    }
     const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     ln_fault_in_job job = {.start = ((uintptr_t)data + page - 1) & ~(page - 1),
                            .end = ((uintptr_t)data + bytes) & ~(page - 1)};

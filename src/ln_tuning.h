@@ -99,19 +99,32 @@
    allocation) qualify; float16 is stored as usual. */
 #define LN_BACKWARD_STREAM_MIN_BYTES ((ptrdiff_t)4 << 20)
 
-/* Results the binding allocates of at least this many bytes have their pages faulted in by
-   the pool's threads before the kernel writes them (ln_fault_in).  The OS zeroes a page on its
-   first write, and the non-temporal stores that follow then cost several times that zeroing
-   (Xeon, 2048x4096 float32 forward into a new array, one thread, load ~5: 9.3 -> 7.7 ms, a copy
-   into a new array 6.5 ms; backward 2048x4096 16.5-17.0 -> 14.2-14.4 ms).  glibc's malloc
-   maps fresh pages for every request this large (its largest mmap threshold); smaller ones
-   mostly come back from its heap faulted in already, where the call would cost a walk of
-   their page table (1024x4096 float32: +0.05-0.1 ms). */
-#define LN_FAULT_IN_MIN_BYTES ((size_t)32 << 20)
+/* Results of at least this many bytes get their memory from ln_buffers.c, which keeps
+   freed blocks for the next result of their size: glibc's malloc maps fresh pages for every
+   request of 32 MiB or more (its largest mmap threshold), which the OS zeroes on their first
+   write (Zen 4, 2048x4096 float32 forward, one thread: 6.3 ms into a new array against
+   2.95 ms into a reused one).  Smaller requests mostly come back from its heap, faulted in
+   already.  At most the size above which backward streams dx (its 16-byte stores then fill
+   whole lines of the blocks' 64-byte aligned data). */
+#define LN_BUFFER_MIN_BYTES ((size_t)4 << 20)
 
-/* ... in pieces of this many bytes, at multiples of it: a transparent huge page each, so no
-   huge page is split between two threads. */
+/* Freed blocks kept at most, and the bytes they may take until ln_buffers_set_limit says
+   otherwise: a few results of a large model's activations. */
+#define LN_BUFFER_CACHE_BLOCKS 16
+#define LN_BUFFER_CACHE_DEFAULT ((size_t)256 << 20)
+
+/* A new block's pages are faulted in by the pool's threads before a kernel writes them
+   (ln_fault_in): the OS zeroes a page on its first write, and the non-temporal stores that
+   follow then cost several times that zeroing (Xeon, 2048x4096 float32 forward into a new
+   array, one thread, load ~5: 9.3 -> 7.7 ms, a copy into a new array 6.5 ms; backward
+   2048x4096 16.5-17.0 -> 14.2-14.4 ms).  The pages go in pieces of this many bytes, at
+   multiples of it: a transparent huge page each, so no huge page is split between two
+   threads. */
 #define LN_FAULT_IN_PIECE ((uintptr_t)2 << 20)
+
+/* The fused residual pass writes sum and output with non-temporal stores, whatever its rows'
+   length, from this many bytes of either (ln_sum_streams). */
+#define LN_SUM_STREAM_MIN_BYTES ((ptrdiff_t)32 << 20)
 
 /* With a residual (or a copy), the contiguous route sums (copies) rows into `sum` (`copy`)
    this many bytes at a time (one row at least) and normalizes them from there next, so that

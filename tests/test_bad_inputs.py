@@ -209,6 +209,15 @@ CASES = {
         "layernorm.set_num_threads(2.0)", TypeError, "set_num_threads() takes an int, got float"),
     "set_num_threads-bool": Case(
         "layernorm.set_num_threads(True)", TypeError, "set_num_threads() takes an int, got bool"),
+    # set_result_cache: an int >= 0
+    "set_result_cache-negative": Case(
+        "layernorm.set_result_cache(-1)", ValueError, "set_result_cache() needs max_bytes >= 0, got -1"),
+    "set_result_cache-str": Case(
+        "layernorm.set_result_cache('1')", TypeError, "set_result_cache() takes an int, got str"),
+    "set_result_cache-float": Case(
+        "layernorm.set_result_cache(1e9)", TypeError, "set_result_cache() takes an int, got float"),
+    "set_result_cache-bool": Case(
+        "layernorm.set_result_cache(False)", TypeError, "set_result_cache() takes an int, got bool"),
     # a parameter given as text is a type mistake, not a shape one
     "layer_norm-weight-str": Case(
         "layer_norm(x, 4, 'abcd')", TypeError, "weight must be an array of floats or None, got str",

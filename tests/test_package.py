@@ -12,8 +12,8 @@ from layernorm import _layernorm
 
 PACKAGE = os.path.dirname(layernorm.__file__)
 PUBLIC = ["LayerNorm", "RMSNorm", "add_layer_norm", "add_rms_norm", "available_simd_levels", "get_num_threads",
-          "layer_norm", "layer_norm_backward", "native_layer_norm", "native_rms_norm", "rms_norm",
-          "rms_norm_backward", "set_num_threads", "set_simd_level", "simd_level"]
+          "layer_norm", "layer_norm_backward", "native_layer_norm", "native_rms_norm", "result_cache_info",
+          "rms_norm", "rms_norm_backward", "set_num_threads", "set_result_cache", "set_simd_level", "simd_level"]
 
 
 def test_all_lists_the_public_names():
