@@ -946,16 +946,18 @@ _Static_assert(LN_BUFFER_MIN_BYTES <= (size_t)LN_BACKWARD_STREAM_MIN_BYTES,
                "every result backward streams into is a block of ln_buffers.c");
 
 /* Makes NumPy allocate what follows through result_memory_handler, when a result as large as
-   `input` gains from it, until result_memory_end; the memory is placed so as not to alias the
-   input's (ln_buffers_place).  Returns the handler to restore then (a new reference; None when
-   nothing changed), or NULL with an exception set. */
+   `input` gains from it, until result_memory_end; the memory is placed so as not to alias
+   input's, nor that of `other` (a second input of the same size, or NULL) (ln_buffers_place).
+   Returns the handler to restore then (a new reference; None when nothing changed), or NULL
+   with an exception set. */
 static PyObject *
-result_memory_begin(module_state *state, PyArrayObject *input)
+result_memory_begin(module_state *state, PyArrayObject *input, PyArrayObject *other)
 {
     if (PyArray_NBYTES(input) < (npy_intp)LN_BUFFER_MIN_BYTES) {
         Py_RETURN_NONE;
     }
-    ln_buffers_place(PyArray_DATA(input));
+    const void *const inputs[2] = {PyArray_DATA(input), other ? PyArray_DATA(other) : NULL};
+    ln_buffers_place(inputs, other ? 2 : 1);
     return PyDataMem_SetHandler(state->result_memory);
 }
 
@@ -979,13 +981,14 @@ result_memory_end(PyObject *previous, PyArrayObject *made)
 
 /* New reference: an uninitialised array for a result of the input's shape and type type_num,
    in the input's memory order when axis= was given (an NCHW input normalized over C gives an
-   NCHW result), else C-contiguous as torch's; NULL with an exception set. */
+   NCHW result), else C-contiguous as torch's; NULL with an exception set.  `other` is the
+   call's other input of that shape (residual, grad_output), or NULL. */
 static PyArrayObject *
-new_result(module_state *state, const char *fname, const char *name, PyArrayObject *input, const norm_axes *ax,
-           int type_num)
+new_result(module_state *state, const char *fname, const char *name, PyArrayObject *input, PyArrayObject *other,
+           const norm_axes *ax, int type_num)
 {
     PyArrayObject *result = NULL;
-    PyObject *previous = result_memory_begin(state, input);
+    PyObject *previous = result_memory_begin(state, input, other);
     if (previous) {
         if (ax->given) {
             result = (PyArrayObject *)PyArray_NewLikeArray(input, NPY_KEEPORDER, PyArray_DescrFromType(type_num), 0);
@@ -1005,12 +1008,12 @@ new_result(module_state *state, const char *fname, const char *name, PyArrayObje
    result array, `name` in messages. */
 static PyArrayObject *
 result_array(module_state *state, const char *fname, PyObject *obj, const char *keyword, const char *name,
-             PyArrayObject *input, const norm_axes *ax, int type_num)
+             PyArrayObject *input, PyArrayObject *other, const norm_axes *ax, int type_num)
 {
     if (obj && obj != Py_None) {
         return check_result_array(obj, keyword, input, type_num);
     }
-    return new_result(state, fname, name, input, ax, type_num);
+    return new_result(state, fname, name, input, other, ax, type_num);
 }
 
 /* New reference: an uninitialised C-contiguous array for the statistic `name`, one value per
@@ -1063,7 +1066,7 @@ private_input(module_state *state, PyObject *input_obj, PyArrayObject *input, in
         Py_INCREF(input);
         return input;
     }
-    PyObject *previous = result_memory_begin(state, input);
+    PyObject *previous = result_memory_begin(state, input, NULL);
     if (!previous) {
         return NULL;
     }
@@ -1551,12 +1554,14 @@ forward(module_state *state, const norm_kind *kind, const char *what, const forw
     }
     /* The results first, then any copies of the arguments: a call that cannot have its
        results fails before it has spent memory on copies. */
-    output = result_array(state, what, objs->out, "out", "the output", input, &ax, element_type_num(state, dtype));
+    output = result_array(state, what, objs->out, "out", "the output", input, residual, &ax,
+                          element_type_num(state, dtype));
     if (!output) {
         goto done;
     }
     if (returns == RETURN_SUM) {
-        sum = result_array(state, what, objs->residual_out, "residual_out", "the sum", input, &ax, element_type_num(state, dtype));
+        sum = result_array(state, what, objs->residual_out, "residual_out", "the sum", input, residual, &ax,
+                           element_type_num(state, dtype));
         if (!sum) {
             goto done;
         }
@@ -1909,7 +1914,7 @@ backward(module_state *state, const norm_kind *kind, const char *what, const bac
        results fails before it has spent memory on copies (broadcast statistics of 2**30
        rows were 8 GiB of copies before grad_input's MemoryError). */
     if (mask[0]) {
-        grad_input = new_result(state, what, "grad_input", input, &ax, element_type_num(state, dtype));
+        grad_input = new_result(state, what, "grad_input", input, grad_out, &ax, element_type_num(state, dtype));
         if (!grad_input) {
             goto done;
         }
@@ -2491,7 +2496,7 @@ part_normalize(module_state *state, const norm_kind *kind, const char *what, con
             goto done;
         }
     }
-    output = new_result(state, what, "the output", input, &ax, element_type_num(state, dtype));
+    output = new_result(state, what, "the output", input, NULL, &ax, element_type_num(state, dtype));
     if (!output) {
         goto done;
     }
@@ -2723,7 +2728,7 @@ part_backward(module_state *state, const norm_kind *kind, const char *what, cons
         }
     }
     if (objs->row_means) {
-        grad_input = new_result(state, what, "grad_input", input, &ax, element_type_num(state, dtype));
+        grad_input = new_result(state, what, "grad_input", input, grad_out, &ax, element_type_num(state, dtype));
         if (!grad_input) {
             goto done;
         }

@@ -191,9 +191,12 @@ int ln_threads_default(void);                /* CPUs this process may run on */
    zeroed asks for zeros.  ln_buffer_realloc and ln_buffer_free take only these blocks (or
    NULL); realloc keeps the first bytes of the block as realloc() does. */
 void *ln_buffer_alloc(size_t bytes, int zeroed);
-/* The blocks this thread takes from now on start half a page from `input`'s place in its
-   page (until it is called again): a result of input that does not alias it. */
-void ln_buffers_place(const void *input);
+/* The blocks this thread takes from now on (until it is called again) start in their page as
+   far as can be from where the `count` arrays inputs[] start in theirs (half a page from a
+   lone input): results that do not alias the inputs they are computed from.  count is 1 to
+   LN_BUFFER_PLACE_MAX. */
+#define LN_BUFFER_PLACE_MAX 4
+void ln_buffers_place(const void *const inputs[], int count);
 void *ln_buffer_realloc(void *data, size_t bytes);
 void ln_buffer_free(void *data);
 

@@ -268,6 +268,30 @@ def test_a_result_starts_half_a_page_from_its_input(kind, page_offset):
     assert result.ctypes.data % 64 == 0
 
 
+def _page_distance(a, b):
+    """How far apart in the page two arrays start, either way round."""
+    d = (a.ctypes.data - b.ctypes.data) % 4096
+    return min(d, 4096 - d)
+
+
+@pytest.mark.parametrize("offsets", [(2048, 0), (0, 2048), (16, 16), (1000, 1100), (4000, 100)],
+                         ids=lambda o: f"x{o[0]}-other{o[1]}")
+@pytest.mark.parametrize("kind", ["add_layer_norm", "layer_norm_backward"])
+def test_a_result_of_two_inputs_starts_far_from_both(kind, offsets):
+    # backward with x 2048 bytes into a page and dy at 0 was the slowest of 271 placements
+    # when grad_input was placed from x alone: half a page from x is dy's place
+    x = _placed(make_input(LARGE, np.float32), offsets[0])
+    other = _placed(make_input(LARGE, np.float32, seed=1), offsets[1])
+    if kind == "add_layer_norm":
+        results = layernorm.add_layer_norm(x, other, 1024)
+    else:
+        mean, rstd = layernorm.native_layer_norm(x, (1024,), None, None, 1e-5)[1:]
+        results = layernorm.layer_norm_backward(other, x, (1024,), mean, rstd)[:1]
+    widest_gap = max(4096 - abs(offsets[0] - offsets[1]), abs(offsets[0] - offsets[1]))
+    for result in results:
+        assert min(_page_distance(result, x), _page_distance(result, other)) >= widest_gap // 2 - 64
+
+
 def test_numpy_allocates_with_its_own_handler_after_a_call():
     default = get_handler_name(np.empty(8 * MIB, np.uint8))
     result = _results("layer_norm", LARGE)[0]
