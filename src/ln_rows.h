@@ -885,7 +885,7 @@ static LN_ALWAYS_INLINE void copy_elements(ln_dtype dtype, const char *x, char *
    rows were copied first by non-temporal stores). */
 static LN_ALWAYS_INLINE void forward_rows_pipelined(ln_norm_kind kind, ln_dtype dtype, const ln_forward_args *a,
                                                     const ln_rstd_bounds *bounds, ptrdiff_t begin, ptrdiff_t end,
-                                                    const void *weight, const void *bias)
+                                                    const void *weight, const void *bias, int streaming)
 {
     const ptrdiff_t n = a->extent.row_len;
     assert(16 <= n && n <= LN_CHUNK);
@@ -912,7 +912,7 @@ static LN_ALWAYS_INLINE void forward_rows_pipelined(ln_norm_kind kind, ln_dtype 
                 }
             }
             if (emit) {
-                normalize_pair(kind, dtype, &previous, x_previous, y_previous, i, weight, bias, 0);
+                normalize_pair(kind, dtype, &previous, x_previous, y_previous, i, weight, bias, streaming);
             }
         }
         const ptrdiff_t paired = i;  /* elements copied so far */
@@ -921,7 +921,7 @@ static LN_ALWAYS_INLINE void forward_rows_pipelined(ln_norm_kind kind, ln_dtype 
                 moments_add(&acc, kind, dtype, x, i, 0);
             }
             if (emit) {
-                normalize_group(kind, dtype, &previous, x_previous, y_previous, i, weight, bias, 0);
+                normalize_group(kind, dtype, &previous, x_previous, y_previous, i, weight, bias, streaming);
             }
             i += 16;
         }
@@ -943,6 +943,9 @@ static LN_ALWAYS_INLINE void forward_rows_pipelined(ln_norm_kind kind, ln_dtype 
                 previous = row_norm_of(dtype, m.mean, rstd);
             }
         }
+    }
+    if (streaming) {
+        stream_fence();
     }
 }
 
@@ -966,11 +969,17 @@ static LN_ALWAYS_INLINE void forward_rows(ln_norm_kind kind, ln_dtype dtype, con
     }
     if (n <= LN_CHUNK) {
         /* as normalize_row (avx512, one thread, 256x1024 float32 with both: 64 -> 59 us) */
+        const int streaming = ln_pipelined_rows_stream(a);
         if (LN_AFFINE_LOOP_APART && a->weight && bias) {
-            forward_rows_pipelined(kind, dtype, a, bounds, begin, end, a->weight, bias);
+            if (streaming) {
+                forward_rows_pipelined(kind, dtype, a, bounds, begin, end, a->weight, bias, 1);
+            }
+            else {
+                forward_rows_pipelined(kind, dtype, a, bounds, begin, end, a->weight, bias, 0);
+            }
         }
         else {
-            forward_rows_pipelined(kind, dtype, a, bounds, begin, end, a->weight, bias);
+            forward_rows_pipelined(kind, dtype, a, bounds, begin, end, a->weight, bias, streaming);
         }
         return;
     }
