@@ -103,7 +103,7 @@ static void ln_buffers_register_fork_handler(void)
     pthread_atfork(NULL, NULL, ln_buffers_after_fork_child);
 }
 
-/* A new block holding `bytes`, its pages faulted in when large (ln_fault_in), or NULL. */
+/* A new block holding `bytes`, its pages faulted in (ln_fault_in), or NULL. */
 static char *ln_block_map(size_t bytes)
 {
     const size_t page = (size_t)sysconf(_SC_PAGESIZE);

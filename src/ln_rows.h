@@ -971,12 +971,7 @@ static LN_ALWAYS_INLINE void forward_rows(ln_norm_kind kind, ln_dtype dtype, con
         /* as normalize_row (avx512, one thread, 256x1024 float32 with both: 64 -> 59 us) */
         const int streaming = ln_pipelined_rows_stream(a);
         if (LN_AFFINE_LOOP_APART && a->weight && bias) {
-            if (streaming) {
-                forward_rows_pipelined(kind, dtype, a, bounds, begin, end, a->weight, bias, 1);
-            }
-            else {
-                forward_rows_pipelined(kind, dtype, a, bounds, begin, end, a->weight, bias, 0);
-            }
+            forward_rows_pipelined(kind, dtype, a, bounds, begin, end, a->weight, bias, streaming);
         }
         else {
             forward_rows_pipelined(kind, dtype, a, bounds, begin, end, a->weight, bias, streaming);
