@@ -23,9 +23,11 @@ from layernorm import (
     layer_norm_backward,
     native_layer_norm,
     native_rms_norm,
+    result_cache_info,
     rms_norm,
     rms_norm_backward,
     set_num_threads,
+    set_result_cache,
     set_simd_level,
     simd_level,
 )
@@ -119,6 +121,11 @@ def runtime() -> None:
     threads = get_num_threads()
     assert_type(threads, int)
     set_num_threads(threads)
+    cache = result_cache_info()
+    limit: int = cache["max_bytes"]
+    kept: int = cache["bytes"] + cache["blocks"]
+    assert kept >= 0
+    set_result_cache(limit)
     assert_type(layernorm.__version__, str)
 
 
