@@ -585,13 +585,12 @@ static LN_ALWAYS_INLINE ln_moments sum_chunk_moments(ln_norm_kind kind, ln_dtype
 
 /* normalize() of sum[0 .. n) = x + residual with the sum formed again from x and residual
    (add_group's bits), which are still in cache, where sum went to memory by non-temporal
-   stores: reading it back would fetch it from memory.  The same elements of the next row's
-   x and residual (next_x and next_residual, or NULL) are asked for meanwhile, so that memory
-   is read while this loop works from cache. */
+   stores: reading it back would fetch it from memory.  No prefetch of the next row here: the
+   hardware's prefetchers do better alone (2048x4096 float32 add_layer_norm, one thread, with
+   the next row's x and residual prefetched from this loop: 7.1 ms; without: 4.6 ms). */
 static LN_ALWAYS_INLINE void normalize_sum(ln_norm_kind kind, ln_dtype dtype, int streaming, const char *x,
                                            const char *residual, char *y, ptrdiff_t n, double mean, double rstd,
-                                           const void *weight, const void *bias, const char *next_x,
-                                           const char *next_residual)
+                                           const void *weight, const void *bias)
 {
     assert(x && residual && y && 1 <= n && n <= LN_NORMALIZE_SPAN);
     const row_norm k = row_norm_of(dtype, mean, rstd);
@@ -604,10 +603,6 @@ static LN_ALWAYS_INLINE void normalize_sum(ln_norm_kind kind, ln_dtype dtype, in
                       bias ? (const char *)bias + i * param_size : NULL);
     }
     for (; i + 16 <= n; i += 16) {
-        for (ptrdiff_t line = 0; next_x && line < 16 * elsize; line += 64) {
-            __builtin_prefetch(next_x + i * elsize + line);
-            __builtin_prefetch(next_residual + i * elsize + line);
-        }
         add_group(dtype, x + i * elsize, residual + i * elsize, lanes, 0);
         normalize_group(kind, dtype, &k, lanes, y + i * elsize, 0, weight ? (const char *)weight + i * param_size : NULL,
                         bias ? (const char *)bias + i * param_size : NULL, streaming);
@@ -1041,10 +1036,8 @@ static LN_ALWAYS_INLINE void forward_sum_rows(ln_norm_kind kind, ln_dtype dtype,
             const void *w = weight ? (const char *)weight + start * (ptrdiff_t)ln_param_size(dtype) : NULL;
             const void *b = bias ? (const char *)bias + start * (ptrdiff_t)ln_param_size(dtype) : NULL;
             if (stream_sum) {
-                const int next = r + 1 < end;
                 normalize_sum(kind, dtype, streaming, x + offset, residual + offset, y + offset, stop - start, m.mean,
-                              rstd, w, b, next ? ln_row_address(&a->input, &a->extent, r + 1) + offset : NULL,
-                              next ? ln_row_address(&a->residual, &a->extent, r + 1) + offset : NULL);
+                              rstd, w, b);
             }
             else {
                 normalize_span(sum + offset, y + offset, stop - start, m.mean, rstd, w, b);
