@@ -387,17 +387,29 @@ static inline int ln_forward_streams(const ln_forward_args *a)
     return ln_output_streams(a->dtype, &a->extent);
 }
 
-/* Whether forward's pipelined rows (16 to LN_CHUNK elements, forward_rows_pipelined) write a
-   float32/float64 output with non-temporal stores: once it is LN_STREAM_MIN_OUTPUT_BYTES in
-   all, as longer rows' is, and every row starts a cache line, the loop having no head of its
-   own to reach one (Zen 4, float32 with weight and bias, into a line-aligned output against
-   one 16 bytes past a line: 10923x768 at one thread 3.13 -> 2.52 ms, 8192x1024 at two
-   2.35 -> 1.70 ms). */
+/* How forward's pipelined rows (16 to LN_CHUNK elements, forward_rows_pipelined) write a
+   float32/float64 output: with non-temporal stores once it is LN_STREAM_MIN_OUTPUT_BYTES in
+   all, as longer rows' is, in whole lines where every row starts one, else in 16-byte pieces
+   where every row starts 16-byte aligned (NumPy's arrays: 16 bytes past a line), the loop
+   having no head of its own to reach a line (Zen 4, float32 with weight and bias, one
+   thread: 10923x768 into a line-aligned output 3.13 -> 2.52 ms; into one 16 bytes past a
+   line, by plain stores against 16-byte pieces, 2.97-3.16 -> 2.49-2.50 ms, at two threads
+   1.86-1.89 -> 1.48-1.53 ms). */
+/* How a loop writes its output: through the caches, or past them by non-temporal stores of
+   whole 64-byte lines (the groups' stores line-aligned) or of 16-byte pieces (the stores
+   16-byte aligned, the groups straddling lines: the write-combining buffers join the pieces). */
+enum { LN_STORE_CACHED = 0, LN_STREAM_LINES = 1, LN_STREAM_PIECES = 2 };
+
 static inline int ln_pipelined_rows_stream(const ln_forward_args *a)
 {
     const ptrdiff_t row_bytes = a->extent.row_len * (ptrdiff_t)ln_dtype_size(a->dtype);
-    return (a->dtype == LN_F32 || a->dtype == LN_F64) && a->extent.row_len <= LN_CHUNK &&
-           row_bytes * ln_rows_of(&a->extent) >= LN_STREAM_MIN_OUTPUT_BYTES && ln_rows_aligned(&a->output, &a->extent, 64);
+    if (!((a->dtype == LN_F32 || a->dtype == LN_F64) && a->extent.row_len <= LN_CHUNK &&
+          row_bytes * ln_rows_of(&a->extent) >= LN_STREAM_MIN_OUTPUT_BYTES)) {
+        return LN_STORE_CACHED;
+    }
+    return ln_rows_aligned(&a->output, &a->extent, 64)   ? LN_STREAM_LINES
+           : ln_rows_aligned(&a->output, &a->extent, 16) ? LN_STREAM_PIECES
+                                                         : LN_STORE_CACHED;
 }
 
 /* Whether forward's row kernels write a call's copy themselves, each row as its statistics

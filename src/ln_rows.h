@@ -348,8 +348,9 @@ static LN_ALWAYS_INLINE gf normalized_f32(ln_norm_kind kind, ln_dtype dtype, con
     return gf_fma(centred, a, b);
 }
 
-/* y[i .. i + 16) from x[i .. i + 16); `streaming`: by non-temporal stores, y + i 64-byte
-   aligned (32-byte for 16-bit output, whose groups are half a cache line). */
+/* y[i .. i + 16) from x[i .. i + 16); `streaming` (LN_STREAM_LINES, LN_STREAM_PIECES): by
+   non-temporal stores, y + i 64-byte aligned (32-byte for 16-bit output, whose groups are half
+   a cache line), or for float32/float64 in 16-byte pieces, y + i 16-byte aligned. */
 static LN_ALWAYS_INLINE void normalize_group(ln_norm_kind kind, ln_dtype dtype, const row_norm *k, const void *x,
                                              void *y, ptrdiff_t i, const void *weight, const void *bias,
                                              int streaming)
@@ -360,7 +361,10 @@ static LN_ALWAYS_INLINE void normalize_group(ln_norm_kind kind, ln_dtype dtype, 
         const gd a = weight ? gd_mul(gd_load((const double *)weight + i), k->rstd_v) : k->rstd_v;
         const gd b = bias ? gd_load((const double *)bias + i) : gd_splat(0.0);
         const gd value = gd_fma(centred, a, b);
-        if (streaming) {
+        if (streaming == LN_STREAM_PIECES) {
+            gd_stream16((double *)y + i, value);
+        }
+        else if (streaming) {
             gd_stream((double *)y + i, value);
         }
         else {
@@ -369,7 +373,10 @@ static LN_ALWAYS_INLINE void normalize_group(ln_norm_kind kind, ln_dtype dtype, 
     }
     else {
         const gf value = normalized_f32(kind, dtype, k, x, i, weight, bias);
-        if (streaming && dtype == LN_F32) {
+        if (streaming == LN_STREAM_PIECES && dtype == LN_F32) {
+            gf_stream16((float *)y + i, value);
+        }
+        else if (streaming && dtype == LN_F32) {
             gf_stream((float *)y + i, value);
         }
         else if (streaming && ln_dtype_is_16bit(dtype)) {

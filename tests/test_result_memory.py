@@ -303,21 +303,26 @@ def test_numpy_allocates_with_its_own_handler_after_a_call():
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
 @pytest.mark.parametrize("row_len", [256, 768, 2048])
 def test_large_outputs_of_short_rows_stream_the_same_bits(row_len, dtype, affine, restore_runtime):
-    # Rows of up to 2048 elements write an output of 16 MiB or more with non-temporal stores
-    # when every row starts a cache line (a result made here), else with plain stores (out=
-    # 16 bytes past a cache line): the same values either way, at every level and thread count.
+    # Rows of up to 2048 elements write an output of 16 MiB or more with non-temporal stores:
+    # in whole lines when every row starts a cache line (a result made here), in 16-byte pieces
+    # when every row is 16-byte aligned (out= 16 bytes past a line), else with plain stores
+    # (out= 8 bytes past a line): the same values every way, at every level and thread count.
     rows = (16 * MIB) // (row_len * np.dtype(dtype).itemsize) + 3
     x = make_input((rows, row_len), dtype, seed=7)
     w, b = make_params((row_len,), dtype, affine, seed=7)
-    buffer = np.empty(x.nbytes + 128, np.uint8)
-    start = (-buffer.ctypes.data) % 64 + 16
-    unaligned = buffer[start:start + x.nbytes].view(dtype).reshape(x.shape)
+    buffer = np.empty(2 * x.nbytes + 256, np.uint8)
+    start = (-buffer.ctypes.data) % 64
+    pieces = buffer[start + 16:start + 16 + x.nbytes].view(dtype).reshape(x.shape)
+    start += x.nbytes + 64 + (-x.nbytes) % 64
+    plain = buffer[start + 8:start + 8 + x.nbytes].view(dtype).reshape(x.shape)
     for level in layernorm.available_simd_levels():
         layernorm.set_simd_level(level)
         for threads in (1, 2):
             layernorm.set_num_threads(threads)
             streamed = layernorm.layer_norm(x, row_len, w, b)
             assert streamed.ctypes.data % 64 == 0
-            layernorm.layer_norm(x, row_len, w, b, out=unaligned)
-            assert streamed.tobytes() == unaligned.tobytes(), (level, threads)
+            layernorm.layer_norm(x, row_len, w, b, out=pieces)
+            layernorm.layer_norm(x, row_len, w, b, out=plain)
+            assert streamed.tobytes() == pieces.tobytes(), (level, threads)
+            assert streamed.tobytes() == plain.tobytes(), (level, threads)
             del streamed
