@@ -38,12 +38,15 @@ class Case:
 CASES = [
     Case(4, 20),
     Case(16, 768),
+    Case(1, 4096),
     Case(512, 768),
+    Case(6304, 768),  # a ViT-B/16 batch, 32x197x768, flattened
     Case(2048, 4096),
     Case(1_000_000, 8),
     Case(8, 1_000_000),
     Case(1024, 1024, "float64"),
     Case(2048, 1024, "float16"),
+    Case(2048, 4096, "float16"),
     Case(2048, 4096, use_out=True),
     # bfloat16, as LLM weights and activations come (ml_dtypes' dtype; torch's peer is bfloat16 too)
     Case(512, 768, "bfloat16"),

@@ -1,4 +1,5 @@
-"""The PNG bar chart of ours/torch time ratios, one panel per thread count.
+"""The PNG bar charts: ours/torch time ratios above, x floor (ours / a copy of the bytes) below,
+one column of panels per thread count.
 
 matplotlib is optional (python -m pip install ".[bench]"); nothing else in the package needs it.
 """
@@ -10,7 +11,7 @@ import sys
 import layernorm
 
 from . import peers
-from .report import MISSING, SMALL_CASES, SMALL_TORCH_LIMIT, TORCH_LIMIT, cpu_model_name, results_of, torch_limit, turns_text
+from .report import MISSING, cpu_model_name, floor_limit, results_of, torch_limit, turns_text
 from .timing import QUICK_SETTINGS, threads_text
 
 
@@ -37,59 +38,81 @@ def check_plot_prerequisites():
 def plot_title(options):
     run = "quick run, " if options.settings is QUICK_SETTINGS else ""
     arrays = "fresh arrays, " if options.fresh else ""
-    return (f"layernorm time / torch time per call ({run}{arrays}best of {turns_text(options.settings)})\n"
+    return (f"layernorm per call ({run}{arrays}best of {turns_text(options.settings)}): time / torch's time "
+            f"(above), time / the copy's (below)\n"
             f"{cpu_model_name()}, simd {layernorm.simd_level()}, torch {peers.torch_version()}")
 
 
-def draw_panel(axes, labels, ratios, limits, x_limit):
+def draw_panel(axes, labels, ratios, limits, x_limit, one_text):
     """Horizontal bars of ratios (label -> ratio) in the order of labels, green where the ratio
-    meets its limit (label -> limit), red where not; n/a where a label has no ratio."""
+    meets its case's limit (label -> limit, marked by a tick), red where not, grey where the
+    case has no limit; n/a where a label has no ratio."""
     positions = range(len(labels))
     values = [ratios.get(label, 0.0) for label in labels]
-    colors = ["tab:green" if ratios.get(label, 0.0) <= limits[label] else "tab:red" for label in labels]
-    axes.barh(positions, values, color=colors, zorder=2)
+
+    def color(label):
+        if limits.get(label) is None:
+            return "tab:gray"
+        return "tab:green" if ratios.get(label, 0.0) <= limits[label] else "tab:red"
+
+    axes.barh(positions, values, color=[color(label) for label in labels], zorder=2)
+    tick_text = "target of the case"  # the legend's entry, on the first tick only
     for position, label in zip(positions, labels):
         text = f" {ratios[label]:.2f}" if label in ratios else f" {MISSING}"
         axes.text(ratios.get(label, 0.0), position, text, va="center", fontsize=8, zorder=4,
                   bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.7, "pad": 0.5})
-    axes.axvline(1.0, color="black", linewidth=1, zorder=3, label="1.0: as fast as torch")
-    axes.axvline(TORCH_LIMIT, color="tab:blue", linestyle="--", linewidth=1.5, zorder=3,
-                 label=f"{TORCH_LIMIT} target (every other case)")
-    axes.axvline(SMALL_TORCH_LIMIT, color="tab:purple", linestyle="--", linewidth=1.5, zorder=3,
-                 label=f"{SMALL_TORCH_LIMIT} target (fwd {', '.join(case.label for case in SMALL_CASES)})")
+        if limits.get(label) is not None:
+            axes.plot([limits[label]] * 2, [position - 0.45, position + 0.45], color="tab:blue", linewidth=2,
+                      zorder=3, label=tick_text)
+            tick_text = None
+    axes.axvline(1.0, color="black", linewidth=1, zorder=3, label=one_text)
     axes.set_xlim(0, x_limit)
 
 
-def write_plot(path, results, options):
-    """One panel of ours/torch per case for each thread count, forward cases above backward ones."""
-    plt = import_pyplot()
-    # (the out= case is left out: ours without an allocation against torch with one)
-    plotted = [r for r in results_of(results, "forward") + results_of(results, "backward")
-               if r.ratio("ours", "torch") is not None and not r.case.use_out]
-    if not plotted:
-        print("no ours/torch ratio was measured: no plot written", file=sys.stderr)
-        return
+def draw_row(panels, results, thread_counts, quantity, peer, limit_of, one_text):
+    """One row of panels: `quantity` (ours / peer's time) of every result that has it."""
+    plotted = [r for r in results if r.ratio("ours", peer) is not None]
     labels = list(dict.fromkeys(r.label for r in plotted))
-    limits = {r.label: torch_limit(r) for r in plotted}
-    thread_counts = [threads for threads in options.thread_counts if any(r.threads == threads for r in plotted)]
-    x_limit = max([r.ratio("ours", "torch") for r in plotted] + [1.0]) * 1.12
-
-    figure, panels = plt.subplots(1, len(thread_counts), sharey=True, squeeze=False, layout="constrained",
-                                  figsize=(2.5 + 5 * len(thread_counts), 1.6 + 0.32 * len(labels)))
-    for axes, threads in zip(panels[0], thread_counts):
-        ratios = {r.label: r.ratio("ours", "torch") for r in plotted if r.threads == threads}
-        draw_panel(axes, labels, ratios, limits, x_limit)
-        axes.set_title(threads_text(threads), fontsize=9)
-        axes.set_xlabel("ours time / torch time (lower is better)")
-    forward_count = len({r.label for r in plotted if r.section == "forward"})
-    first = panels[0][0]
-    first.set_yticks(range(len(labels)), labels)
-    first.invert_yaxis()
-    for axes in panels[0]:
+    limits = {r.label: limit_of(r) for r in plotted}
+    x_limit = max([r.ratio("ours", peer) for r in plotted] + [1.0]) * 1.15
+    for axes, threads in zip(panels, thread_counts):
+        ratios = {r.label: r.ratio("ours", peer) for r in plotted if r.threads == threads}
+        draw_panel(axes, labels, ratios, limits, x_limit, one_text)
+        axes.set_xlabel(f"{quantity} (lower is better)")
+        forward_count = len({r.label for r in plotted if r.section == "forward"})
         if 0 < forward_count < len(labels):
             axes.axhline(forward_count - 0.5, color="grey", linewidth=0.8)
-    figure.suptitle(plot_title(options) + "\ngreen: target met, red: not met", fontsize=9)
-    panels[0][-1].legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, frameon=False)
+    panels[0].set_yticks(range(len(labels)), labels)
+    panels[0].invert_yaxis()
+    panels[-1].legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, frameon=False)
+    return len(labels)
+
+
+def write_plot(path, results, options):
+    """ours/torch and x floor per case for each thread count, forward cases above backward ones."""
+    plt = import_pyplot()
+    timed = results_of(results, "forward") + results_of(results, "backward")
+    # (the out= case has no ours/torch: ours without an allocation against torch with one)
+    against_torch = [r for r in timed if r.ratio("ours", "torch") is not None and not r.case.use_out]
+    against_copy = [r for r in timed if r.ratio("ours", "copy") is not None]
+    if not against_torch and not against_copy:
+        print("no ratio was measured: no plot written", file=sys.stderr)
+        return
+    thread_counts = [threads for threads in options.thread_counts if any(r.threads == threads for r in timed)]
+    rows = len({r.label for r in against_torch}) + len({r.label for r in against_copy})
+    figure, panels = plt.subplots(2, len(thread_counts), sharey="row", squeeze=False, layout="constrained",
+                                  figsize=(2.5 + 5 * len(thread_counts), 2.5 + 0.32 * rows),
+                                  height_ratios=[max(1, len({r.label for r in against_torch})),
+                                                 max(1, len({r.label for r in against_copy}))])
+    for axes, threads in zip(panels[0], thread_counts):
+        axes.set_title(threads_text(threads), fontsize=9)
+    if against_torch:
+        draw_row(panels[0], against_torch, thread_counts, "ours time / torch time", "torch", torch_limit,
+                 "1.0: as fast as torch")
+    if against_copy:
+        draw_row(panels[1], against_copy, thread_counts, "x floor: ours time / a copy's time", "copy",
+                 floor_limit, "1.0: the copy's time")
+    figure.suptitle(plot_title(options) + "\ngreen: target met, red: not met, grey: no target", fontsize=9)
     figure.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(figure)
     print(f"plot written to {path}", file=sys.stderr)

@@ -93,3 +93,35 @@ def test_module_section_reports_training_mode_against_eval_mode():
     assert "## Module, 1 thread: LayerNorm(768)(x)" in proc.stdout
     assert "| np.copyto of x (single-threaded) |" in proc.stdout
     assert "module 512x768 float32 (1 thread) module train / module eval ≤ 1.15" in proc.stdout.split("## Targets")[1]
+
+
+TARGETS = [  # section, (rows, cols, dtype, use_out), ours/torch bound, x floor bound (None: none)
+    ("forward", (4, 20, "float32", False), 0.5, None),
+    ("forward", (16, 768, "float32", False), 0.33, None),
+    ("backward", (1, 4096, "float32", False), 0.33, None),
+    ("forward", (512, 768, "float32", False), 0.9, None),
+    ("backward", (512, 768, "float32", False), 0.6, None),
+    ("forward", (2048, 4096, "float32", False), 0.9, 1.1),
+    ("backward", (1_000_000, 8, "float32", False), 0.6, 1.3),
+    ("forward", (6304, 768, "float32", False), 0.9, 1.1),
+    ("forward", (2048, 4096, "float32", True), 0.9, 1.1),
+    ("backward", (2048, 4096, "float16", False), 0.6, 1.3),
+    ("forward", (2048, 1024, "float16", False), 0.9, None),
+    ("backward", (2048, 4096, "bfloat16", False), 0.5, 1.3),
+    ("forward", (512, 768, "bfloat16", False), 0.5, None),
+]
+
+
+@pytest.mark.parametrize(("section", "case", "torch_bound", "floor_bound"), TARGETS,
+                         ids=[f"{s[:3]}-{r}x{c}-{d}" + ("-out" if o else "") for s, (r, c, d, o), _, _ in TARGETS])
+def test_each_case_has_its_targets(monkeypatch, section, case, torch_bound, floor_bound):
+    # the memory-floor targets: ours/torch <= 0.33 on the small inputs both ways, <= 0.6 on every
+    # other backward; x floor <= 1.1 forward and <= 1.3 backward on large float32, <= 1.3 on large
+    # float16/bfloat16
+    monkeypatch.syspath_prepend(str(REPOSITORY))
+    from types import SimpleNamespace
+
+    from benchmarks import cases, report
+    result = SimpleNamespace(section=section, case=cases.Case(*case))
+    assert report.torch_limit(result) == torch_bound
+    assert report.floor_limit(result) == floor_bound
