@@ -602,9 +602,13 @@ static LN_ALWAYS_INLINE void normalize_sum(ln_norm_kind kind, ln_dtype dtype, in
     assert(x && residual && y && 1 <= n && n <= LN_NORMALIZE_SPAN);
     const row_norm k = row_norm_of(dtype, mean, rstd);
     const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(dtype), param_size = (ptrdiff_t)ln_param_size(dtype);
+    /* a float32/float64 row not starting a line goes in 16-byte pieces from its start, not
+       element by element up to a line (rows of 768 float32 elements: 12 of every 768) */
+    const int pieces = streaming && !ln_dtype_is_16bit(dtype) && ((uintptr_t)y & 63) != 0 && ((uintptr_t)y & 15) == 0;
+    const int store = pieces ? LN_STREAM_PIECES : streaming;
     double lanes[16];
     ptrdiff_t i = 0;
-    for (; streaming && i < n && ((uintptr_t)(y + i * elsize) & 63) != 0; i++) {
+    for (; store == LN_STREAM_LINES && i < n && ((uintptr_t)(y + i * elsize) & 63) != 0; i++) {
         add_one(dtype, x + i * elsize, residual + i * elsize, lanes, 0);
         normalize_one(kind, dtype, &k, lanes, y + i * elsize, 0, weight ? (const char *)weight + i * param_size : NULL,
                       bias ? (const char *)bias + i * param_size : NULL);
@@ -612,7 +616,7 @@ static LN_ALWAYS_INLINE void normalize_sum(ln_norm_kind kind, ln_dtype dtype, in
     for (; i + 16 <= n; i += 16) {
         add_group(dtype, x + i * elsize, residual + i * elsize, lanes, 0);
         normalize_group(kind, dtype, &k, lanes, y + i * elsize, 0, weight ? (const char *)weight + i * param_size : NULL,
-                        bias ? (const char *)bias + i * param_size : NULL, streaming);
+                        bias ? (const char *)bias + i * param_size : NULL, store);
     }
     for (; i < n; i++) {
         add_one(dtype, x + i * elsize, residual + i * elsize, lanes, 0);
