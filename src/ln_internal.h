@@ -387,6 +387,11 @@ static inline int ln_forward_streams(const ln_forward_args *a)
     return ln_output_streams(a->dtype, &a->extent);
 }
 
+/* How a loop writes its output: through the caches, or past them by non-temporal stores of
+   whole 64-byte lines (the groups' stores line-aligned) or of 16-byte pieces (the stores
+   16-byte aligned, the groups straddling lines: the write-combining buffers join the pieces). */
+typedef enum { LN_STORE_CACHED, LN_STREAM_LINES, LN_STREAM_PIECES } ln_store;
+
 /* How forward's pipelined rows (16 to LN_CHUNK elements, forward_rows_pipelined) write a
    float32/float64 output: with non-temporal stores once it is LN_STREAM_MIN_OUTPUT_BYTES in
    all, as longer rows' is, in whole lines where every row starts one, else in 16-byte pieces
@@ -395,12 +400,7 @@ static inline int ln_forward_streams(const ln_forward_args *a)
    thread: 10923x768 into a line-aligned output 3.13 -> 2.52 ms; into one 16 bytes past a
    line, by plain stores against 16-byte pieces, 2.97-3.16 -> 2.49-2.50 ms, at two threads
    1.86-1.89 -> 1.48-1.53 ms). */
-/* How a loop writes its output: through the caches, or past them by non-temporal stores of
-   whole 64-byte lines (the groups' stores line-aligned) or of 16-byte pieces (the stores
-   16-byte aligned, the groups straddling lines: the write-combining buffers join the pieces). */
-enum { LN_STORE_CACHED = 0, LN_STREAM_LINES = 1, LN_STREAM_PIECES = 2 };
-
-static inline int ln_pipelined_rows_stream(const ln_forward_args *a)
+static inline ln_store ln_pipelined_rows_store(const ln_forward_args *a)
 {
     const ptrdiff_t row_bytes = a->extent.row_len * (ptrdiff_t)ln_dtype_size(a->dtype);
     if (!((a->dtype == LN_F32 || a->dtype == LN_F64) && a->extent.row_len <= LN_CHUNK &&

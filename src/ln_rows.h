@@ -348,23 +348,25 @@ static LN_ALWAYS_INLINE gf normalized_f32(ln_norm_kind kind, ln_dtype dtype, con
     return gf_fma(centred, a, b);
 }
 
-/* y[i .. i + 16) from x[i .. i + 16); `streaming` (LN_STREAM_LINES, LN_STREAM_PIECES): by
+/* y[i .. i + 16) from x[i .. i + 16), stored as `store` says: LN_STREAM_LINES, by
    non-temporal stores, y + i 64-byte aligned (32-byte for 16-bit output, whose groups are half
-   a cache line), or for float32/float64 in 16-byte pieces, y + i 16-byte aligned. */
+   a cache line); LN_STREAM_PIECES, float32/float64 only, in 16-byte pieces, y + i 16-byte
+   aligned. */
 static LN_ALWAYS_INLINE void normalize_group(ln_norm_kind kind, ln_dtype dtype, const row_norm *k, const void *x,
                                              void *y, ptrdiff_t i, const void *weight, const void *bias,
-                                             int streaming)
+                                             ln_store store)
 {
+    assert(store != LN_STREAM_PIECES || !ln_dtype_is_16bit(dtype));
     if (dtype == LN_F64) {
         const gd value_x = gd_load((const double *)x + i);
         const gd centred = kind == LN_NORM_RMS ? value_x : gd_sub(value_x, k->mean_v);
         const gd a = weight ? gd_mul(gd_load((const double *)weight + i), k->rstd_v) : k->rstd_v;
         const gd b = bias ? gd_load((const double *)bias + i) : gd_splat(0.0);
         const gd value = gd_fma(centred, a, b);
-        if (streaming == LN_STREAM_PIECES) {
+        if (store == LN_STREAM_PIECES) {
             gd_stream16((double *)y + i, value);
         }
-        else if (streaming) {
+        else if (store == LN_STREAM_LINES) {
             gd_stream((double *)y + i, value);
         }
         else {
@@ -373,13 +375,13 @@ static LN_ALWAYS_INLINE void normalize_group(ln_norm_kind kind, ln_dtype dtype, 
     }
     else {
         const gf value = normalized_f32(kind, dtype, k, x, i, weight, bias);
-        if (streaming == LN_STREAM_PIECES && dtype == LN_F32) {
+        if (store == LN_STREAM_PIECES && dtype == LN_F32) {
             gf_stream16((float *)y + i, value);
         }
-        else if (streaming && dtype == LN_F32) {
+        else if (store == LN_STREAM_LINES && dtype == LN_F32) {
             gf_stream((float *)y + i, value);
         }
-        else if (streaming && ln_dtype_is_16bit(dtype)) {
+        else if (store == LN_STREAM_LINES && ln_dtype_is_16bit(dtype)) {
             uint16_t halves[16];
             store_from_f32(dtype, halves, 0, value, 0);
             halves_stream((uint16_t *)y + i, halves);
@@ -394,17 +396,17 @@ static LN_ALWAYS_INLINE void normalize_group(ln_norm_kind kind, ln_dtype dtype, 
    (LN_BF16_PAIR_STORE, gf_store2_bf16) goes that way, the same bits. */
 static LN_ALWAYS_INLINE void normalize_pair(ln_norm_kind kind, ln_dtype dtype, const row_norm *k, const void *x,
                                             void *y, ptrdiff_t i, const void *weight, const void *bias,
-                                            int streaming)
+                                            ln_store store)
 {
 #if LN_BF16_PAIR_STORE
     if (dtype == LN_BF16) {
         gf_store2_bf16((uint16_t *)y + i, normalized_f32(kind, dtype, k, x, i, weight, bias),
-                       normalized_f32(kind, dtype, k, x, i + 16, weight, bias), 0, streaming);
+                       normalized_f32(kind, dtype, k, x, i + 16, weight, bias), 0, store == LN_STREAM_LINES);
         return;
     }
 #endif
-    normalize_group(kind, dtype, k, x, y, i, weight, bias, streaming);
-    normalize_group(kind, dtype, k, x, y, i + 16, weight, bias, streaming);
+    normalize_group(kind, dtype, k, x, y, i, weight, bias, store);
+    normalize_group(kind, dtype, k, x, y, i + 16, weight, bias, store);
 }
 
 /* y[i] from x[i]: the same arithmetic, one element. */
@@ -436,15 +438,16 @@ static LN_ALWAYS_INLINE void normalize(ln_norm_kind kind, ln_dtype dtype, int st
     assert(x && y && 1 <= n && n <= LN_NORMALIZE_SPAN);
     const row_norm k = row_norm_of(dtype, mean, rstd);
     const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(dtype);
+    const ln_store store = streaming ? LN_STREAM_LINES : LN_STORE_CACHED;
     ptrdiff_t i = 0;
     for (; streaming && i < n && ((uintptr_t)((char *)y + i * elsize) & 63) != 0; i++) {
         normalize_one(kind, dtype, &k, x, y, i, weight, bias);
     }
     for (; i + 32 <= n; i += 32) {
-        normalize_pair(kind, dtype, &k, x, y, i, weight, bias, streaming);
+        normalize_pair(kind, dtype, &k, x, y, i, weight, bias, store);
     }
     for (; i + 16 <= n; i += 16) {
-        normalize_group(kind, dtype, &k, x, y, i, weight, bias, streaming);
+        normalize_group(kind, dtype, &k, x, y, i, weight, bias, store);
     }
     for (; i < n; i++) {
         normalize_one(kind, dtype, &k, x, y, i, weight, bias);
@@ -602,10 +605,10 @@ static LN_ALWAYS_INLINE void normalize_sum(ln_norm_kind kind, ln_dtype dtype, in
     assert(x && residual && y && 1 <= n && n <= LN_NORMALIZE_SPAN);
     const row_norm k = row_norm_of(dtype, mean, rstd);
     const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(dtype), param_size = (ptrdiff_t)ln_param_size(dtype);
-    /* a float32/float64 row not starting a line goes in 16-byte pieces from its start, not
+    /* float32/float64 output not starting a line goes in 16-byte pieces from its start, not
        element by element up to a line (rows of 768 float32 elements: 12 of every 768) */
-    const int pieces = streaming && !ln_dtype_is_16bit(dtype) && ((uintptr_t)y & 63) != 0 && ((uintptr_t)y & 15) == 0;
-    const int store = pieces ? LN_STREAM_PIECES : streaming;
+    const int pieces = !ln_dtype_is_16bit(dtype) && ((uintptr_t)y & 63) != 0 && ((uintptr_t)y & 15) == 0;
+    const ln_store store = !streaming ? LN_STORE_CACHED : pieces ? LN_STREAM_PIECES : LN_STREAM_LINES;
     double lanes[16];
     ptrdiff_t i = 0;
     for (; store == LN_STREAM_LINES && i < n && ((uintptr_t)(y + i * elsize) & 63) != 0; i++) {
@@ -891,7 +894,7 @@ static LN_ALWAYS_INLINE void copy_elements(ln_dtype dtype, const char *x, char *
    rows were copied first by non-temporal stores). */
 static LN_ALWAYS_INLINE void forward_rows_pipelined(ln_norm_kind kind, ln_dtype dtype, const ln_forward_args *a,
                                                     const ln_rstd_bounds *bounds, ptrdiff_t begin, ptrdiff_t end,
-                                                    const void *weight, const void *bias, int streaming)
+                                                    const void *weight, const void *bias, ln_store store)
 {
     const ptrdiff_t n = a->extent.row_len;
     assert(16 <= n && n <= LN_CHUNK);
@@ -918,7 +921,7 @@ static LN_ALWAYS_INLINE void forward_rows_pipelined(ln_norm_kind kind, ln_dtype 
                 }
             }
             if (emit) {
-                normalize_pair(kind, dtype, &previous, x_previous, y_previous, i, weight, bias, streaming);
+                normalize_pair(kind, dtype, &previous, x_previous, y_previous, i, weight, bias, store);
             }
         }
         const ptrdiff_t paired = i;  /* elements copied so far */
@@ -927,7 +930,7 @@ static LN_ALWAYS_INLINE void forward_rows_pipelined(ln_norm_kind kind, ln_dtype 
                 moments_add(&acc, kind, dtype, x, i, 0);
             }
             if (emit) {
-                normalize_group(kind, dtype, &previous, x_previous, y_previous, i, weight, bias, streaming);
+                normalize_group(kind, dtype, &previous, x_previous, y_previous, i, weight, bias, store);
             }
             i += 16;
         }
@@ -950,7 +953,7 @@ static LN_ALWAYS_INLINE void forward_rows_pipelined(ln_norm_kind kind, ln_dtype 
             }
         }
     }
-    if (streaming) {
+    if (store != LN_STORE_CACHED) {
         stream_fence();
     }
 }
@@ -975,12 +978,12 @@ static LN_ALWAYS_INLINE void forward_rows(ln_norm_kind kind, ln_dtype dtype, con
     }
     if (n <= LN_CHUNK) {
         /* as normalize_row (avx512, one thread, 256x1024 float32 with both: 64 -> 59 us) */
-        const int streaming = ln_pipelined_rows_stream(a);
+        const ln_store store = ln_pipelined_rows_store(a);
         if (LN_AFFINE_LOOP_APART && a->weight && bias) {
-            forward_rows_pipelined(kind, dtype, a, bounds, begin, end, a->weight, bias, streaming);
+            forward_rows_pipelined(kind, dtype, a, bounds, begin, end, a->weight, bias, store);
         }
         else {
-            forward_rows_pipelined(kind, dtype, a, bounds, begin, end, a->weight, bias, streaming);
+            forward_rows_pipelined(kind, dtype, a, bounds, begin, end, a->weight, bias, store);
         }
         return;
     }
