@@ -14,8 +14,9 @@ Usage, from the repository root:
                       "module 512x768 float32")
     --simd LEVEL      force layernorm.set_simd_level(LEVEL) ("scalar", "avx2", "avx512", "avx512bf16")
     --markdown PATH   also write the report to PATH
-    --plot PATH       write a PNG bar chart of the ours/torch time ratios, one panel per thread
-                      count (needs matplotlib: python -m pip install ".[bench]"; and torch)
+    --plot PATH       write a PNG bar chart of ours/torch and of x floor per case against its
+                      target, a column of panels per thread count (needs matplotlib:
+                      python -m pip install ".[bench]"; and torch)
 
 Examples:
     python -m benchmarks --quick

@@ -38,8 +38,8 @@ def check_plot_prerequisites():
 def plot_title(options):
     run = "quick run, " if options.settings is QUICK_SETTINGS else ""
     arrays = "fresh arrays, " if options.fresh else ""
-    return (f"layernorm per call ({run}{arrays}best of {turns_text(options.settings)}): time / torch's time "
-            f"(above), time / the copy's (below)\n"
+    return (f"layernorm per call ({run}{arrays}best of {turns_text(options.settings)}): its time / torch's "
+            f"and its time / the copy's\n"
             f"{cpu_model_name()}, simd {layernorm.simd_level()}, torch {peers.torch_version()}")
 
 
@@ -69,49 +69,48 @@ def draw_panel(axes, labels, ratios, limits, x_limit, one_text):
     axes.set_xlim(0, x_limit)
 
 
-def draw_row(panels, results, thread_counts, quantity, peer, limit_of, one_text):
-    """One row of panels: `quantity` (ours / peer's time) of every result that has it."""
-    plotted = [r for r in results if r.ratio("ours", peer) is not None]
+def draw_row(panels, plotted, thread_counts, quantity, peer, limit_of, one_text):
+    """One row of panels, one per thread count: `quantity` (ours / peer's time) of the results
+    plotted, each bar against its case's limit (limit_of)."""
     labels = list(dict.fromkeys(r.label for r in plotted))
     limits = {r.label: limit_of(r) for r in plotted}
-    x_limit = max([r.ratio("ours", peer) for r in plotted] + [1.0]) * 1.15
+    x_limit = max([r.ratio("ours", peer) for r in plotted] + [limit for limit in limits.values() if limit] + [1.0])
+    forward_count = len({r.label for r in plotted if r.section == "forward"})
     for axes, threads in zip(panels, thread_counts):
         ratios = {r.label: r.ratio("ours", peer) for r in plotted if r.threads == threads}
-        draw_panel(axes, labels, ratios, limits, x_limit, one_text)
+        draw_panel(axes, labels, ratios, limits, x_limit * 1.15, one_text)
         axes.set_xlabel(f"{quantity} (lower is better)")
-        forward_count = len({r.label for r in plotted if r.section == "forward"})
         if 0 < forward_count < len(labels):
             axes.axhline(forward_count - 0.5, color="grey", linewidth=0.8)
     panels[0].set_yticks(range(len(labels)), labels)
     panels[0].invert_yaxis()
     panels[-1].legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, frameon=False)
-    return len(labels)
 
 
 def write_plot(path, results, options):
-    """ours/torch and x floor per case for each thread count, forward cases above backward ones."""
+    """ours/torch and x floor per case for each thread count, forward cases above backward ones;
+    a row only for a quantity some case has."""
     plt = import_pyplot()
     timed = results_of(results, "forward") + results_of(results, "backward")
     # (the out= case has no ours/torch: ours without an allocation against torch with one)
-    against_torch = [r for r in timed if r.ratio("ours", "torch") is not None and not r.case.use_out]
-    against_copy = [r for r in timed if r.ratio("ours", "copy") is not None]
-    if not against_torch and not against_copy:
+    rows = [row for row in (
+        ([r for r in timed if r.ratio("ours", "torch") is not None and not r.case.use_out],
+         "ours time / torch time", "torch", torch_limit, "1.0: as fast as torch"),
+        ([r for r in timed if r.ratio("ours", "copy") is not None],
+         "x floor: ours time / a copy's time", "copy", floor_limit, "1.0: the copy's time"),
+    ) if row[0]]
+    if not rows:
         print("no ratio was measured: no plot written", file=sys.stderr)
         return
     thread_counts = [threads for threads in options.thread_counts if any(r.threads == threads for r in timed)]
-    rows = len({r.label for r in against_torch}) + len({r.label for r in against_copy})
-    figure, panels = plt.subplots(2, len(thread_counts), sharey="row", squeeze=False, layout="constrained",
-                                  figsize=(2.5 + 5 * len(thread_counts), 2.5 + 0.32 * rows),
-                                  height_ratios=[max(1, len({r.label for r in against_torch})),
-                                                 max(1, len({r.label for r in against_copy}))])
+    label_counts = [len({r.label for r in row[0]}) for row in rows]
+    figure, panels = plt.subplots(len(rows), len(thread_counts), sharey="row", squeeze=False, layout="constrained",
+                                  figsize=(2.5 + 5 * len(thread_counts), 1.6 + 0.9 * len(rows) + 0.32 * sum(label_counts)),
+                                  gridspec_kw={"height_ratios": label_counts})
     for axes, threads in zip(panels[0], thread_counts):
         axes.set_title(threads_text(threads), fontsize=9)
-    if against_torch:
-        draw_row(panels[0], against_torch, thread_counts, "ours time / torch time", "torch", torch_limit,
-                 "1.0: as fast as torch")
-    if against_copy:
-        draw_row(panels[1], against_copy, thread_counts, "x floor: ours time / a copy's time", "copy",
-                 floor_limit, "1.0: the copy's time")
+    for row_panels, (plotted, quantity, peer, limit_of, one_text) in zip(panels, rows):
+        draw_row(row_panels, plotted, thread_counts, quantity, peer, limit_of, one_text)
     figure.suptitle(plot_title(options) + "\ngreen: target met, red: not met, grey: no target", fontsize=9)
     figure.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(figure)
