@@ -118,8 +118,9 @@ def result_checks(result):
     # with out=, ours writes into a given array and torch (which has no allocation-free
     # layer_norm) allocates as usual: ours/torch is not like for like, the target is the copy
     checks = [] if result.case.use_out else [ratio_check(result, "ours/torch", "torch", torch_limit(result))]
-    if floor_limit(result) is not None:
-        checks.append(ratio_check(result, "x floor", "copy", floor_limit(result)))
+    floor = floor_limit(result)
+    if floor is not None:
+        checks.append(ratio_check(result, "x floor", "copy", floor))
     return checks
 
 

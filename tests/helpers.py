@@ -65,6 +65,15 @@ def shape_id(shape):
 AFFINES = ("weight+bias", "weight", "bias", "none")
 
 
+def empty_at(shape, dtype, offset, boundary=64):
+    """An uninitialised array of shape and dtype starting `offset` bytes past a `boundary`-byte
+    boundary (64: a cache line, 4096: a page), in a buffer of its own."""
+    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    buffer = np.empty(nbytes + 2 * boundary, np.uint8)
+    start = (-buffer.ctypes.data) % boundary + offset
+    return buffer[start:start + nbytes].view(dtype).reshape(shape)
+
+
 def make_input(shape, dtype, seed=0, scale=2.0, offset=0.0):
     """Deterministic values exactly representable in ``dtype``, C-contiguous."""
     rng = np.random.default_rng(seed)

@@ -19,6 +19,7 @@ from helpers import (
     axes_last,
     bits,
     dtype_id,
+    empty_at,
     grad_input_scale,
     grad_weight_scale,
     kind_affines,
@@ -200,14 +201,6 @@ def test_large_results_written_where_asked(kind, dtype, row_len, residual_out, o
     assert same_bits(got_out, expected_out)
 
 
-def _off_a_line(shape, dtype, offset):
-    """An empty array of shape and dtype starting `offset` bytes past a 64-byte boundary."""
-    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-    buffer = np.empty(nbytes + 128, np.uint8)
-    start = (-buffer.ctypes.data) % 64 + offset
-    return buffer[start:start + nbytes].view(dtype).reshape(shape)
-
-
 @pytest.mark.parametrize("offset", [16, 8, 0], ids=lambda offset: f"{offset}-past-a-line")
 @pytest.mark.parametrize("row_len", [768, 4100])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=dtype_id)
@@ -217,7 +210,7 @@ def test_large_results_into_arrays_off_a_line(kind, dtype, row_len, offset):
     # NumPy's arrays do) are streamed in 16-byte pieces from their first element, 8 bytes past
     # one element by element up to a line, at a line in whole lines: the same bits every way
     x, residual, w, b, expected_sum, expected_out = large_case(kind, dtype, row_len)
-    out, total = _off_a_line(x.shape, dtype, offset), _off_a_line(x.shape, dtype, offset)
+    out, total = empty_at(x.shape, dtype, offset), empty_at(x.shape, dtype, offset)
     kind.add(x, residual, (row_len,), w, b, out=out, residual_out=total)
     assert same_bits(total, expected_sum)
     assert same_bits(out, expected_out)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import layernorm
-from helpers import make_input, make_params, reference_output, run_in_child
+from helpers import empty_at, make_input, make_params, reference_output, run_in_child
 
 try:  # NumPy >= 2.0
     from numpy._core.multiarray import get_handler_name
@@ -246,9 +246,7 @@ def run():
 
 def _placed(values, page_offset):
     """A copy of `values` starting `page_offset` bytes past a page boundary."""
-    buffer = np.empty(values.nbytes + 8192, np.uint8)
-    start = (-buffer.ctypes.data) % 4096 + page_offset
-    placed = buffer[start:start + values.nbytes].view(values.dtype).reshape(values.shape)
+    placed = empty_at(values.shape, values.dtype, page_offset, boundary=4096)
     placed[...] = values
     return placed
 
@@ -310,11 +308,7 @@ def test_large_outputs_of_short_rows_stream_the_same_bits(row_len, dtype, affine
     rows = (16 * MIB) // (row_len * np.dtype(dtype).itemsize) + 3
     x = make_input((rows, row_len), dtype, seed=7)
     w, b = make_params((row_len,), dtype, affine, seed=7)
-    buffer = np.empty(2 * x.nbytes + 256, np.uint8)
-    start = (-buffer.ctypes.data) % 64
-    pieces = buffer[start + 16:start + 16 + x.nbytes].view(dtype).reshape(x.shape)
-    start += x.nbytes + 64 + (-x.nbytes) % 64
-    plain = buffer[start + 8:start + 8 + x.nbytes].view(dtype).reshape(x.shape)
+    pieces, plain = empty_at(x.shape, dtype, 16), empty_at(x.shape, dtype, 8)
     for level in layernorm.available_simd_levels():
         layernorm.set_simd_level(level)
         for threads in (1, 2):
