@@ -392,14 +392,26 @@ static inline int ln_forward_streams(const ln_forward_args *a)
    16-byte aligned, the groups straddling lines: the write-combining buffers join the pieces). */
 typedef enum { LN_STORE_CACHED, LN_STREAM_LINES, LN_STREAM_PIECES } ln_store;
 
-/* How forward's pipelined rows (16 to LN_CHUNK elements, forward_rows_pipelined) write a
-   float32/float64 output: with non-temporal stores once it is LN_STREAM_MIN_OUTPUT_BYTES in
-   all, as longer rows' is, in whole lines where every row starts one, else in 16-byte pieces
-   where every row starts 16-byte aligned (NumPy's arrays: 16 bytes past a line), the loop
-   having no head of its own to reach a line (Zen 4, float32 with weight and bias, one
-   thread: 10923x768 into a line-aligned output 3.13 -> 2.52 ms; into one 16 bytes past a
-   line, by plain stores against 16-byte pieces, 2.97-3.16 -> 2.49-2.50 ms, at two threads
-   1.86-1.89 -> 1.48-1.53 ms). */
+/* Whether forward's row kernels take rows software-pipelined
+   (forward_rows_pipelined): rows of up to LN_CHUNK elements always; longer rows while their
+   output stays in cache (!ln_forward_streams), float64 excepted.  A streamed output of long
+   rows goes row by row, statistics then normalize (Zen 4, one thread, 2048x4096 float32:
+   pipelined with non-temporal stores 3.9-4.2 ms, with cached stores 4.4-4.5 ms, row by row
+   2.6-2.9 ms); float64 rows of 4096 are 2-4% slower pipelined. */
+static inline int ln_rows_pipelined(const ln_forward_args *a)
+{
+    const ptrdiff_t n = a->extent.row_len;
+    return n >= 16 && (n <= LN_CHUNK || (a->dtype != LN_F64 && !ln_forward_streams(a)));
+}
+
+/* How the pipelined rows write a float32/float64 output: with non-temporal stores once it is
+   LN_STREAM_MIN_OUTPUT_BYTES in all (rows of up to LN_CHUNK elements: longer ones pipeline
+   only while their output stays in cache), in whole lines where every row starts one, else in
+   16-byte pieces where every row starts 16-byte aligned (NumPy's arrays: 16 bytes past a
+   line), the loop having no head of its own to reach a line (Zen 4, float32 with weight and
+   bias, one thread: 10923x768 into a line-aligned output 3.13 -> 2.52 ms; into one 16 bytes
+   past a line, by plain stores against 16-byte pieces, 2.97-3.16 -> 2.49-2.50 ms, at two
+   threads 1.86-1.89 -> 1.48-1.53 ms). */
 static inline ln_store ln_pipelined_rows_store(const ln_forward_args *a)
 {
     const ptrdiff_t row_bytes = a->extent.row_len * (ptrdiff_t)ln_dtype_size(a->dtype);
@@ -413,12 +425,11 @@ static inline ln_store ln_pipelined_rows_store(const ln_forward_args *a)
 }
 
 /* Whether forward's row kernels write a call's copy themselves, each row as its statistics
-   are gathered (forward_rows_pipelined): rows of 16 to LN_CHUNK elements, the input's and the
-   copy's adjacent. */
+   are gathered: pipelined rows, the input's and the copy's elements adjacent. */
 static inline int ln_copies_in_rows(const ln_forward_args *a)
 {
-    return a->copy.data && a->extent.row_len >= 16 && a->extent.row_len <= LN_CHUNK &&
-           ln_elements_adjacent(&a->input, a->dtype) && ln_elements_adjacent(&a->copy, a->dtype);
+    return a->copy.data && ln_rows_pipelined(a) && ln_elements_adjacent(&a->input, a->dtype) &&
+           ln_elements_adjacent(&a->copy, a->dtype);
 }
 
 /* Whether the fused residual pass (forward_sum_rows) writes sum and the output with

@@ -884,11 +884,11 @@ static LN_ALWAYS_INLINE void copy_elements(ln_dtype dtype, const char *x, char *
     memcpy(copy + i * elsize, x + i * elsize, (size_t)(count * elsize));
 }
 
-/* Rows of 16 to LN_CHUNK elements, software-pipelined: one loop normalizes row r - 1
-   while it gathers the statistics of row r, so the statistics' float64 arithmetic and
-   the normalized row's loads and stores overlap instead of taking turns (16x768 float32:
-   3.2 -> 2.7 us).  It runs the same operations as chunk_moments and normalize, so the
-   results are the plain path's, bit for bit.  With a copy (a training-mode call), row r is
+/* Rows of 16 elements or more, software-pipelined: one loop normalizes row r - 1 while it
+   gathers the statistics of row r, chunk by chunk as row_moments goes, so the statistics'
+   float64 arithmetic and the normalized row's loads and stores overlap instead of taking
+   turns (16x768 float32: 3.2 -> 2.7 us; 256x4096 float32: 271 -> 238 us).  It runs the same
+   operations as row_moments and normalize, so the results are the plain path's, bit for bit.  With a copy (a training-mode call), row r is
    copied from L1 as its statistics are gathered, not in a pass of its own (4x128x768
    float32, training-mode forward against eval-mode: 1.75x -> 1.22x at one thread, when the
    rows were copied first by non-temporal stores). */
@@ -896,8 +896,8 @@ static LN_ALWAYS_INLINE void forward_rows_pipelined(ln_norm_kind kind, ln_dtype 
                                                     const ln_rstd_bounds *bounds, ptrdiff_t begin, ptrdiff_t end,
                                                     const void *weight, const void *bias, ln_store store)
 {
-    const ptrdiff_t n = a->extent.row_len;
-    assert(16 <= n && n <= LN_CHUNK);
+    const ptrdiff_t n = a->extent.row_len, elsize = (ptrdiff_t)ln_dtype_size(dtype);
+    assert(n >= 16);
     row_norm previous = row_norm_of(dtype, 0.0, 0.0);
     int previous_done = 0;  /* row r - 1 went through ln_forward_exact_row */
     for (ptrdiff_t r = begin; r <= end; r++) {
@@ -907,41 +907,50 @@ static LN_ALWAYS_INLINE void forward_rows_pipelined(ln_norm_kind kind, ln_dtype 
         char *copy = gather && a->copy.data ? ln_row_address(&a->copy, &a->extent, r) : NULL;
         const char *x_previous = emit ? ln_row_address(&a->input, &a->extent, r - 1) : NULL;
         char *y_previous = emit ? ln_row_address(&a->output, &a->extent, r - 1) : NULL;
-        moments_acc acc = {0};
-        if (gather) {
-            moments_start(&acc, kind, dtype, x);
-        }
-        ptrdiff_t i = 0;
-        for (; i + 32 <= n; i += 32) {
+        ln_moments m = {0.0, 0.0, 0.0};
+        for (ptrdiff_t start = 0; start < n; start += LN_CHUNK) {  /* row_moments' chunks */
+            const ptrdiff_t len = n - start < LN_CHUNK ? n - start : LN_CHUNK;
+            const char *chunk = gather ? x + start * elsize : NULL;
+            char *chunk_copy = copy ? copy + start * elsize : NULL;
+            moments_acc acc = {0};
             if (gather) {
-                moments_add(&acc, kind, dtype, x, i, 0);
-                moments_add(&acc, kind, dtype, x, i + 16, 1);
-                if (copy) {
-                    copy_elements(dtype, x, copy, i, 32);
+                moments_start(&acc, kind, dtype, chunk);
+            }
+            ptrdiff_t i = 0;
+            for (; i + 32 <= len; i += 32) {
+                if (gather) {
+                    moments_add(&acc, kind, dtype, chunk, i, 0);
+                    moments_add(&acc, kind, dtype, chunk, i + 16, 1);
+                    if (copy) {
+                        copy_elements(dtype, chunk, chunk_copy, i, 32);
+                    }
+                }
+                if (emit) {
+                    normalize_pair(kind, dtype, &previous, x_previous, y_previous, start + i, weight, bias, store);
                 }
             }
-            if (emit) {
-                normalize_pair(kind, dtype, &previous, x_previous, y_previous, i, weight, bias, store);
+            const ptrdiff_t paired = i;  /* elements copied so far */
+            if (i + 16 <= len) {
+                if (gather) {
+                    moments_add(&acc, kind, dtype, chunk, i, 0);
+                }
+                if (emit) {
+                    normalize_group(kind, dtype, &previous, x_previous, y_previous, start + i, weight, bias, store);
+                }
+                i += 16;
             }
-        }
-        const ptrdiff_t paired = i;  /* elements copied so far */
-        if (i + 16 <= n) {
+            if (copy && paired < len) {
+                copy_elements(dtype, chunk, chunk_copy, paired, len - paired);
+            }
+            for (ptrdiff_t j = start + i; emit && j < start + len; j++) {
+                normalize_one(kind, dtype, &previous, x_previous, y_previous, j, weight, bias);
+            }
             if (gather) {
-                moments_add(&acc, kind, dtype, x, i, 0);
+                const ln_moments chunk_m = moments_finish(&acc, kind, dtype, chunk, i, len);
+                m = start == 0 ? chunk_m : ln_merge(m, chunk_m);
             }
-            if (emit) {
-                normalize_group(kind, dtype, &previous, x_previous, y_previous, i, weight, bias, store);
-            }
-            i += 16;
-        }
-        if (copy && paired < n) {
-            copy_elements(dtype, x, copy, paired, n - paired);
-        }
-        for (ptrdiff_t j = i; emit && j < n; j++) {
-            normalize_one(kind, dtype, &previous, x_previous, y_previous, j, weight, bias);
         }
         if (gather) {
-            const ln_moments m = moments_finish(&acc, kind, dtype, x, i, n);
             const double rstd = ln_rstd_of(m, a->eps);
             previous_done = ln_row_needs_exact(rstd, bounds);
             if (previous_done) {
@@ -976,9 +985,9 @@ static LN_ALWAYS_INLINE void forward_rows(ln_norm_kind kind, ln_dtype dtype, con
         forward_short_rows(kind, dtype, a, bounds, begin, end);
         return;
     }
-    if (n <= LN_CHUNK) {
-        /* as normalize_row (avx512, one thread, 256x1024 float32 with both: 64 -> 59 us) */
+    if (ln_rows_pipelined(a)) {
         const ln_store store = ln_pipelined_rows_store(a);
+        /* as normalize_row (avx512, one thread, 256x1024 float32 with both: 64 -> 59 us) */
         if (LN_AFFINE_LOOP_APART && a->weight && bias) {
             forward_rows_pipelined(kind, dtype, a, bounds, begin, end, a->weight, bias, store);
         }

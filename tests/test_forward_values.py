@@ -444,6 +444,27 @@ def test_param_dtypes_converted(in_dtype, p_dtype):
     assert_matches_reference(out, x, (19,), w.astype(cdt), b.astype(cdt))
 
 
+# Rows longer than one chunk (2048 elements): where the output stays in cache they are
+# pipelined (the next row's statistics gathered as this one is normalized), and where it is
+# 16 MiB or more they go row by row; a row's bits are the same either way, next to rows that
+# the exact path takes (a huge constant row, a NaN) as well.
+@pytest.mark.parametrize("n", [2049, 4100, 6147], ids=lambda n: f"N{n}")
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_long_rows_same_bits_in_small_and_large_calls(dtype, n, restore_runtime):
+    layernorm.set_num_threads(1)
+    rows = -(-(16 << 20) // (n * np.dtype(dtype).itemsize))
+    x = make_input((rows, n), dtype, seed=n)
+    weight, bias = make_params((n,), param_dtype(dtype), "weight+bias")
+    for r in (1, rows - 3):
+        x[r] = np.finfo(np.float16).max if dtype == np.float16 else 1e30
+        x[r + 1, n // 2] = np.nan
+    large = layernorm.layer_norm(x, (n,), weight, bias)
+    for part in (slice(0, 5), slice(rows - 5, rows)):
+        small = layernorm.layer_norm(x[part], (n,), weight, bias)
+        np.testing.assert_array_equal(small, large[part])
+        assert_matches_reference(small, x[part], (n,), weight, bias)
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_results_made_here_large_enough_to_be_faulted_in_first(threads, restore_runtime):
     # 32 MiB: the binding faults in the pages of its own results this large before the kernel

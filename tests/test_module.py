@@ -1006,9 +1006,9 @@ def test_training_forward_saves_the_input_it_normalized(kind, route, threads, re
 
 
 # Row lengths about the pipelined loop's steps of 32 elements (a pair of groups, one group,
-# a tail) and its limit, LN_CHUNK = 2048 elements, past which rows are copied before they
-# are normalized.
-COPIED_ROW_LENGTHS = [1, 15, 16, 17, 31, 32, 33, 48, 50, 777, 2048, 2049]
+# a tail) and its chunks of 2048 elements (float64 rows longer than one chunk are copied before
+# they are normalized).
+COPIED_ROW_LENGTHS = [1, 15, 16, 17, 31, 32, 33, 48, 50, 777, 2048, 2049, 4100]
 TRAINING_FORWARDS = {"LayerNorm": "training_forward", "RMSNorm": "rms_training_forward"}
 
 
