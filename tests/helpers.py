@@ -379,9 +379,10 @@ TINY_PRODUCT_MAGNITUDES = {
 
 
 def f16_ulp(values):
-    """One float16 ulp at |values| (the spacing of the float16 nearest to the value)."""
+    """One float16 ulp at |values| (the spacing of the float16 nearest to the value); NaN at NaN."""
     mag = np.abs(np.asarray(values, dtype=np.float64)).astype(np.float16)
-    return np.spacing(mag).astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        return np.spacing(mag).astype(np.float64)
 
 
 def max_violation(actual, expected, tol):
