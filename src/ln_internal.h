@@ -392,12 +392,12 @@ static inline int ln_forward_streams(const ln_forward_args *a)
    16-byte aligned, the groups straddling lines: the write-combining buffers join the pieces). */
 typedef enum { LN_STORE_CACHED, LN_STREAM_LINES, LN_STREAM_PIECES } ln_store;
 
-/* Whether forward's row kernels take rows software-pipelined
-   (forward_rows_pipelined): rows of up to LN_CHUNK elements always; longer rows while their
-   output stays in cache (!ln_forward_streams), float64 excepted.  A streamed output of long
-   rows goes row by row, statistics then normalize (Zen 4, one thread, 2048x4096 float32:
-   pipelined with non-temporal stores 3.9-4.2 ms, with cached stores 4.4-4.5 ms, row by row
-   2.6-2.9 ms); float64 rows of 4096 are 2-4% slower pipelined. */
+/* Whether forward's row kernels take a call's rows software-pipelined (forward_rows_pipelined):
+   rows of 16 to LN_CHUNK elements always; longer rows while their output stays in cache
+   (!ln_forward_streams), float64 excepted.  A streamed output of long rows goes row by row,
+   statistics then normalize (Zen 4, one thread, 2048x4096 float32: pipelined with
+   non-temporal stores 3.9-4.2 ms, with cached stores 4.4-4.5 ms, row by row 2.6-2.9 ms);
+   float64 rows of 4096 are 2-4% slower pipelined. */
 static inline int ln_rows_pipelined(const ln_forward_args *a)
 {
     const ptrdiff_t n = a->extent.row_len;

@@ -888,10 +888,11 @@ static LN_ALWAYS_INLINE void copy_elements(ln_dtype dtype, const char *x, char *
    gathers the statistics of row r, chunk by chunk as row_moments goes, so the statistics'
    float64 arithmetic and the normalized row's loads and stores overlap instead of taking
    turns (16x768 float32: 3.2 -> 2.7 us; 256x4096 float32: 271 -> 238 us).  It runs the same
-   operations as row_moments and normalize, so the results are the plain path's, bit for bit.  With a copy (a training-mode call), row r is
-   copied from L1 as its statistics are gathered, not in a pass of its own (4x128x768
-   float32, training-mode forward against eval-mode: 1.75x -> 1.22x at one thread, when the
-   rows were copied first by non-temporal stores). */
+   operations as row_moments and normalize, so the results are the plain path's, bit for bit.
+   With a copy (a training-mode call), row r is copied from L1 as its statistics are
+   gathered, not in a pass of its own (4x128x768 float32, training-mode forward against
+   eval-mode: 1.75x -> 1.22x at one thread, when the rows were copied first by non-temporal
+   stores). */
 static LN_ALWAYS_INLINE void forward_rows_pipelined(ln_norm_kind kind, ln_dtype dtype, const ln_forward_args *a,
                                                     const ln_rstd_bounds *bounds, ptrdiff_t begin, ptrdiff_t end,
                                                     const void *weight, const void *bias, ln_store store)
