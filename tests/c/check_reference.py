@@ -255,8 +255,8 @@ def spread(base):
 
 
 LAYOUTS = [
-    # rows of adjacent elements: short, pipelined, longer than a chunk, huge (split across
-    # threads forward, column spans backward)
+    # rows of adjacent elements: short, pipelined (within a chunk, and longer than one), huge
+    # (split across threads forward, column spans backward)
     Layout("rows-7", (300, 7), (1,), c_order),
     Layout("rows-100", (64, 100), (1,), c_order),
     Layout("rows-5000", (20, 5000), (1,), c_order),

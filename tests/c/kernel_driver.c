@@ -180,14 +180,15 @@ static const struct {
     {10000, 7},
     {20000, 8},
     {5000, 15},
-    {5000, 16},               /* 16 to LN_CHUNK: the pipelined loop */
+    {5000, 16},               /* 16 and more: the pipelined loop */
     {3000, 31},
     {3000, 32},
     {1000, 100},
     {100, 768},
     {40, 2047},
     {40, 2048},
-    {40, 2049},               /* longer than one chunk: statistics merged chunk by chunk */
+    {40, 2049},               /* longer than one chunk: statistics merged chunk by chunk
+                                 (pipelined: the outputs stay in cache, float64's excepted) */
     {20, 5000},
     {5, 8 * 2048 + 5},        /* few huge rows: forward splits each row across threads,
                                  backward goes by column spans */
