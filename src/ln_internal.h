@@ -397,7 +397,8 @@ typedef enum { LN_STORE_CACHED, LN_STREAM_LINES, LN_STREAM_PIECES } ln_store;
    (!ln_forward_streams), float64 excepted.  A streamed output of long rows goes row by row,
    statistics then normalize (Zen 4, one thread, 2048x4096 float32: pipelined with
    non-temporal stores 3.9-4.2 ms, with cached stores 4.4-4.5 ms, row by row 2.6-2.9 ms);
-   float64 rows of 4096 are 2-4% slower pipelined. */
+   so do float64 rows, which are slower pipelined (256x4096, one thread: 603-704 us against
+   578-614 us row by row). */
 static inline int ln_rows_pipelined(const ln_forward_args *a)
 {
     const ptrdiff_t n = a->extent.row_len;
