@@ -79,7 +79,7 @@ typedef struct {
 /* The rows that make backward pass 2 together, at one span's first column. */
 typedef struct {
     int count;                          /* rows in use, 1..LN_GRAD_ROWS */
-    int stream_dx;                      /* dx by non-temporal stores (16-byte aligned rows) */
+    int stream_dx;                      /* dx by non-temporal stores (grad_dx_store) */
     const char *dy[LN_GRAD_ROWS];       /* each row's dy at the span's first column */
     const char *x[LN_GRAD_ROWS];        /* ... and x */
     char *dx[LN_GRAD_ROWS];             /* ... and dx, or all NULL to skip dx */

@@ -95,9 +95,10 @@
 
 /* Backward writes dx with non-temporal stores when dx is this large: it does not stay in
    cache for its reader anyway, and the stores then cost no read for ownership (1024x1024
-   float64 1.17 -> 0.80 ms, 8x1000000 float32 8.3 -> 7.5 ms).  They are 16-byte stores, so
-   float32/float64 rows of a multiple of 16 bytes from a 16-byte aligned start (every NumPy
-   allocation) qualify; float16 is stored as usual. */
+   float64 1.17 -> 0.80 ms, 8x1000000 float32 8.3 -> 7.5 ms).  They are 16-byte stores, or
+   whole lines where the rows start on one, so float32/float64 rows of a multiple of 16 bytes
+   from a 16-byte aligned start (every NumPy allocation) qualify; float16 and bfloat16 are
+   stored as usual. */
 #define LN_BACKWARD_STREAM_MIN_BYTES ((ptrdiff_t)4 << 20)
 
 /* Results of at least this many bytes get their memory from ln_buffers.c, which keeps

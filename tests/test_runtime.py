@@ -497,10 +497,13 @@ def test_rows_of_several_normalize_spans(dtype, threads, restore_runtime):
 
 
 # Backward writes dx of 4 MiB and more with non-temporal stores when its rows are a multiple
-# of 16 bytes: through row blocks and through column spans, the bits are those of the plain
-# stores (scalar level), at one thread or two; rows of another length keep plain stores.
+# of 16 bytes, in whole lines where a group's rows each start one and in 16-byte pieces where
+# they do not (rows of 4112 bytes): through row blocks and through column spans, the bits are
+# those of the plain stores (scalar level), at one thread or two; rows of another length keep
+# plain stores.
 BACKWARD_STREAMED_CASES = [((1024, 1024), np.float32), ((512, 1024), np.float64),
                            ((4, 1 << 18), np.float32), ((3, (1 << 18) + 2), np.float64),
+                           ((1028, 1028), np.float32), ((1026, 514), np.float64),
                            ((1025, 1023), np.float32)]
 
 
