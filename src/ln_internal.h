@@ -393,16 +393,20 @@ static inline int ln_forward_streams(const ln_forward_args *a)
 typedef enum { LN_STORE_CACHED, LN_STREAM_LINES, LN_STREAM_PIECES } ln_store;
 
 /* Whether forward's row kernels take a call's rows software-pipelined (forward_rows_pipelined):
-   rows of 16 to LN_CHUNK elements always; longer rows while their output stays in cache
-   (!ln_forward_streams), float64 excepted.  A streamed output of long rows goes row by row,
-   statistics then normalize (Zen 4, one thread, 2048x4096 float32: pipelined with
-   non-temporal stores 3.9-4.2 ms, with cached stores 4.4-4.5 ms, row by row 2.6-2.9 ms);
-   so do float64 rows, which are slower pipelined (256x4096, one thread: 603-704 us against
-   578-614 us row by row). */
+   rows of 16 to LN_CHUNK elements, and longer rows while their output stays in cache
+   (!ln_forward_streams).  A streamed output of long rows goes row by row, statistics then
+   normalize (Zen 4, one thread, 2048x4096 float32: pipelined with non-temporal stores 3.9-4.2
+   ms, with cached stores 4.4-4.5 ms, row by row 2.6-2.9 ms).  float64 rows are pipelined up to
+   LN_F64_PIPELINED_MAX elements, and up to LN_CHUNK where the call copies its input (a
+   training-mode call), which the pipelined loop does from L1 instead of in a pass of its own
+   (256x1024, one thread: 152-155 us pipelined, 182-212 us row by row). */
 static inline int ln_rows_pipelined(const ln_forward_args *a)
 {
     const ptrdiff_t n = a->extent.row_len;
-    return n >= 16 && (n <= LN_CHUNK || (a->dtype != LN_F64 && !ln_forward_streams(a)));
+    if (a->dtype == LN_F64) {
+        return n >= 16 && (n <= LN_F64_PIPELINED_MAX || (a->copy.data && n <= LN_CHUNK));
+    }
+    return n >= 16 && (n <= LN_CHUNK || !ln_forward_streams(a));
 }
 
 /* How the pipelined rows write a float32/float64 output: with non-temporal stores once it is

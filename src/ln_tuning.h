@@ -161,4 +161,13 @@
    2048x4096 2.16 -> 1.82 ms). */
 #define LN_NORMALIZE_SPAN 16384
 
+/* float64 rows are software-pipelined (ln_rows_pipelined) up to this many elements.  The
+   pipelined loop keeps two rows of x, one of the output, the weight and the bias in L1 at
+   once, 40 bytes an element; past 32 KiB it evicts what it is about to read, and statistics
+   then normalize, row by row, was faster (Zen 4, one thread, weight and bias, best of 7,
+   three alternations: 256x1024 114-115 -> 95-99 us, 128x1536 88-90 -> 81-83 us, 128x2048
+   116-119 -> 110 us; rows of up to 768 elements were faster pipelined: 512x256 41-45 us
+   against 51-59, 256x768 64-66 against 65-79). */
+#define LN_F64_PIPELINED_MAX 768
+
 #endif
