@@ -14,6 +14,8 @@ import pytest
 
 from helpers import (
     FLOAT_DTYPES,
+    GRAD_REFERENCE_RTOL,
+    GRAD_TORCH_RTOL,
     KINDS,
     LAYER_NORM,
     RMS_NORM,
@@ -263,7 +265,6 @@ def test_out_is_input_in_place(kind, x_layout):
 # Backward over axes
 # ---------------------------------------------------------------------------
 
-RTOL = {np.dtype(np.float16): 2e-3, np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-9}
 BACKWARD_CASES = [c for c in AXIS_CASES if c[0] not in ("nchw-axis1-tuple", "nchw-axis-3")]
 BACKWARD_IDS = [c[0] for c in BACKWARD_CASES]
 LAYOUT_BACKWARD_CASES = [c for c in BACKWARD_CASES
@@ -303,7 +304,7 @@ def test_backward_over_axes_matches_reference(kind, affine, dtype, case_id, shap
             assert grad.shape == ns and grad.dtype == param_dtype(dtype)
     expected = kind.reference_backward(dy, x, ns, stats, w, axis=axis)
     expected = (expected[0],) + tuple(None if p is None else e for p, e in zip((w, b), expected[1:]))
-    assert_grads_close(kind, got, expected, dy, x, ns, w, axis, RTOL[np.dtype(dtype)], "float64")
+    assert_grads_close(kind, got, expected, dy, x, ns, w, axis, GRAD_REFERENCE_RTOL[np.dtype(dtype)], "float64")
     for a, was in zip((x, dy) + tuple(stats), before):
         np.testing.assert_array_equal(a, was)
 
@@ -316,7 +317,7 @@ def test_backward_over_axes_matches_torch_autograd(kind, affine, dtype, case_id,
     x, dy, w, b, stats = backward_case(kind, dtype, shape, ns, axis, affine, seed=11)
     got = kind.backward(dy, x, ns, stats, w, b, axis=axis)
     expected = torch_autograd(dy, x, ns, w, b, kind.eps_value(x), centred=kind.centred, axis=axis)
-    assert_grads_close(kind, got, expected, dy, x, ns, w, axis, RTOL[np.dtype(dtype)], "autograd")
+    assert_grads_close(kind, got, expected, dy, x, ns, w, axis, GRAD_TORCH_RTOL[np.dtype(dtype)], "autograd")
 
 
 @pytest.mark.parametrize("layout_name", ["fortran", "transposed", "step_sliced", "negative_strides",

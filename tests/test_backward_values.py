@@ -10,6 +10,8 @@ import layernorm
 from helpers import (
     AFFINES,
     FLOAT_DTYPES,
+    GRAD_REFERENCE_RTOL,
+    GRAD_TORCH_RTOL,
     assert_close,
     backward_args,
     call_backward,
@@ -28,9 +30,6 @@ from helpers import (
 )
 
 EPS = 1e-5
-# Agreement with torch and the reference, relative: float64 to ~1e-9, float32 to ~1e-5;
-# float16 results are rounded to float16 (half an ulp ~ 5e-4).
-RTOL = {np.dtype(np.float16): 2e-3, np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-9}
 
 
 def stats(x, normalized_shape, w, b):
@@ -65,7 +64,7 @@ def test_backward_matches_torch_native(case_id, shape, ns, affine, dtype):
     mean, rstd = stats(x, ns, w, b)
     gi, gw, gb = layernorm.layer_norm_backward(dy, x, ns, mean, rstd, w, b)
     tgi, tgw, tgb = torch_native_backward(dy, x, ns, mean, rstd, w, b)
-    rtol = RTOL[np.dtype(dtype)]
+    rtol = GRAD_TORCH_RTOL[np.dtype(dtype)]
     assert_close(gi, tgi, rtol, "grad_input", scale=grad_input_scale(dy, x, ns, w))
     assert gi.dtype == np.dtype(dtype)
     gw_scale = grad_weight_scale(dy, x, ns)
@@ -95,7 +94,7 @@ def test_backward_matches_reference(case_id, shape, ns, affine, dtype):
     mean, rstd = stats(x, ns, w, b)
     got = layernorm.layer_norm_backward(dy, x, ns, mean, rstd, w, b)
     expected = reference_backward(dy, x, ns, w, b)
-    assert_gradients_close(got, expected, dy, x, ns, w, RTOL[np.dtype(dtype)], "float64")
+    assert_gradients_close(got, expected, dy, x, ns, w, GRAD_REFERENCE_RTOL[np.dtype(dtype)], "float64")
 
 
 @requires_torch
@@ -107,7 +106,7 @@ def test_backward_matches_torch_autograd(case_id, shape, ns, affine, dtype):
     mean, rstd = stats(x, ns, w, b)
     got = layernorm.layer_norm_backward(dy, x, ns, mean, rstd, w, b)
     expected = torch_autograd(dy, x, ns, w, b)
-    assert_gradients_close(got, expected, dy, x, ns, w, RTOL[np.dtype(dtype)], "autograd")
+    assert_gradients_close(got, expected, dy, x, ns, w, GRAD_TORCH_RTOL[np.dtype(dtype)], "autograd")
 
 
 @requires_torch
@@ -354,7 +353,7 @@ def single_element_tolerances(args, dtype):
     """(grad_input, grad_weight) tolerances: the rounding of x * rstd - mean * rstd, which a
     kernel may form (torch does), scaled by what multiplies it."""
     dy, x, mean, rstd, w, _ = args
-    rtol = RTOL[np.dtype(dtype)]
+    rtol = GRAD_REFERENCE_RTOL[np.dtype(dtype)]
     terms = np.abs(dy.astype(np.float64)) * (np.abs(x.astype(np.float64)) + np.abs(mean)) * rstd
     return rtol * float((terms * np.abs(w)).max()), rtol * float(terms.sum())
 
@@ -368,7 +367,8 @@ def test_single_element_rows_give_zero_grad_input_and_grad_weight(dtype):
     for name, got, tol in zip(("grad_input", "grad_weight"), (gi, gw), single_element_tolerances(args, dtype)):
         assert np.abs(got).max() <= tol, (name, got)
     assert gi.dtype == np.dtype(dtype) and gi.shape == (6, 1)
-    np.testing.assert_allclose(gb, args.grad_output.astype(np.float64).sum(axis=0), rtol=RTOL[np.dtype(dtype)])
+    np.testing.assert_allclose(gb, args.grad_output.astype(np.float64).sum(axis=0),
+                               rtol=GRAD_REFERENCE_RTOL[np.dtype(dtype)])
 
 
 @requires_torch

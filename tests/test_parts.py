@@ -26,7 +26,7 @@ import pytest
 
 import layernorm
 from layernorm import _layernorm as core
-from tests.helpers import (FLOAT_DTYPES, KINDS, assert_close, assert_matches_reference, assert_within, dtype_id,
+from tests.helpers import (FLOAT_DTYPES, GRAD_REFERENCE_RTOL, KINDS, assert_close, assert_matches_reference, assert_within, dtype_id,
                            grad_input_scale, layout, make_input, make_params, param_dtype)
 
 # (shape, axes): rows of one chunk, of several (LN_CHUNK is 2048) and shorter than a group; a
@@ -102,8 +102,6 @@ def backward_data(shape, axes, dtype, kind):
 # Relative error of backward's row sums: float16/float32 data's products are summed in float32
 # over blocks of 8 groups (ln_rows.h), float64 data's in float64.
 SUMS_REL_TOL = {np.dtype(np.float16): 1e-6, np.dtype(np.float32): 1e-6, np.dtype(np.float64): 1e-12}
-# grad_input against the float64 reference, as tests/test_backward_values.py holds it
-GRAD_RTOL = {np.dtype(np.float16): 2e-3, np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-9}
 
 
 def rstd_of(m2, count, eps):
@@ -230,7 +228,7 @@ def test_grad_input_from_the_row_means_matches_the_reference(shape, axes, dtype,
     expected = kind.reference_backward(dy, x, sizes_of(shape, axes), stats, weight, axis=axes)[0]
     assert dx.dtype == np.dtype(dtype) and dx.shape == shape
     scale = grad_input_scale(dy, x, sizes_of(shape, axes), weight, centred=kind.centred, axis=axes)
-    assert_close(dx, expected, GRAD_RTOL[np.dtype(dtype)], "grad_input", scale=scale)
+    assert_close(dx, expected, GRAD_REFERENCE_RTOL[np.dtype(dtype)], "grad_input", scale=scale)
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=str)

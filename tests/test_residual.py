@@ -14,6 +14,7 @@ import pytest
 import layernorm
 from helpers import (
     FLOAT_DTYPES,
+    GRAD_TORCH_RTOL,
     KINDS,
     assert_close,
     axes_last,
@@ -264,7 +265,6 @@ def test_keywords_accepted(kind):
 # Backward through the fused op, against torch autograd of x + r -> norm
 # ---------------------------------------------------------------------------
 
-RTOL = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-9}
 
 
 def torch_unfused_grads(kind, x, residual, dy, dsum, ns, w, b, eps, axis):
@@ -297,7 +297,7 @@ def test_backward_through_the_fused_op_matches_torch_autograd(kind, affine, dtyp
     grad_norm, grad_w, grad_b = kind.backward(dy, total, ns, stats, w, b, axis=axis)
     grad_x = grad_r = grad_norm + dsum
     expected = torch_unfused_grads(kind, x, residual, dy, dsum, ns, w, b, kind.eps_value(x), axis)
-    rtol = RTOL[np.dtype(dtype)]
+    rtol = GRAD_TORCH_RTOL[np.dtype(dtype)]
     eps = kind.eps_value(x)
     gi_scale = max(grad_input_scale(dy, total, ns, w, eps, centred=kind.centred, axis=axis),
                    float(np.abs(dsum).max(initial=0.0)))

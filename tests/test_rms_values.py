@@ -14,6 +14,8 @@ import pytest
 import layernorm
 from helpers import (
     FLOAT_DTYPES,
+    GRAD_REFERENCE_RTOL,
+    GRAD_TORCH_RTOL,
     REF_REL_TOL,
     TORCH_REL_TOL,
     assert_close,
@@ -330,9 +332,6 @@ def test_weight_dtype_converted(in_dtype, p_dtype):
 # Backward
 # ---------------------------------------------------------------------------
 
-# Agreement with torch and the reference, relative to the size of the terms (float16 results
-# are rounded to float16: half an ulp is about 5e-4)
-RTOL = {np.dtype(np.float16): 2e-3, np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-9}
 
 BACKWARD_SHAPES = [
     ("4x8", (4, 8), (8,)),
@@ -377,7 +376,7 @@ def test_backward_matches_reference(dtype, case_id, shape, ns, weighted):
         assert got[1].dtype == param_dtype(dtype) and got[1].shape == ns
     expected = _reference.rms_norm_backward(dy, x, ns, w)
     assert_rms_gradients_close(got, (expected[0], None if w is None else expected[1]), dy, x, ns, w,
-                               RTOL[np.dtype(dtype)], "float64")
+                               GRAD_REFERENCE_RTOL[np.dtype(dtype)], "float64")
 
 
 @requires_torch
@@ -389,7 +388,7 @@ def test_backward_matches_torch_autograd(dtype, case_id, shape, ns, weighted):
     x, dy, w, rstd = backward_case(shape, ns, dtype, weighted, seed=3)
     got = layernorm.rms_norm_backward(dy, x, ns, rstd, w)
     expected = torch_autograd(dy, x, ns, w, None, None, centred=False)[:2]
-    assert_rms_gradients_close(got, expected, dy, x, ns, w, RTOL[np.dtype(dtype)], "autograd")
+    assert_rms_gradients_close(got, expected, dy, x, ns, w, GRAD_TORCH_RTOL[np.dtype(dtype)], "autograd")
 
 
 @requires_torch
