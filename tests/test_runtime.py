@@ -19,13 +19,13 @@ from helpers import (
     RMS_NORM,
     NormKind,
     assert_backward_matches_reference,
-    assert_close,
     assert_matches_reference,
     dtype_id,
     make_backward_data,
     make_input,
     make_params,
     param_dtype,
+    same_bits,
 )
 from layernorm import LayerNorm
 
@@ -109,7 +109,7 @@ def test_levels_bit_identical_and_correct(dtype, n, affine, restore_runtime):
         if n:
             assert_matches_reference(out, base, (n,), w, b)
         for got, want in zip((out, mean, rstd), first):
-            assert np.array_equal(got, want, equal_nan=True), f"{level} differs from {LEVELS[0]}"
+            assert same_bits(got, want), f"{level} differs from {LEVELS[0]}"
 
 
 @pytest.mark.parametrize("n", [1, 15, 16, 17, 31, 33, 4097], ids=lambda n: f"N{n}")
@@ -121,7 +121,7 @@ def test_levels_bit_identical_on_offset_and_nonfinite_rows(dtype, n, restore_run
     x[3, n - 1] = np.inf
     results = _run_all_levels(lambda: layernorm.layer_norm(x, (n,)))
     for level, out in results.items():
-        assert np.array_equal(out, results[LEVELS[0]], equal_nan=True), level
+        assert same_bits(out, results[LEVELS[0]]), level
         assert (out[1] == 0).all()
         assert np.isnan(out[2]).all() and np.isnan(out[3]).all()
 
@@ -136,7 +136,7 @@ def test_levels_in_place(n, restore_runtime):
         assert layernorm.layer_norm(x, (n,), out=x) is x
         if expected is None:
             expected = x
-        assert np.array_equal(x, expected), level
+        assert same_bits(x, expected), level
 
 
 @pytest.mark.parametrize("mask", [(True, True, True), (True, False, False), (False, True, True)],
@@ -154,7 +154,7 @@ def test_backward_levels_bit_identical_and_correct(dtype, n, mask, restore_runti
     for level, grads in results.items():
         assert [g is None for g in grads] == [not m for m in mask], level
         for got, want in zip(grads, first):
-            assert got is None or np.array_equal(got, want, equal_nan=True), f"{level} differs from {LEVELS[0]}"
+            assert got is None or same_bits(got, want), f"{level} differs from {LEVELS[0]}"
     full = layernorm.layer_norm_backward(dy, x, (n,), mean, rstd, w, b)
     assert_backward_matches_reference(full, dy, x, n, w, dtype)
 
@@ -181,7 +181,7 @@ def test_threads_bit_identical(dtype, shape, threads, restore_runtime):
     assert layernorm.get_num_threads() == threads
     parallel = layernorm.native_layer_norm(x, (n,), w, b, 1e-5)
     for got, want in zip(parallel, serial):
-        assert np.array_equal(got, want)
+        assert same_bits(got, want)
 
 
 # Backward takes one of three routes by shape: row blocks, 16 short rows per lane group, or
@@ -203,7 +203,7 @@ def test_backward_threads_bit_identical_and_correct(dtype, shape, threads, resto
     layernorm.set_num_threads(threads)
     parallel = layernorm.layer_norm_backward(dy, x, (n,), mean, rstd, w, b)
     for name, got, want in zip(("dx", "dweight", "dbias"), parallel, serial):
-        assert np.array_equal(got, want), name
+        assert same_bits(got, want), name
     if threads == 2:
         assert_backward_matches_reference(parallel, dy, x, n, w, dtype)
 
@@ -222,7 +222,7 @@ def test_threaded_in_place(threads, restore_runtime):
     expected = layernorm.layer_norm(x, (256,))
     layernorm.set_num_threads(threads)
     assert layernorm.layer_norm(x, (256,), out=x) is x
-    assert np.array_equal(x, expected)
+    assert same_bits(x, expected)
 
 
 def test_module_backward_identical_for_1_and_2_threads(restore_runtime):
@@ -236,7 +236,7 @@ def test_module_backward_identical_for_1_and_2_threads(restore_runtime):
         gi = m.backward(dy)
         grads.append((gi, m.weight_grad, m.bias_grad))
     for name, one, two in zip(("grad_input", "weight_grad", "bias_grad"), *grads):
-        assert np.array_equal(one, two), name
+        assert same_bits(one, two), name
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -250,10 +250,9 @@ def test_long_rows_same_at_every_level(level, dtype, restore_runtime):
     assert layernorm.simd_level() == level
     fwd = layernorm.native_layer_norm(x, (1031,), w, b, 1e-5)
     bwd = layernorm.layer_norm_backward(dy, x, (1031,), fwd[1], fwd[2], w, b)
-    tol = 1e-6 if dtype == "float32" else 1e-12
     names = ("output", "mean", "rstd", "grad_input", "grad_weight", "grad_bias")
     for name, mine, base in zip(names, fwd + bwd, base_fwd + base_bwd):
-        assert_close(mine, base, tol, name)
+        assert same_bits(mine, base), name
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 7, 64, 256])
@@ -492,7 +491,7 @@ def test_rows_of_several_normalize_spans(dtype, threads, restore_runtime):
     layernorm.set_num_threads(threads)
     results = _run_all_levels(lambda: layernorm.layer_norm(x, (n,), w, b))
     for level, out in results.items():
-        assert np.array_equal(out, results[LEVELS[0]]), level
+        assert same_bits(out, results[LEVELS[0]]), level
     assert_matches_reference(results[LEVELS[-1]], base, (n,), w, b)
 
 
@@ -522,5 +521,5 @@ def test_backward_streamed_dx_same_bits(shape, dtype, threads, restore_runtime):
     layernorm.set_simd_level(LEVELS[-1])
     got = layernorm.layer_norm_backward(dy, x, (n,), mean, rstd, w, b)
     for name, g, e in zip(("dx", "dweight", "dbias"), got, expected):
-        assert np.array_equal(g, e), name
+        assert same_bits(g, e), name
     assert_backward_matches_reference(got, dy, x, n, w, dtype)
