@@ -144,14 +144,23 @@ def test_float64_huge_offset_is_not_torchs_problem():
 
 
 def test_float32_values_near_1e30():
-    # torch overflows the variance to inf (rstd 0, output all zeros); the float64 statistics
-    # of the spec do not: the output is the float64 reference.
+    # torch's float32 variance overflows (its output is NaN: test_torch_nan_near_1e30); the
+    # float64 statistics of the spec do not: the output is the float64 reference.
     rng = np.random.default_rng(6)
     x = (1e30 * (1 + 0.5 * rng.standard_normal((3, 64)))).astype(np.float32)
     out = layernorm.layer_norm(x, (64,))
     y = reference_layer_norm(x, (64,))[0]
     assert np.isfinite(out).all()
     assert max_abs_error(out, y) <= 1e-6
+
+
+@requires_torch
+def test_torch_nan_near_1e30():
+    # What the README says of torch on these rows: its float32 variance overflows, and its
+    # output is NaN.
+    rng = np.random.default_rng(6)
+    x = (1e30 * (1 + 0.5 * rng.standard_normal((3, 64)))).astype(np.float32)
+    assert np.isnan(torch_layer_norm(x, (64,))).all()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -253,7 +253,9 @@ def test_constant_row_stats(dtype):
     x = np.full((2, 9), 1234.0, dtype=dtype)
     _, mean, rstd = layernorm.native_layer_norm(x, (9,), None, None, 1e-5)
     np.testing.assert_array_equal(mean, np.full((2, 1), 1234.0))
-    assert_within(rstd, np.full((2, 1), 1 / np.sqrt(1e-5)), 1e-7 * 316.3, "rstd = 1/sqrt(eps)")
+    truth = 1 / np.sqrt(1e-5)
+    one_ulp = float(np.spacing(np.asarray(truth, rstd.dtype)))  # of rstd's dtype
+    assert_within(rstd, np.full((2, 1), truth), one_ulp, "rstd = 1/sqrt(eps)")
 
 
 def eps_zero_constant_row(dtype):

@@ -841,45 +841,6 @@ def test_forward_accepts_array_likes(kind, how):
     np.testing.assert_allclose(y, kind.module_reference(x, m), rtol=1e-5, atol=1e-5)
 
 
-# torch's own ModuleInfo inputs (torch-facts.md): (id, ctor args, ctor kwargs, input shape)
-MODULE_INFO = {
-    LAYER: [
-        ("ns5_in_4x5x5", ([5],), {}, (4, 5, 5)),
-        ("ns5_in_128x5x5", ([5],), {}, (128, 5, 5)),
-        ("ns2x2x5_in_4x2x2x5", ([2, 2, 5],), {}, (4, 2, 2, 5)),
-        ("ns5_in_0x5", ([5],), {}, (0, 5)),
-        ("ns5_no_bias_in_4x5x5", ([5],), {"bias": False}, (4, 5, 5)),
-        ("ns5_eps_1e-3_in_4x5x5", ([5], 1e-3), {}, (4, 5, 5)),
-    ],
-    RMS: [
-        ("ns5_eps_1e-3_in_4x5x5", ([5], 1e-3), {}, (4, 5, 5)),
-        ("ns5_eps_1e-3_in_128x5x5", ([5], 1e-3), {}, (128, 5, 5)),
-        ("ns5_no_affine_in_4x5x5", ([5], 1e-3, False), {}, (4, 5, 5)),
-        ("ns2x2x5_in_4x2x2x5", ([2, 2, 5], 1e-3), {}, (4, 2, 2, 5)),
-        ("ns2x2x5_no_affine_in_4x2x2x5", ([2, 2, 5], 1e-3, False), {}, (4, 2, 2, 5)),
-        ("ns5_in_0x5", ([5], 1e-3), {}, (0, 5)),
-        ("ns5_eps_None_in_4x5x5", ([5],), {}, (4, 5, 5)),
-    ],
-}
-
-
-@requires_torch
-@pytest.mark.parametrize("params_kind", ["default", "randn"])
-@pytest.mark.parametrize("kind, case_id, args, kwargs, shape", by_kind(MODULE_INFO))
-def test_torch_module_info_case(kind, case_id, args, kwargs, shape, params_kind):
-    theirs = kind.theirs(*args, **kwargs)
-    ours = kind.ours(*args, **kwargs)
-    if params_kind == "randn":
-        randomize_torch(theirs, seed=18)
-        ours.load_state_dict(theirs.state_dict())
-    x = np.random.default_rng(19).standard_normal(shape).astype(np.float32)
-    y = ours(x)
-    expected = torch_out(theirs, x)
-    assert y.shape == expected.shape == shape and y.dtype == np.float32
-    np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(y, kind.module_reference(x, theirs), rtol=1e-5, atol=1e-5)
-
-
 @requires_torch
 @pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight")  # torch's RMSNorm
 @BY_KIND

@@ -388,12 +388,12 @@ def short_switch_interval():
 
 def _gil_test_call(kind):
     """A kernel call of tens of milliseconds on one thread: the forward in place on 128 MB,
-    or the backward on 32 MB inputs."""
+    or the backward on 128 MB inputs (on 32 MB it took 5-6 ms, too short to observe)."""
     if kind == "forward":
         x = np.tile(make_input((1, 4096), np.float32, seed=3), (8192, 1))
         return lambda: layernorm.layer_norm(x, (4096,), out=x)
-    x = np.tile(make_input((1, 4096), np.float32, seed=3), (2048, 1))
-    dy = np.tile(make_input((1, 4096), np.float32, seed=4), (2048, 1))
+    x = np.tile(make_input((1, 4096), np.float32, seed=3), (8192, 1))
+    dy = np.tile(make_input((1, 4096), np.float32, seed=4), (8192, 1))
     w, b = make_params((4096,), np.float32, "weight+bias")
     _, mean, rstd = layernorm.native_layer_norm(x, (4096,), w, b, 1e-5)
     return lambda: layernorm.layer_norm_backward(dy, x, (4096,), mean, rstd, w, b)
