@@ -42,9 +42,8 @@ LD_PRELOAD=$(gcc -print-file-name=libasan.so)
 export ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:allocator_may_return_null=1:abort_on_error=1
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 # Left out: tests that measure resident memory or wall time (they measure the sanitizer's
-# allocator, whose quarantine keeps freed memory, and its slowness), and the strict xfail cases
-# of the NaN-sign defect, which depends on code generation and does not show in this build.
-skip="not memory_flat and not gil_released and not keeps_the_input and not keeps_nothing and not nan-bits"
+# allocator, whose quarantine keeps freed memory, and its slowness).
+skip="not memory_flat and not gil_released and not keeps_the_input and not keeps_nothing"
 
 # pytest's summary, or on a failure the end of its output (a sanitizer's report, or the failing
 # example with the seed that reproduces it); the whole of it stays in $work/<log>.

@@ -21,7 +21,7 @@
  *         (float16 and bfloat16 data: x - K and its square in float32, summed in float32
  *         over blocks of LN_F16_BLOCK groups, the block sums added in float64)
  *     row:
- *         moments = chan_merge(moments_0, moments_1, ...)          (left to right)
+ *         moments = ln_merge(moments_0, moments_1, ...)            (left to right)
  *         rstd = 1 / sqrt(m2 / N + eps)
  *     output, float16/bfloat16/float32 data, in float32 with a two-part mean:
  *         mean_hi = float(mean),  mean_lo = float(mean - mean_hi),  a_j = float(rstd) * w_j

@@ -1,9 +1,10 @@
 """The README's examples run, and print what the README says they print (the ones that compare
 with torch need it).
 
-Every number in the README comes from a command in the repo; these tests re-run those
-commands (`python -m layernorm`, the scripts, the quickstart session) so that a change to
-the package that moves a number makes the README wrong loudly.  Numbers are compared to
+Every number in the README comes from a command in the repo.  These tests re-run the commands
+whose output the README shows (`python -m layernorm`, the scripts, the quickstart session), so
+that a change to the package that moves one of those numbers makes the README wrong loudly; the
+timings come from the benchmark commands, which no test re-runs.  Numbers are compared to
 10% (they are printed with 2 to 5 digits), differences from torch to a factor of 2 (torch's
 rounding depends on the CPU); all other text must match exactly, up to white space.
 """

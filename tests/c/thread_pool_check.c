@@ -1,7 +1,7 @@
 /*
  * thread_pool_check.c -- checks the thread pool and the default thread count of
  * src/ln_threads.c, without Python: built with that file alone and run by
- * tests/test_thread_pool.py, which also builds it under ThreadSanitizer where it can.
+ * tests/test_c_checks.py, which also builds it under ThreadSanitizer where it can.
  *
  *     cc -std=c11 -O2 -pthread -Isrc tests/c/thread_pool_check.c src/ln_threads.c -o check
  *     ./check           prints "thread_pool_check: ok", or what failed and exits 1
