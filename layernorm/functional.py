@@ -87,7 +87,8 @@ def _as_numpy(value: Any) -> Any:
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(value, torch.Tensor):
         # detached: a tensor that requires grad refuses .numpy(); on the CPU, where we compute
-        value = value.detach().cpu()
+        # resolved: a tensor with the conjugate or negative bit set (a lazy view) refuses .numpy()
+        value = value.detach().cpu().resolve_conj().resolve_neg()
         if value.dtype == torch.bfloat16:
             # NumPy has no bfloat16: the same bits, viewed as ml_dtypes' (no float32 round trip)
             return value.view(torch.int16).numpy().view(_bfloat16_dtype())

@@ -867,8 +867,12 @@ check_result_array(PyObject *obj, const char *name, PyArrayObject *like, int typ
     }
     PyArrayObject *arr = (PyArrayObject *)obj;
     if (PyArray_TYPE(arr) != type_num || !PyArray_ISNOTSWAPPED(arr)) {
-        PyErr_Format(PyExc_TypeError, "%s has dtype %S, but the result has dtype %S", name,
-                     (PyObject *)PyArray_DESCR(arr), (PyObject *)PyArray_DESCR(like));
+        /* the result's dtype in native byte order (`like`, the input, may be byte-swapped) */
+        want = (PyObject *)PyArray_DescrFromType(type_num);
+        if (want) {
+            PyErr_Format(PyExc_TypeError, "%s has dtype %S, but the result has dtype %S", name,
+                         (PyObject *)PyArray_DESCR(arr), want);
+        }
         goto done;
     }
     if (!PyArray_SAMESHAPE(arr, like)) {
@@ -1640,8 +1644,9 @@ forward(module_state *state, const norm_kind *kind, const char *what, const forw
             continue;
         }
         if (detach_from_result(&input, written[w], 1) < 0 || detach_from_result(&residual, written[w], 1) < 0) {
-            allocation_failed(what, "a copy of an input that a result overlaps", PyArray_NDIM(input),
-                              PyArray_DIMS(input), element_type_num(state, dtype));
+            /* the shape from the result: a failed detach has left its input NULL */
+            allocation_failed(what, "a copy of an input that a result overlaps", PyArray_NDIM(written[w]),
+                              PyArray_DIMS(written[w]), element_type_num(state, dtype));
             goto done;
         }
         for (int p = 0; p < kind->n_params; p++) {

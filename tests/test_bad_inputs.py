@@ -100,6 +100,16 @@ CASES = {
         "layer_norm_backward: could not allocate grad_input, a float32 array of shape [4294967296, 16]: "
         "274877906944 bytes",
         isolated=True, peak=64 * MiB),
+    # out= overlapping part of the input: the input is copied first, and a copy that cannot be
+    # allocated is a MemoryError (it was a crash: the failed copy left no input to name)
+    "layer_norm-out-overlap-copy-too-big": Case(
+        "(lambda buf: layer_norm(np.lib.stride_tricks.as_strided(buf, (2**40, 8), (0, 4)), 8, "
+        "out=np.lib.stride_tricks.as_strided(buf[1:], (2**40, 8), (0, 4), writeable=True)))"
+        "(np.zeros(9, np.float32))",
+        MemoryError,
+        "layer_norm: could not allocate a copy of an input that a result overlaps, a float32 array of shape "
+        "[1099511627776, 8]: 35184372088832 bytes",
+        isolated=True, peak=64 * MiB),
     # every MemoryError says what could not be allocated, and how big
     "native_layer_norm-output-too-big": Case(
         "native_layer_norm(broadcast(1, (2**36, 16)), 16)",
@@ -344,6 +354,10 @@ CASES = {
     "layer_norm-out-dtype": Case(
         "layer_norm(x, 4, out=np.empty((2, 4), np.float64))", TypeError,
         "out has dtype float64, but the result has dtype float32"),
+    # the result's dtype is named in native order, whatever the input's order
+    "layer_norm-out-byte-swapped": Case(
+        "layer_norm(x.astype('>f4'), 4, out=np.empty((2, 4), '>f4'))", TypeError,
+        "out has dtype >f4, but the result has dtype float32"),
     "layer_norm-out-shape": Case(
         "layer_norm(x, 4, out=np.empty((2, 5), np.float32))", ValueError,
         "out has shape [2, 5], but the result has shape [2, 4]"),

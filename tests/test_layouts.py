@@ -183,6 +183,15 @@ def test_torch_tensor_input_gives_ndarray():
 
 
 @requires_torch
+def test_torch_tensor_with_negative_bit_set():
+    # a lazy negation (the imaginary part of a conjugate view): torch's .numpy() refuses it
+    t = torch.randn(4, 6, dtype=torch.complex64, generator=torch.Generator().manual_seed(0)).conj().imag
+    assert t.is_neg()
+    out = layernorm.layer_norm(t, (6,))
+    assert_matches_reference(out, t.resolve_neg().numpy(), (6,))
+
+
+@requires_torch
 def test_non_contiguous_torch_tensor_input():
     t = torch.randn(6, 4, dtype=torch.float64).t()  # (4, 6), strides (1, 4)
     out = layernorm.layer_norm(t, (6,))
