@@ -197,6 +197,18 @@ def _modified_in_place(module: Any, name: str) -> RuntimeError:
     )
 
 
+def _accumulated(grad_name: str, total: Any, grad: Any) -> np.ndarray:
+    """Return ``total + grad`` as ``total += grad`` would leave it (NumPy's in-place casting and
+    shape rules), without writing to `total`, which must be an array backward can write."""
+    if type(total) is not _ndarray:
+        raise TypeError(f"{grad_name} must be a NumPy array or None, got {type(total).__name__}")
+    if not total.flags.writeable:
+        raise ValueError(f"{grad_name} is read-only: backward() adds the gradient into it in place")
+    value = total.copy()
+    value += grad
+    return value
+
+
 class _LazySaved(NamedTuple):
     """What a training-mode call on a dask array keeps for backward: the input and the
     statistics, both lazy, and copies of the parameters' values the output was computed with."""
@@ -365,14 +377,23 @@ class NormModule:
                 grads = self._gradients(grad_output, kernel_saved)
             except ParameterChangedError as error:
                 raise _modified_in_place(self, error.name) from None
+        # Every new total is formed before any is stored: a gradient that cannot be added (a
+        # weight_grad of another shape, say) fails the call with no gradient half-accumulated.
+        totals = []
         for index, (name, grad_name, _) in enumerate(self._PARAMETERS, 1):
             param = getattr(self, name)
             if param is not None:
                 total = getattr(self, grad_name)
                 if total is None:
-                    setattr(self, grad_name, np.asarray(grads[index], dtype=param.dtype))
+                    dtype = param.dtype if type(param) is _ndarray else np.asarray(_as_numpy(param)).dtype
+                    totals.append((grad_name, None, np.asarray(grads[index], dtype=dtype)))
                 else:
-                    total += grads[index]
+                    totals.append((grad_name, total, _accumulated(grad_name, total, grads[index])))
+        for grad_name, total, value in totals:
+            if total is None:
+                setattr(self, grad_name, value)
+            else:
+                total[...] = value  # in place, as torch accumulates into .grad
         self._saved = ()
         return cast(_FloatArray, grads[0])  # never masked off
 

@@ -11,6 +11,7 @@ outputs come from torch itself, never from a run of our code.
 
 import copy
 import pickle
+import re
 from typing import NamedTuple, Tuple
 
 import numpy as np
@@ -1370,6 +1371,52 @@ def test_parameters_changed_after_backward_are_for_the_next_forward(kind):
     ours.weight -= 0.1 * ours.weight_grad
     ours(np.ones((3, 4), np.float32))
     ours.backward(np.ones((3, 4), np.float32))
+
+
+# A gradient total backward cannot add into, and what it raises; every total set up before the
+# failing one must come out of the failed call unchanged.
+def _read_only(array):
+    array.flags.writeable = False
+    return array
+
+
+BAD_TOTALS = {
+    "wrong-shape": (lambda: np.zeros(3, np.float32), ValueError, "operands could not be broadcast"),
+    "read-only": (lambda: _read_only(np.zeros(4, np.float32)), ValueError,
+                  "bias_grad is read-only: backward() adds the gradient into it in place"),
+    "a-list": (lambda: [0.0] * 4, TypeError, "bias_grad must be a NumPy array or None, got list"),
+}
+
+
+@pytest.mark.parametrize("bad_id", BAD_TOTALS)
+def test_failed_accumulation_leaves_every_gradient_as_it_was(bad_id):
+    make_bad, error, message = BAD_TOTALS[bad_id]
+    dy = np.random.default_rng(42).standard_normal((3, 4)).astype(np.float32)
+    once = _forward_then(LAYER, lambda m: None)
+    once.backward(dy)
+    ours = _forward_then(LAYER, lambda m: None)
+    ours.weight_grad = np.zeros(4, np.float32)
+    ours.bias_grad = make_bad()
+    with pytest.raises(error, match=re.escape(message)):
+        ours.backward(dy)
+    assert not ours.weight_grad.any()  # nothing added before the bias failed
+    ours.bias_grad = None
+    ours.backward(dy)  # the saved values are still there: the retry adds each gradient once
+    np.testing.assert_array_equal(ours.weight_grad, once.weight_grad)
+    np.testing.assert_array_equal(ours.bias_grad, once.bias_grad)
+
+
+@requires_torch
+@BY_KIND
+def test_torch_tensor_parameter_gets_a_numpy_gradient_of_its_dtype(kind):
+    expected = _forward_then(kind, lambda m: None)
+    expected.backward(np.ones((3, 4), np.float32))
+    ours = _forward_then(kind, lambda m: None)
+    ours.weight = torch.from_numpy(ours.weight)  # the same values, seen as a tensor
+    ours(np.random.default_rng(41).standard_normal((3, 4)).astype(np.float32))
+    ours.backward(np.ones((3, 4), np.float32))
+    assert type(ours.weight_grad) is np.ndarray and ours.weight_grad.dtype == np.float32
+    np.testing.assert_array_equal(ours.weight_grad, expected.weight_grad)
 
 
 # ---------------------------------------------------------------------------------------------
