@@ -28,7 +28,7 @@ import numpy as np
 
 from . import _reference as ref
 from .functional import _is_bfloat16
-from .modules import _as_shape
+from .modules import NormModule, _as_shape
 
 __all__ = ["Diagnosis", "assert_layer_norm_close", "assert_rms_norm_close", "diagnose"]
 
@@ -568,7 +568,9 @@ def _parameters(fn: Any, kind: str, normalized_shape: Tuple[int, ...], weight: A
 
 
 def _call(fn: Callable[[Any], Any], x: np.ndarray) -> Any:
-    """fn(x); if fn refuses a NumPy array and torch is installed, fn on the tensor instead."""
+    """fn(x); if fn refuses a NumPy array and torch is installed, fn on the tensor instead.
+    A training-mode norm module of ours keeps what its last forward saved for backward."""
+    saved = fn._saved if isinstance(fn, NormModule) else None
     try:
         return fn(x.copy())
     except Exception:
@@ -576,6 +578,9 @@ def _call(fn: Callable[[Any], Any], x: np.ndarray) -> Any:
         if torch is None:
             raise
         return fn(torch.from_numpy(x.copy()))
+    finally:
+        if isinstance(fn, NormModule):
+            fn._saved = saved
 
 
 class Diagnosis(NamedTuple):

@@ -505,6 +505,19 @@ def test_diagnose_puts_the_module_parameters_back(ops):
     assert np.array_equal(np.asarray(module.bias.tolist()), np.zeros(ROW_LEN))
 
 
+@pytest.mark.parametrize("module_class", [layernorm.LayerNorm, layernorm.RMSNorm], ids=lambda c: c.__name__)
+def test_diagnose_keeps_what_a_training_forward_saved_for_backward(module_class):
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((3, ROW_LEN)).astype(np.float32)
+    dy = rng.standard_normal((3, ROW_LEN)).astype(np.float32)
+    expected, module = module_class(ROW_LEN), module_class(ROW_LEN)
+    expected(x)
+    module(x)
+    diagnose(module, ROW_LEN)  # calls the module, in training mode, on its probes
+    np.testing.assert_array_equal(module.backward(dy), expected.backward(dy))
+    np.testing.assert_array_equal(module.weight_grad, expected.weight_grad)
+
+
 def test_diagnose_uses_the_parameters_it_is_given():
     def with_params(x):
         return layer_norm_by_hand(NumpyOps, x, WEIGHT, BIAS)
