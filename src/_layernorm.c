@@ -663,7 +663,9 @@ resolve_axes(module_state *state, PyObject *axis_obj, PyArrayObject *input, shap
         }
     }
     else {
-        const int one = PyIndex_Check(axis_obj) && !is_bool(axis_obj) && !PySequence_Check(axis_obj);
+        /* one axis: an int, NumPy's integer scalars and 0-d integer arrays (as np.sum takes) */
+        const int zero_d = PyArray_Check(axis_obj) && PyArray_NDIM((PyArrayObject *)axis_obj) == 0;
+        const int one = PyIndex_Check(axis_obj) && !is_bool(axis_obj) && (zero_d || !PySequence_Check(axis_obj));
         if (!one && !PyTuple_Check(axis_obj)) {
             PyErr_Format(PyExc_TypeError, "axis must be an int or a tuple of ints, got %.200s",
                          Py_TYPE(axis_obj)->tp_name);
@@ -1425,6 +1427,24 @@ static const norm_kind rms_norm_kind = {
     .eps_default_machine = 1,
 };
 
+/* 1 when obj has an `ndim` other than 0 (an array of another library), else 0; -1 with an
+   exception set when reading `ndim` fails otherwise than by its absence. */
+static int
+has_dimensions(PyObject *obj)
+{
+    PyObject *ndim = PyObject_GetAttrString(obj, "ndim");
+    if (!ndim) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            return -1;
+        }
+        PyErr_Clear();
+        return 0;
+    }
+    const int nonzero = PyObject_IsTrue(ndim);
+    Py_DECREF(ndim);
+    return nonzero;
+}
+
 /* Stores eps into *eps: the kind's default when obj is absent (or None, where the default is
    the machine epsilon of the compute type: float32 for float16/bfloat16/float32 input, as torch).
    Returns 0, or -1 with an exception set. */
@@ -1436,10 +1456,19 @@ parse_eps(const norm_kind *kind, PyObject *obj, int dtype, double *eps)
         return 0;
     }
     /* a complex eps would lose its imaginary part (NumPy's only warns), an array of one
-       element would pass for a number */
+       element (NumPy's, or another library's: a torch tensor) would pass for a number */
     const int complex_number = PyComplex_Check(obj) || PyArray_IsScalar(obj, ComplexFloating) ||
                                (PyArray_Check(obj) && PyArray_ISCOMPLEX((PyArrayObject *)obj));
-    const int not_0_d = PyArray_Check(obj) && PyArray_NDIM((PyArrayObject *)obj) != 0;
+    int not_0_d = 0;
+    if (PyArray_Check(obj)) {
+        not_0_d = PyArray_NDIM((PyArrayObject *)obj) != 0;
+    }
+    else if (!PyFloat_Check(obj) && !PyLong_Check(obj) && !PyArray_IsScalar(obj, Generic)) {
+        not_0_d = has_dimensions(obj);
+        if (not_0_d < 0) {
+            return -1;
+        }
+    }
     if (complex_number || not_0_d || (!PyFloat_Check(obj) && !PyLong_Check(obj) && !PyNumber_Check(obj))) {
         PyErr_Format(PyExc_TypeError, "eps must be a real number, got %.200s", Py_TYPE(obj)->tp_name);
         return -1;

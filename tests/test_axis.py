@@ -195,10 +195,11 @@ def test_fortran_input_gives_fortran_output(kind, case_id, shape, axis, ns):
 # ---------------------------------------------------------------------------
 
 # every spelling of the channel axis of an NCHW input
-CHANNEL_AXIS = [1, -3, (1,), (-3,), np.int64(1), (np.int32(1),)]
+CHANNEL_AXIS = [1, -3, (1,), (-3,), np.int64(1), (np.int32(1),), np.array(1)]
 
 
-@pytest.mark.parametrize("axis", CHANNEL_AXIS, ids=["1", "-3", "(1,)", "(-3,)", "np.int64", "(np.int32,)"])
+@pytest.mark.parametrize("axis", CHANNEL_AXIS,
+                         ids=["1", "-3", "(1,)", "(-3,)", "np.int64", "(np.int32,)", "0-d-array"])
 @pytest.mark.parametrize("kind", KINDS, ids=str)
 def test_axis_spellings_give_the_same_bits(kind, axis):
     x = make_input((2, 8, 3, 5), np.float32, seed=4)

@@ -39,6 +39,11 @@ read_only.flags.writeable = False
 def broadcast(value, shape):  # a float32 array of `shape` in no memory: one value everywhere
     return np.broadcast_to(np.float32(value), shape)
 
+class ArrayOfOne:  # another library's array of one element, which float() converts (torch's does)
+    ndim = 1
+    def __float__(self):
+        return 1e-5
+
 def broadcast_row(length, rows):  # `rows` rows that are one float32 row of ones, read in place
     return np.broadcast_to(np.ones(length, np.float32), (rows, length))
 """
@@ -254,6 +259,9 @@ CASES = {
     "native_layer_norm-eps-array-of-one": Case(
         "native_layer_norm(x, 4, None, None, np.array([1e-5]))", TypeError,
         "eps must be a real number, got numpy.ndarray"),
+    "layer_norm-eps-other-array-of-one": Case(
+        "layer_norm(x, 4, eps=ArrayOfOne())", TypeError, "eps must be a real number, got ArrayOfOne",
+        torch="F.layer_norm(tx, (4,), eps=torch.tensor([1e-5]))"),
     "layer_norm-eps-str": Case(
         "layer_norm(x, 4, eps='1e-5')", TypeError, "eps must be a real number, got str",
         torch="F.layer_norm(tx, (4,), eps='1e-5')"),
