@@ -153,6 +153,11 @@
    process: forward and backward 0.89-0.90x the time, bfloat16 forward 0.92-0.96x). */
 #define LN_TILE_PREFETCH_LOCALITY 2
 
+/* At most this many bytes of a tile's input (16 rows by row_len elements) are staged in L1 for
+   its output loop where that loop's loads of x would wait on its stores to y (see
+   tiles_output_staged): 256 channels of float32, a quarter of Zen 4's L1. */
+#define LN_TILE_STAGE_BYTES 16384
+
 /* The normalize pass goes through a long row from the end back, so that the part the
    statistics pass read last, still in cache, is used first, one span at a time, and through
    each span forward.  A span of 16384 elements (64 KiB of float32) is long enough for the
