@@ -11,7 +11,9 @@ What is timed (one row per comparison, at each thread count; single-threaded pee
                    forward also vs ONNX Runtime's RMSNormalization (opset 23) when installed
     channels-first layer_norm(x, 64, w, b, axis=1) on (8, 64, 56, 56) float32 NCHW, and its
                    backward, vs torch's permute route (permute to NHWC, contiguous, layer_norm,
-                   permute back) and vs np.copyto of x (forward) or of 1.5 times x (backward)
+                   permute back) and vs np.copyto of x (forward) or of 1.5 times x (backward);
+                   and in place (out=x) on (24, 64, 32, 32), whose channels are 4 KiB apart,
+                   without a target
     add            add_layer_norm / add_rms_norm on 2048x4096 float32 vs np.add followed by
                    layer_norm / rms_norm, and vs np.copyto of x: the floor is two copies (input
                    and residual read, sum and output written)
@@ -41,6 +43,7 @@ from .report import cpu_model_name, load_average_text, table_lines
 
 STANDARD_SHAPES = [(4, 20), (16, 768), (512, 768), (2048, 4096), (1_000_000, 8), (8, 1_000_000)]
 CHANNELS_FIRST_SHAPE = (8, 64, 56, 56)
+IN_PLACE_SHAPE = (24, 64, 32, 32)  # 32 x 32 images: channel strides of a power of two bytes
 ADD_SHAPE = (2048, 4096)
 
 # (what, the peer it is compared with, the largest ratio the targets allow)
@@ -160,7 +163,28 @@ def channels_first_comparisons(rng):
     reference_grad = _reference.layer_norm_backward(dy, x, channels, w, b, EPS, axis=1)[0]
     fwd.error = "" if close_to(forward["ours"].run(), reference, np.float32) else "WRONG"
     bwd.error = "" if close_to(backward["ours"].run()[0], reference_grad, np.float32) else "WRONG"
-    return [fwd, bwd]
+    return [fwd, bwd, channels_first_in_place_comparison(rng, w, b)]
+
+
+def channels_first_in_place_comparison(rng, w, b):
+    x = rng.standard_normal(IN_PLACE_SHAPE, dtype=np.float32)
+    channels = IN_PLACE_SHAPE[1]
+    calls = {
+        "ours": threaded(lambda x, w, b: layernorm.layer_norm(x, channels, w, b, EPS, axis=1, out=x), x, w, b),
+        "copy": timing.Timed(np.copyto, (np.empty_like(x), x)),
+    }
+    if torch:
+        def torch_forward(x_t, w_t, b_t):
+            nhwc = x_t.permute(0, 2, 3, 1).contiguous()
+            return torch.nn.functional.layer_norm(nhwc, [channels], w_t, b_t, EPS).permute(0, 3, 1, 2)
+
+        calls["torch"] = torch_threaded(torch_forward, *map(torch.from_numpy, (x.copy(), w, b)))
+    label = "x".join(map(str, IN_PLACE_SHAPE))
+    comparison = Comparison(f"channels-first fwd {label} axis=1 in place", calls, [])
+    reference = _reference.layer_norm(x, channels, w, b, EPS, axis=1)[0]
+    ours = layernorm.layer_norm(x.copy(), channels, w, b, EPS, axis=1)
+    comparison.error = "" if close_to(ours, reference, np.float32) else "WRONG"
+    return comparison
 
 
 def add_comparisons(rng):
