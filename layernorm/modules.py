@@ -197,16 +197,15 @@ def _modified_in_place(module: Any, name: str) -> RuntimeError:
     )
 
 
-def _accumulated(grad_name: str, total: Any, grad: Any) -> np.ndarray:
-    """Return ``total + grad`` as ``total += grad`` would leave it (NumPy's in-place casting and
-    shape rules), without writing to `total`, which must be an array backward can write."""
-    if type(total) is not _ndarray:
+def _check_accumulates(grad_name: str, total: Any, grad: Any) -> None:
+    """Raise what ``total += grad`` would raise (NumPy's in-place casting and shape rules), and
+    for a `total` that is not an array backward can write, without writing to `total`."""
+    if not isinstance(total, np.ndarray):
         raise TypeError(f"{grad_name} must be a NumPy array or None, got {type(total).__name__}")
     if not total.flags.writeable:
         raise ValueError(f"{grad_name} is read-only: backward() adds the gradient into it in place")
-    value = total.copy()
-    value += grad
-    return value
+    trial = np.zeros(total.shape, total.dtype)
+    trial += grad
 
 
 class _LazySaved(NamedTuple):
@@ -377,23 +376,24 @@ class NormModule:
                 grads = self._gradients(grad_output, kernel_saved)
             except ParameterChangedError as error:
                 raise _modified_in_place(self, error.name) from None
-        # Every new total is formed before any is stored: a gradient that cannot be added (a
+        # Every addition is tried before any is made: a gradient that cannot be added (a
         # weight_grad of another shape, say) fails the call with no gradient half-accumulated.
-        totals = []
+        updates = []
         for index, (name, grad_name, _) in enumerate(self._PARAMETERS, 1):
             param = getattr(self, name)
             if param is not None:
                 total = getattr(self, grad_name)
                 if total is None:
                     dtype = param.dtype if type(param) is _ndarray else np.asarray(_as_numpy(param)).dtype
-                    totals.append((grad_name, None, np.asarray(grads[index], dtype=dtype)))
+                    updates.append((grad_name, None, np.asarray(grads[index], dtype=dtype)))
                 else:
-                    totals.append((grad_name, total, _accumulated(grad_name, total, grads[index])))
-        for grad_name, total, value in totals:
+                    _check_accumulates(grad_name, total, grads[index])
+                    updates.append((grad_name, total, grads[index]))
+        for grad_name, total, grad in updates:
             if total is None:
-                setattr(self, grad_name, value)
+                setattr(self, grad_name, grad)
             else:
-                total[...] = value  # in place, as torch accumulates into .grad
+                total += grad  # in place, as torch accumulates into .grad
         self._saved = ()
         return cast(_FloatArray, grads[0])  # never masked off
 

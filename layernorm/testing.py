@@ -570,7 +570,8 @@ def _parameters(fn: Any, kind: str, normalized_shape: Tuple[int, ...], weight: A
 def _call(fn: Callable[[Any], Any], x: np.ndarray) -> Any:
     """fn(x); if fn refuses a NumPy array and torch is installed, fn on the tensor instead.
     A training-mode norm module of ours keeps what its last forward saved for backward."""
-    saved = fn._saved if isinstance(fn, NormModule) else None
+    module = fn if isinstance(fn, NormModule) else None
+    saved = module._saved if module is not None else None
     try:
         return fn(x.copy())
     except Exception:
@@ -579,8 +580,8 @@ def _call(fn: Callable[[Any], Any], x: np.ndarray) -> Any:
             raise
         return fn(torch.from_numpy(x.copy()))
     finally:
-        if isinstance(fn, NormModule):
-            fn._saved = saved
+        if module is not None:
+            module._saved = saved
 
 
 class Diagnosis(NamedTuple):

@@ -1406,9 +1406,30 @@ def test_failed_accumulation_leaves_every_gradient_as_it_was(bad_id):
     np.testing.assert_array_equal(ours.bias_grad, once.bias_grad)
 
 
+def test_gradient_totals_that_are_one_array_take_both_gradients():
+    # as `+=` into each in turn did: weight_grad and bias_grad set to one array sum into it
+    dy = np.random.default_rng(44).standard_normal((3, 4)).astype(np.float32)
+    separate = _forward_then(LAYER, lambda m: None)
+    separate.backward(dy)
+    ours = _forward_then(LAYER, lambda m: None)
+    ours.weight_grad = ours.bias_grad = np.zeros(4, np.float32)
+    ours.backward(dy)
+    np.testing.assert_array_equal(ours.weight_grad, separate.weight_grad + separate.bias_grad)
+
+
+def test_gradient_total_may_be_an_ndarray_subclass(tmp_path):
+    dy = np.ones((3, 4), np.float32)
+    ours = _forward_then(LAYER, lambda m: None)
+    ours.weight_grad = np.memmap(tmp_path / "weight_grad", np.float32, "w+", shape=(4,))
+    ours.backward(dy)
+    expected = _forward_then(LAYER, lambda m: None)
+    expected.backward(dy)
+    np.testing.assert_array_equal(ours.weight_grad, expected.weight_grad)
+
+
 @requires_torch
 @BY_KIND
-def test_torch_tensor_parameter_gets_a_numpy_gradient_of_its_dtype(kind):
+def test_torch_tensor_parameter_gets_a_numpy_gradient(kind):
     expected = _forward_then(kind, lambda m: None)
     expected.backward(np.ones((3, 4), np.float32))
     ours = _forward_then(kind, lambda m: None)
