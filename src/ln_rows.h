@@ -1622,7 +1622,9 @@ static LN_ALWAYS_INLINE void backward_rows(ln_norm_kind kind, ln_dtype dtype, co
  *
  * A tile is read twice, for the statistics and then for the output (or for the backward's
  * two passes): 16 rows of up to a few thousand elements are still in cache the second time,
- * longer rows are read twice from memory.
+ * longer rows are read twice from memory.  Where the forward output's stores would hold up
+ * those second reads (tiles_output_staged), the statistics' pass copies the tile into L1 and
+ * the output is read from the copy.
  */
 
 /* One array's part in a tile: where its lanes' rows are and how to walk them. */
@@ -1930,12 +1932,7 @@ static LN_ALWAYS_INLINE void forward_tile(ln_norm_kind kind, ln_dtype dtype, con
         .y = tile_view_of(dtype, &a->output, a->extent.rows, block, row, count),
     };
     if (t.x.adjacent && t.y.adjacent && (!t.residual.first || (t.residual.adjacent && t.sum.adjacent))) {
-        if (staged) {
-            forward_tile_from_views(kind, dtype, a, bounds, &t, block, row, 1, staged);
-        }
-        else {
-            forward_tile_from_views(kind, dtype, a, bounds, &t, block, row, 1, NULL);
-        }
+        forward_tile_from_views(kind, dtype, a, bounds, &t, block, row, 1, staged);
     }
     else {
         forward_tile_from_views(kind, dtype, a, bounds, &t, block, row, 0, NULL);

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import layernorm
-from helpers import KINDS, LAYER_NORM, F, requires_torch, same_bits, torch
+from helpers import KINDS, LAYER_NORM, F, empty_at, requires_torch, same_bits, torch
 
 try:
     import ml_dtypes
@@ -341,3 +341,23 @@ def test_torch_bfloat16_tensor_without_ml_dtypes_names_the_package(monkeypatch):
 def test_import_does_not_import_ml_dtypes():
     code = "import sys, layernorm; assert 'ml_dtypes' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@requires_ml_dtypes
+@pytest.mark.parametrize("kind", KINDS, ids=str)
+def test_channels_first_in_place_power_of_two_at_every_level(kind, restore_runtime):
+    # 64 channels of 32 x 32 bfloat16 (2 KiB apart): in place, the output loop reads x from the
+    # copy the statistics' pass staged (see tests/test_axis.py); the bits are those of an output
+    # 1 KiB off, where nothing is staged.
+    shape = (2, 64, 32, 32)
+    values = rows(BF16, shape, seed=33, offset=3.0)
+    weight = np.random.default_rng(34).uniform(0.5, 1.5, 64).astype(np.float32)
+    bias = np.linspace(-1, 1, 64, dtype=np.float32) if kind.centred else None
+    elsewhere = empty_at(shape, BF16, 1024, boundary=4096)
+    expected = kind.forward(values, 64, weight, bias, axis=1, out=elsewhere)
+    for level in layernorm.available_simd_levels():
+        layernorm.set_simd_level(level)
+        x = empty_at(shape, BF16, 0, boundary=4096)
+        x[...] = values
+        assert kind.forward(x, 64, weight, bias, axis=1, out=x) is x
+        assert same_bits(x, expected), level

@@ -168,7 +168,15 @@ def test_keywords_accepted():
     )
 
 
-@pytest.mark.parametrize("eps", [1, np.float32(1e-3), np.float64(0.25), 0], ids=["int", "np.float32", "np.float64", "int0"])
+class ZeroDimensional:  # another library's array of no dimensions, which float() converts (torch's does)
+    ndim = 0
+
+    def __float__(self):
+        return 0.125
+
+
+@pytest.mark.parametrize("eps", [1, np.float32(1e-3), np.float64(0.25), 0, np.array(0.5), ZeroDimensional()],
+                         ids=["int", "np.float32", "np.float64", "int0", "0-d-ndarray", "0-d-other"])
 def test_eps_real_number_types(eps):
     x = make_input((3, 7), np.float64)
     out = layernorm.layer_norm(x, (7,), eps=eps)
