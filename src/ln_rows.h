@@ -65,6 +65,12 @@
 /* Group loads and stores by element type (dtype is a constant after inlining) */
 /* ------------------------------------------------------------------------ */
 
+/* The bytes of one group, 16 elements of the element type. */
+static LN_ALWAYS_INLINE ptrdiff_t group_bytes_of(ln_dtype dtype)
+{
+    return 16 * (ptrdiff_t)ln_dtype_size(dtype);
+}
+
 /* 16 elements from p[i] as float32 (float16, bfloat16 and float32 only). */
 static LN_ALWAYS_INLINE gf load_as_f32(ln_dtype dtype, const void *p, ptrdiff_t i)
 {
@@ -561,7 +567,7 @@ static LN_ALWAYS_INLINE void sum_group(ln_dtype dtype, const char *x, const char
         gf_stream16((float *)(sum + offset), gf_load(lanes));
     }
     else {
-        memcpy(sum + offset, lanes, 16 * ln_dtype_size(dtype));
+        memcpy(sum + offset, lanes, (size_t)group_bytes_of(dtype));
     }
 }
 
@@ -1721,7 +1727,7 @@ static LN_ALWAYS_INLINE gd forward_tile_values(ln_dtype dtype, const forward_til
     if (!t->residual.first) {
         const void *group = tile_load(dtype, &t->x, t->count, j, lanes->x, adjacent);
         if (staged) {
-            memcpy(staged + j * 16 * (ptrdiff_t)ln_dtype_size(dtype), group, 16 * ln_dtype_size(dtype));
+            memcpy(staged + j * group_bytes_of(dtype), group, (size_t)group_bytes_of(dtype));
         }
         return load_as_f64(dtype, group, 0);
     }
@@ -1840,7 +1846,7 @@ static void forward_tile_rows(ln_norm_kind kind, ln_dtype dtype, const ln_forwar
 static LN_ALWAYS_INLINE int tiles_output_staged(ln_dtype dtype, const ln_forward_args *a)
 {
     const ln_walk *x = &a->input.walk, *y = &a->output.walk;
-    const ptrdiff_t group_bytes = 16 * (ptrdiff_t)ln_dtype_size(dtype);
+    const ptrdiff_t group_bytes = group_bytes_of(dtype);
     if (a->residual.data || x->block_step != y->block_step || x->row_step != y->row_step ||
         x->elem_step != y->elem_step || a->extent.row_len > LN_TILE_STAGE_BYTES / group_bytes) {
         return 0;
@@ -1866,7 +1872,7 @@ static LN_ALWAYS_INLINE void forward_tile_from_views(ln_norm_kind kind, ln_dtype
     if (!adjacent) {
         memset(&buffers, 0, sizeof buffers);
     }
-    const ptrdiff_t group_bytes = 16 * (ptrdiff_t)ln_dtype_size(dtype);
+    const ptrdiff_t group_bytes = group_bytes_of(dtype);
     double means[16], rstds[16];
     forward_tile_statistics(kind, dtype, t, &buffers, adjacent, staged, n, a->eps, means, rstds);
     int exact_rows = 0;
