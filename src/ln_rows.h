@@ -122,7 +122,8 @@ static LN_ALWAYS_INLINE gd load_as_f64(ln_dtype dtype, const void *p, ptrdiff_t 
 
 /* 16 float64 values into p[0 .. 16), rounded once to the element type as ln_store1_from_f64
    rounds them (float16/bfloat16: to odd in float32, then to nearest even), a group at a
-   time: the loop over the lanes vectorizes where the level has vectors. */
+   time: the loops over the lanes vectorize where the level has vectors, but for the scalar
+   rounding to odd of a group with a lane below float32's normal range. */
 static LN_ALWAYS_INLINE void store_from_f64(ln_dtype dtype, void *p, gd v)
 {
     if (dtype == LN_F64) {
@@ -132,7 +133,7 @@ static LN_ALWAYS_INLINE void store_from_f64(ln_dtype dtype, void *p, gd v)
     double values[16];
     float narrowed[16];
     gd_store(values, v);
-    if (ln_dtype_is_16bit(dtype)) {
+    if (ln_dtype_is_16bit(dtype) && !ln_doubles_to_odd_float_bits(values)) {
         for (int k = 0; k < 16; k++) {
             narrowed[k] = ln_double_to_float_odd(values[k]);
         }

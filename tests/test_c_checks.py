@@ -5,7 +5,9 @@ there is no compiler or no source tree.
 - tests/c/thread_pool_check.c: the thread pool and the default thread count (src/ln_threads.c),
   built plain and under ThreadSanitizer;
 - tests/c/sse2_fma_check.c: the SSE2 level's fused multiply-adds (src/ln_simd_vec128.h), bit
-  for bit against the C library's fma() and fmaf(), on x86-64.
+  for bit against the C library's fma() and fmaf(), on x86-64;
+- tests/c/odd_rounding_check.c: the rounding to odd of 16 float64 values on their bits
+  (src/ln_types.h), against the scalar rounding it stands in for.
 """
 
 import os
@@ -20,6 +22,7 @@ ROOT = os.path.join(os.path.dirname(__file__), os.pardir)
 CHECK = os.path.join(ROOT, "tests", "c", "thread_pool_check.c")
 POOL = os.path.join(ROOT, "src", "ln_threads.c")
 SSE2_FMA_CHECK = os.path.join(ROOT, "tests", "c", "sse2_fma_check.c")
+ODD_ROUNDING_CHECK = os.path.join(ROOT, "tests", "c", "odd_rounding_check.c")
 FLAGS = {
     "plain": ["-O2"],
     "thread-sanitizer": ["-O1", "-g", "-fsanitize=thread"],
@@ -57,18 +60,28 @@ def test_thread_pool_check(build, tmp_path):
     assert ran.stdout == "thread_pool_check: ok\n"
 
 
-@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="the SSE2 level is x86-64's")
-def test_sse2_fma_check(tmp_path):
-    if not os.path.isfile(SSE2_FMA_CHECK):
+def run_plain_check(source, tmp_path):
+    """Builds the single-file check `source` at -O3 and runs it: it prints "<name>: ok\\n"."""
+    if not os.path.isfile(source):
         pytest.skip("no source tree next to the tests")
-    program = tmp_path / "sse2_fma_check"
+    name = os.path.splitext(os.path.basename(source))[0]
+    program = tmp_path / name
     built = subprocess.run(
         compiler() + ["-std=c11", "-O3", "-ffp-contract=off", "-Wall", "-Wextra", "-UNDEBUG",
-                      "-I", os.path.join(ROOT, "src"), SSE2_FMA_CHECK, "-lm", "-o", str(program)],
+                      "-I", os.path.join(ROOT, "src"), source, "-lm", "-o", str(program)],
         capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, built.stderr
     assert "warning" not in built.stderr, built.stderr
     env = {name: value for name, value in os.environ.items() if name != "LD_PRELOAD"}
     ran = subprocess.run([str(program)], capture_output=True, text=True, timeout=600, env=env)
     assert ran.returncode == 0, ran.stdout + ran.stderr
-    assert ran.stdout == "sse2_fma_check: ok\n"
+    assert ran.stdout == f"{name}: ok\n"
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="the SSE2 level is x86-64's")
+def test_sse2_fma_check(tmp_path):
+    run_plain_check(SSE2_FMA_CHECK, tmp_path)
+
+
+def test_odd_rounding_check(tmp_path):
+    run_plain_check(ODD_ROUNDING_CHECK, tmp_path)

@@ -17,17 +17,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "check_random.h"
+
 #define TRIPLES 2000000
-
-static uint64_t random_state = 0x9e3779b97f4a7c15u;
-
-static uint64_t random_bits(void)
-{
-    random_state ^= random_state << 13;
-    random_state ^= random_state >> 7;
-    random_state ^= random_state << 17;
-    return random_state;
-}
 
 /* A random double: any bit pattern when `any`, else an exponent in [-60, 60]. */
 static double random_double(int any)
