@@ -334,12 +334,16 @@ typedef struct {
 
 static LN_ALWAYS_INLINE lane_norm lane_norm_of(const double means[16], const double rstds[16])
 {
+    /* row_norm_of's arithmetic, in loops the compiler turns into a few vector conversions */
     float mean_hi[16], mean_lo[16], scales[16];
     for (int k = 0; k < 16; k++) {
-        const row_norm row = row_norm_of(LN_F32, means[k], rstds[k]);
-        mean_hi[k] = row.mean_hi;
-        mean_lo[k] = row.mean_lo;
-        scales[k] = row.scale;
+        mean_hi[k] = (float)means[k];
+    }
+    for (int k = 0; k < 16; k++) {
+        mean_lo[k] = (float)(means[k] - (double)mean_hi[k]);
+    }
+    for (int k = 0; k < 16; k++) {
+        scales[k] = (float)rstds[k];
     }
     return (lane_norm){gf_load(mean_hi), gf_load(mean_lo), gf_load(scales)};
 }
@@ -782,7 +786,7 @@ static LN_ALWAYS_INLINE void short_rows_to_columns(ln_dtype dtype, const ln_arra
     }
 }
 
-static LN_ALWAYS_INLINE gd short_rows_column(ln_dtype dtype, double columns[16][16], ptrdiff_t i)
+static LN_ALWAYS_INLINE gd short_rows_column(ln_dtype dtype, const double columns[16][16], ptrdiff_t i)
 {
     return load_as_f64(dtype, columns[i], 0);
 }
@@ -817,70 +821,126 @@ static LN_ALWAYS_INLINE void short_rows_from_columns(ln_dtype dtype, const ln_ar
 
 /* Forward of rows shorter than one group, per lane: the textbook two passes in float64,
    the sums about the row's first element so that a constant row has mean == x exactly
-   (RMSNorm: mean 0), then normalize_one's arithmetic (output_in_f64's in float64). */
+   (RMSNorm: mean 0), then normalize_one's arithmetic (output_in_f64's in float64).
+   Software-pipelined a block deep: one loop takes block b's statistics while it writes
+   block b - 1's output, two chains of dependent operations (turn, sums, square root and
+   division; scale, turn back) that the core then runs side by side. */
+typedef struct {
+    double columns[16][16];        /* short_rows_to_columns' */
+    double means[16], rstds[16];
+    ptrdiff_t rows;
+    int every_row;                 /* every row's output comes from this block (written[k]: row k's) */
+    int written[16];
+} short_block;
+
+typedef struct {
+    ptrdiff_t n;
+    lane_divisor by_n;
+    int stats;                            /* the call asks for mean or rstd */
+    double weights[16], biases[16];       /* ones and zeros where absent */
+    gf weight_lanes[16], bias_lanes[16];  /* ... splat in float32, for float32 outputs */
+} short_rows_params;
+
+static LN_ALWAYS_INLINE void short_block_statistics(ln_norm_kind kind, ln_dtype dtype, const ln_forward_args *a,
+                                                    const ln_rstd_bounds *bounds, const short_rows_params *p,
+                                                    ptrdiff_t block, short_block *b)
+{
+    const ptrdiff_t n = p->n;
+    const int has_mean = kind == LN_NORM_LAYER;
+    const gd zero_v = gd_splat(0.0);
+    gd xs[16];  /* the columns in float64, loaded once */
+    short_rows_to_columns(dtype, &a->input, &a->extent, block, b->rows, n, b->columns);
+    xs[0] = short_rows_column(dtype, b->columns, 0);
+    for (ptrdiff_t i = 1; i < n; i++) {
+        xs[i] = short_rows_column(dtype, b->columns, i);
+    }
+    const gd first = has_mean ? xs[0] : zero_v;
+    gd sum = zero_v;  /* (x0 - first) is 0 where it is finite, and a row where not is exact anyway */
+    for (ptrdiff_t i = 1; has_mean && i < n; i++) {
+        sum = gd_add(sum, gd_sub(xs[i], first));
+    }
+    const gd mean_v = has_mean ? gd_add(first, gd_div_by(sum, &p->by_n)) : zero_v;
+    gd m2 = zero_v;
+    for (ptrdiff_t i = 0; i < n; i++) {
+        const gd d = gd_sub(xs[i], mean_v);
+        m2 = gd_add(m2, gd_mul(d, d));
+    }
+    const gd rstd_v = gd_div(gd_splat(1.0), gd_sqrt(gd_add(gd_div_by(m2, &p->by_n), gd_splat(a->eps))));
+    gd_store(b->means, mean_v);
+    gd_store(b->rstds, rstd_v);
+    /* the common block: every lane's rstd within bounds, so every row's moments are finite
+       (a lane past the last row may fail, and sends the block the long way) */
+    b->every_row = gd_all_within(rstd_v, bounds->low, bounds->high);
+    if (b->every_row) {
+        for (ptrdiff_t k = 0; p->stats && k < b->rows; k++) {
+            ln_store_stats(a, block + k, b->means[k], b->rstds[k]);
+        }
+        return;
+    }
+    double m2s[16];
+    gd_store(m2s, m2);
+    for (ptrdiff_t k = 0; k < b->rows; k++) {
+        const ln_moments m = {(double)n, b->means[k], m2s[k]};
+        b->rstds[k] = ln_moments_finite(m) ? b->rstds[k] : NAN;
+        b->written[k] = !ln_row_needs_exact(b->rstds[k], bounds);
+        if (b->written[k]) {
+            ln_store_stats(a, block + k, b->means[k], b->rstds[k]);
+        }
+        else {
+            ln_forward_exact_row(a, &a->input, block + k);
+        }
+    }
+}
+
+static LN_ALWAYS_INLINE void short_block_output(ln_dtype dtype, const ln_forward_args *a, const short_rows_params *p,
+                                                ptrdiff_t block, const short_block *b)
+{
+    const ptrdiff_t n = p->n;
+    double outputs[16][16];
+    if (output_in_f64(dtype, n)) {
+        const gd mean_v = gd_load(b->means), rstd_v = gd_load(b->rstds);
+        for (ptrdiff_t i = 0; i < n; i++) {
+            const gd centred = gd_sub(short_rows_column(dtype, b->columns, i), mean_v);
+            store_from_f64(dtype, outputs[i], gd_fma(centred, gd_mul(gd_splat(p->weights[i]), rstd_v),
+                                                     gd_splat(p->biases[i])));
+        }
+    }
+    else {  /* float32 data: float32 parameters, held exactly in weight_lanes and bias_lanes */
+        const lane_norm lanes = lane_norm_of(b->means, b->rstds);
+        for (ptrdiff_t i = 0; i < n; i++) {
+            const gf centred = gf_sub(gf_sub(gf_load((const float *)b->columns[i]), lanes.mean_hi), lanes.mean_lo);
+            const gf scale = gf_mul(p->weight_lanes[i], lanes.scale);
+            store_from_f32(dtype, outputs[i], 0, gf_fma(centred, scale, p->bias_lanes[i]), 1);
+        }
+    }
+    short_rows_from_columns(dtype, &a->output, &a->extent, block, b->rows, b->every_row ? NULL : b->written, n,
+                            outputs);
+}
+
 static LN_ALWAYS_INLINE void forward_short_rows(ln_norm_kind kind, ln_dtype dtype, const ln_forward_args *a,
                                                 const ln_rstd_bounds *bounds, ptrdiff_t begin, ptrdiff_t end)
 {
     const ptrdiff_t n = a->extent.row_len;
-    const int has_mean = kind == LN_NORM_LAYER;
     assert(1 <= n && n < 16);
-    const lane_divisor by_n = lane_divisor_of(n);
-    const gd eps_v = gd_splat(a->eps), one_v = gd_splat(1.0), zero_v = gd_splat(0.0);
     /* the parameters, ones and zeros standing in for an absent weight and bias: rstd * 1 is
        rstd and fma(c, s, +0) is c * s rounded, the bits of the tests they replace, and the
        output loops test nothing per column */
-    double weights[16], biases[16];
+    short_rows_params p = {.n = n, .by_n = lane_divisor_of(n), .stats = a->mean.data || a->rstd.data};
     for (ptrdiff_t i = 0; i < n; i++) {
-        weights[i] = a->weight ? ln_load1_param_as_f64(dtype, a->weight, i) : 1.0;
-        biases[i] = has_mean && a->bias ? ln_load1_param_as_f64(dtype, a->bias, i) : 0.0;
+        p.weights[i] = a->weight ? ln_load1_param_as_f64(dtype, a->weight, i) : 1.0;
+        p.biases[i] = kind == LN_NORM_LAYER && a->bias ? ln_load1_param_as_f64(dtype, a->bias, i) : 0.0;
+        p.weight_lanes[i] = gf_splat((float)p.weights[i]);
+        p.bias_lanes[i] = gf_splat((float)p.biases[i]);
     }
-    for (ptrdiff_t block = begin; block < end; block += 16) {
-        const ptrdiff_t rows = end - block < 16 ? end - block : 16;
-        double columns[16][16], outputs[16][16], means[16], m2s[16], rstds[16];
-        int written[16];
-        short_rows_to_columns(dtype, &a->input, &a->extent, block, rows, n, columns);
-        const gd first = has_mean ? short_rows_column(dtype, columns, 0) : zero_v;
-        gd sum = zero_v;
-        for (ptrdiff_t i = 0; has_mean && i < n; i++) {
-            sum = gd_add(sum, gd_sub(short_rows_column(dtype, columns, i), first));
+    short_block blocks[2];
+    for (ptrdiff_t block = begin, turn = 0; block < end + 16; block += 16, turn ^= 1) {
+        if (block < end) {
+            blocks[turn].rows = end - block < 16 ? end - block : 16;
+            short_block_statistics(kind, dtype, a, bounds, &p, block, &blocks[turn]);
         }
-        const gd mean_v = has_mean ? gd_add(first, gd_div_by(sum, &by_n)) : zero_v;
-        gd m2 = zero_v;
-        for (ptrdiff_t i = 0; i < n; i++) {
-            const gd d = gd_sub(short_rows_column(dtype, columns, i), mean_v);
-            m2 = gd_add(m2, gd_mul(d, d));
+        if (block > begin) {
+            short_block_output(dtype, a, &p, block - 16, &blocks[turn ^ 1]);
         }
-        gd_store(means, mean_v);
-        gd_store(m2s, m2);
-        gd_store(rstds, gd_div(one_v, gd_sqrt(gd_add(gd_div_by(m2, &by_n), eps_v))));
-        for (ptrdiff_t k = 0; k < rows; k++) {
-            const ln_moments m = {(double)n, means[k], m2s[k]};
-            rstds[k] = ln_moments_finite(m) ? rstds[k] : NAN;
-            written[k] = !ln_row_needs_exact(rstds[k], bounds);
-            if (written[k]) {
-                ln_store_stats(a, block + k, means[k], rstds[k]);
-            }
-            else {
-                ln_forward_exact_row(a, &a->input, block + k);
-            }
-        }
-        if (output_in_f64(dtype, n)) {
-            const gd rstd_v = gd_load(rstds);
-            for (ptrdiff_t i = 0; i < n; i++) {
-                const gd centred = gd_sub(short_rows_column(dtype, columns, i), mean_v);
-                store_from_f64(dtype, outputs[i], gd_fma(centred, gd_mul(gd_splat(weights[i]), rstd_v),
-                                                         gd_splat(biases[i])));
-            }
-        }
-        else {  /* float32 data: float32 parameters, held exactly in weights and biases */
-            const lane_norm lanes = lane_norm_of(means, rstds);
-            for (ptrdiff_t i = 0; i < n; i++) {
-                const gf centred = gf_sub(gf_sub(gf_load((const float *)columns[i]), lanes.mean_hi), lanes.mean_lo);
-                const gf scale = gf_mul(gf_splat((float)weights[i]), lanes.scale);
-                store_from_f32(dtype, outputs[i], 0, gf_fma(centred, scale, gf_splat((float)biases[i])), 1);
-            }
-        }
-        short_rows_from_columns(dtype, &a->output, &a->extent, block, rows, written, n, outputs);
     }
 }
 

@@ -22,7 +22,19 @@ typedef float ln_vf __attribute__((vector_size(64)));   /* __m512 */
 #define LN_AFFINE_LOOP_APART 1
 #define LN_ROWS8_F32_TRANSPOSE 1  /* rows8_f32_to_columns and rows8_f32_from_columns, below */
 
+#define LN_GD_ALL_WITHIN 1  /* gd_all_within, below */
+
 #include "ln_simd_group.h"
+
+static LN_ALWAYS_INLINE int gd_all_within(gd a, double low, double high)
+{
+    __mmask8 inside = 0xff;
+    FOR_VD(k) {
+        inside &= _mm512_cmp_pd_mask((__m512d)a.v[k], _mm512_set1_pd(low), _CMP_GE_OQ) &
+                  _mm512_cmp_pd_mask((__m512d)a.v[k], _mm512_set1_pd(high), _CMP_LE_OQ);
+    }
+    return inside == 0xff;
+}
 
 static LN_ALWAYS_INLINE gd gd_load_f32(const float *p)
 {

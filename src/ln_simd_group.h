@@ -80,6 +80,29 @@ static LN_ALWAYS_INLINE gd gd_quiet_nans(gd a)
 }
 #endif
 
+/* Whether every lane of a lies in [low, high] (a NaN lane does not); a level with mask
+   registers defines its own (LN_GD_ALL_WITHIN). */
+#if defined(LN_GD_ALL_WITHIN)
+#elif LN_VD_LANES > 1
+static LN_ALWAYS_INLINE int gd_all_within(gd a, double low, double high)
+{
+    ln_vu64 inside = ~(ln_vu64){0};
+    FOR_VD(k) { inside &= (ln_vu64)((a.v[k] >= low) & (a.v[k] <= high)); }
+    uint64_t all = ~(uint64_t)0;
+    for (int j = 0; j < LN_VD_LANES; j++) {
+        all &= inside[j];
+    }
+    return all != 0;
+}
+#else
+static LN_ALWAYS_INLINE int gd_all_within(gd a, double low, double high)
+{
+    int all = 1;
+    FOR_VD(k) { all &= low <= a.v[k] && a.v[k] <= high; }
+    return all;
+}
+#endif
+
 static LN_ALWAYS_INLINE gf gf_splat(float value)
 {
     gf r;
