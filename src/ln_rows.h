@@ -819,6 +819,25 @@ static LN_ALWAYS_INLINE void short_rows_from_columns(ln_dtype dtype, const ln_ar
     }
 }
 
+/* A statistic (mean or rstd, of dtype's parameter type) of rows block .. block + rows out:
+   where the 16 rows' values lie one after another (as in the arrays layernorm and NumPy
+   make), by a loop over them that vectorizes; else row by row. */
+static LN_ALWAYS_INLINE void store_block_stat(ln_dtype dtype, const ln_array *stat, const ln_extent *extent,
+                                              ptrdiff_t block, ptrdiff_t rows, const double values[16])
+{
+    const ptrdiff_t size = dtype == LN_F64 ? 8 : 4;
+    char *first = ln_row_address(stat, extent, block);
+    /* one row address 15 rows on, as rows8_f32_adjacent */
+    const int run = rows == 16 && stat->walk.row_step == size &&
+                    ln_row_address(stat, extent, block + 15) == first + 15 * size;
+    for (ptrdiff_t k = 0; run && k < 16; k++) {
+        ln_store1_param(dtype, first, k, values[k]);
+    }
+    for (ptrdiff_t k = 0; !run && k < rows; k++) {
+        ln_store1_param(dtype, ln_row_address(stat, extent, block + k), 0, values[k]);
+    }
+}
+
 /* Forward of rows shorter than one group, per lane: the textbook two passes in float64,
    the sums about the row's first element so that a constant row has mean == x exactly
    (RMSNorm: mean 0), then normalize_one's arithmetic (output_in_f64's in float64).
@@ -828,7 +847,6 @@ static LN_ALWAYS_INLINE void short_rows_from_columns(ln_dtype dtype, const ln_ar
 typedef struct {
     double columns[16][16];        /* short_rows_to_columns' */
     double means[16], rstds[16];
-    ptrdiff_t rows;
     int every_row;                 /* every row's output comes from this block (written[k]: row k's) */
     int written[16];
 } short_block;
@@ -836,20 +854,19 @@ typedef struct {
 typedef struct {
     ptrdiff_t n;
     lane_divisor by_n;
-    int stats;                            /* the call asks for mean or rstd */
     double weights[16], biases[16];       /* ones and zeros where absent */
     gf weight_lanes[16], bias_lanes[16];  /* ... splat in float32, for float32 outputs */
 } short_rows_params;
 
 static LN_ALWAYS_INLINE void short_block_statistics(ln_norm_kind kind, ln_dtype dtype, const ln_forward_args *a,
                                                     const ln_rstd_bounds *bounds, const short_rows_params *p,
-                                                    ptrdiff_t block, short_block *b)
+                                                    ptrdiff_t block, ptrdiff_t rows, short_block *b)
 {
     const ptrdiff_t n = p->n;
     const int has_mean = kind == LN_NORM_LAYER;
     const gd zero_v = gd_splat(0.0);
     gd xs[16];  /* the columns in float64, loaded once */
-    short_rows_to_columns(dtype, &a->input, &a->extent, block, b->rows, n, b->columns);
+    short_rows_to_columns(dtype, &a->input, &a->extent, block, rows, n, b->columns);
     xs[0] = short_rows_column(dtype, b->columns, 0);
     for (ptrdiff_t i = 1; i < n; i++) {
         xs[i] = short_rows_column(dtype, b->columns, i);
@@ -872,14 +889,17 @@ static LN_ALWAYS_INLINE void short_block_statistics(ln_norm_kind kind, ln_dtype 
        (a lane past the last row may fail, and sends the block the long way) */
     b->every_row = gd_all_within(rstd_v, bounds->low, bounds->high);
     if (b->every_row) {
-        for (ptrdiff_t k = 0; p->stats && k < b->rows; k++) {
-            ln_store_stats(a, block + k, b->means[k], b->rstds[k]);
+        if (a->mean.data) {
+            store_block_stat(dtype, &a->mean, &a->extent, block, rows, b->means);
+        }
+        if (a->rstd.data) {
+            store_block_stat(dtype, &a->rstd, &a->extent, block, rows, b->rstds);
         }
         return;
     }
     double m2s[16];
     gd_store(m2s, m2);
-    for (ptrdiff_t k = 0; k < b->rows; k++) {
+    for (ptrdiff_t k = 0; k < rows; k++) {
         const ln_moments m = {(double)n, b->means[k], m2s[k]};
         b->rstds[k] = ln_moments_finite(m) ? b->rstds[k] : NAN;
         b->written[k] = !ln_row_needs_exact(b->rstds[k], bounds);
@@ -893,7 +913,7 @@ static LN_ALWAYS_INLINE void short_block_statistics(ln_norm_kind kind, ln_dtype 
 }
 
 static LN_ALWAYS_INLINE void short_block_output(ln_dtype dtype, const ln_forward_args *a, const short_rows_params *p,
-                                                ptrdiff_t block, const short_block *b)
+                                                ptrdiff_t block, ptrdiff_t rows, const short_block *b)
 {
     const ptrdiff_t n = p->n;
     double outputs[16][16];
@@ -913,7 +933,7 @@ static LN_ALWAYS_INLINE void short_block_output(ln_dtype dtype, const ln_forward
             store_from_f32(dtype, outputs[i], 0, gf_fma(centred, scale, p->bias_lanes[i]), 1);
         }
     }
-    short_rows_from_columns(dtype, &a->output, &a->extent, block, b->rows, b->every_row ? NULL : b->written, n,
+    short_rows_from_columns(dtype, &a->output, &a->extent, block, rows, b->every_row ? NULL : b->written, n,
                             outputs);
 }
 
@@ -925,7 +945,7 @@ static LN_ALWAYS_INLINE void forward_short_rows(ln_norm_kind kind, ln_dtype dtyp
     /* the parameters, ones and zeros standing in for an absent weight and bias: rstd * 1 is
        rstd and fma(c, s, +0) is c * s rounded, the bits of the tests they replace, and the
        output loops test nothing per column */
-    short_rows_params p = {.n = n, .by_n = lane_divisor_of(n), .stats = a->mean.data || a->rstd.data};
+    short_rows_params p = {.n = n, .by_n = lane_divisor_of(n)};
     for (ptrdiff_t i = 0; i < n; i++) {
         p.weights[i] = a->weight ? ln_load1_param_as_f64(dtype, a->weight, i) : 1.0;
         p.biases[i] = kind == LN_NORM_LAYER && a->bias ? ln_load1_param_as_f64(dtype, a->bias, i) : 0.0;
@@ -935,11 +955,11 @@ static LN_ALWAYS_INLINE void forward_short_rows(ln_norm_kind kind, ln_dtype dtyp
     short_block blocks[2];
     for (ptrdiff_t block = begin, turn = 0; block < end + 16; block += 16, turn ^= 1) {
         if (block < end) {
-            blocks[turn].rows = end - block < 16 ? end - block : 16;
-            short_block_statistics(kind, dtype, a, bounds, &p, block, &blocks[turn]);
+            short_block_statistics(kind, dtype, a, bounds, &p, block, end - block < 16 ? end - block : 16,
+                                   &blocks[turn]);
         }
-        if (block > begin) {
-            short_block_output(dtype, a, &p, block - 16, &blocks[turn ^ 1]);
+        if (block > begin) {  /* block - 16 has 16 rows, for a block after it began */
+            short_block_output(dtype, a, &p, block - 16, end - block < 0 ? end - block + 16 : 16, &blocks[turn ^ 1]);
         }
     }
 }
