@@ -838,16 +838,11 @@ static LN_ALWAYS_INLINE void store_block_stat(ln_dtype dtype, const ln_array *st
     }
 }
 
-/* Forward of rows shorter than one group, per lane: the textbook two passes in float64,
-   the sums about the row's first element so that a constant row has mean == x exactly
-   (RMSNorm: mean 0), then normalize_one's arithmetic (output_in_f64's in float64).
-   Software-pipelined a block deep: one loop takes block b's statistics while it writes
-   block b - 1's output, two chains of dependent operations (turn, sums, square root and
-   division; scale, turn back) that the core then runs side by side. */
+/* A block of 16 short rows between forward_short_rows' two stages. */
 typedef struct {
     double columns[16][16];        /* short_rows_to_columns' */
     double means[16], rstds[16];
-    int every_row;                 /* every row's output comes from this block (written[k]: row k's) */
+    int every_row;                 /* no row went to ln_forward_exact_row (else written[k]: row k did not) */
     int written[16];
 } short_block;
 
@@ -858,6 +853,8 @@ typedef struct {
     gf weight_lanes[16], bias_lanes[16];  /* ... splat in float32, for float32 outputs */
 } short_rows_params;
 
+/* Stage 1 of forward_short_rows: rows [block, block + rows) turned into b->columns, their
+   statistics, and the rows outside the bounds through ln_forward_exact_row. */
 static LN_ALWAYS_INLINE void short_block_statistics(ln_norm_kind kind, ln_dtype dtype, const ln_forward_args *a,
                                                     const ln_rstd_bounds *bounds, const short_rows_params *p,
                                                     ptrdiff_t block, ptrdiff_t rows, short_block *b)
@@ -912,6 +909,7 @@ static LN_ALWAYS_INLINE void short_block_statistics(ln_norm_kind kind, ln_dtype 
     }
 }
 
+/* Stage 2: the block's normalized rows, from b, turned back into rows of the output. */
 static LN_ALWAYS_INLINE void short_block_output(ln_dtype dtype, const ln_forward_args *a, const short_rows_params *p,
                                                 ptrdiff_t block, ptrdiff_t rows, const short_block *b)
 {
@@ -937,6 +935,12 @@ static LN_ALWAYS_INLINE void short_block_output(ln_dtype dtype, const ln_forward
                             outputs);
 }
 
+/* Forward of rows shorter than one group, per lane: the textbook two passes in float64,
+   the sums about the row's first element so that a constant row has mean == x exactly
+   (RMSNorm: mean 0), then normalize_one's arithmetic (output_in_f64's in float64).
+   Software-pipelined a block deep: one loop takes block b's statistics while it writes
+   block b - 1's output, two chains of dependent operations (turn, sums, square root and
+   division; scale, turn back) that the core then runs side by side. */
 static LN_ALWAYS_INLINE void forward_short_rows(ln_norm_kind kind, ln_dtype dtype, const ln_forward_args *a,
                                                 const ln_rstd_bounds *bounds, ptrdiff_t begin, ptrdiff_t end)
 {
@@ -958,7 +962,7 @@ static LN_ALWAYS_INLINE void forward_short_rows(ln_norm_kind kind, ln_dtype dtyp
             short_block_statistics(kind, dtype, a, bounds, &p, block, end - block < 16 ? end - block : 16,
                                    &blocks[turn]);
         }
-        if (block > begin) {  /* block - 16 has 16 rows, for a block after it began */
+        if (block > begin) {  /* block - 16: 16 rows, fewer if it is the range's last */
             short_block_output(dtype, a, &p, block - 16, end - block < 0 ? end - block + 16 : 16, &blocks[turn ^ 1]);
         }
     }

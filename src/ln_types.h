@@ -199,8 +199,8 @@ static inline float ln_double_to_float_odd(double value)
    bits below float32's last) with the last kept bit set where a dropped bit was set, a few
    integer operations a lane that vectorize, where the scalar function's conversions and
    tests do not (float16 rows of 4 elements, forward: 1.5x as fast).  Values at or above
-   2**128 truncate to float32's Inf where ln_double_to_float_odd gives FLT_MAX, which float16
-   and bfloat16 both round to Inf. */
+   2**128 stay there, and the conversion to float32 rounds them to Inf where
+   ln_double_to_float_odd gives FLT_MAX, which float16 and bfloat16 both round to Inf. */
 static inline int ln_doubles_to_odd_float_bits(double values[16])
 {
     const uint64_t magnitude = 0x7fffffffffffffffu, float_normal_min = 0x3810000000000000u;  /* 2**-126 */

@@ -8,12 +8,12 @@
  *
  * Each lane must give the scalar function's float32, bit for bit (a NaN's payload too), or,
  * at or above 2**128, where the two differ by design (Inf against FLT_MAX), the same float16
- * and bfloat16.  Groups with a lane
- * below float32's normal range must be refused and left as they were.  The values: random
- * bit patterns (every kind of double), random significands at exponents across float32's
- * range and its edges (2**-126, 2**128), float32 values exactly and a hair either side of
- * them, halfway points between neighbouring float32 values and a hair either side (where
- * rounding to nearest and to odd part), zeros, infinities and NaNs.
+ * and bfloat16.  Groups with a lane below float32's normal range must be refused and left as
+ * they were.  The values: random bit patterns (every kind of double), random significands at
+ * exponents across float32's range and its edges (2**-126, 2**128), float32 values exactly and
+ * a hair either side of them, halfway points between neighbouring float32 values and a hair
+ * either side (where rounding to nearest and to odd part), zeros, infinities and NaNs; in
+ * about one group in 16, a lane below float32's normal range.
  */
 #include "ln_types.h"
 
@@ -87,6 +87,14 @@ static int below_normal(double value)
     return value != 0.0 && fabs(value) < 0x1p-126;
 }
 
+/* A nonzero value below float32's normal range: a float64 subnormal or normal. */
+static double below_normal_value(void)
+{
+    const uint64_t exponent = random_bits() % (1023 - 126);
+    const uint64_t bits = (random_bits() & 0x800fffffffffffffu) | exponent << 52;
+    return below_normal(from_bits(bits)) ? from_bits(bits) : 0x1p-127;
+}
+
 int main(void)
 {
     long failures = 0, refused = 0;
@@ -95,8 +103,12 @@ int main(void)
         const int kind = (int)(random_bits() % 5);
         int expect_refused = 0;
         for (int k = 0; k < 16; k++) {
-            /* groups of one kind, a subnormal lane in a few of them */
-            values[k] = test_value(random_bits() % 64 == 0 ? 1 : kind);
+            /* groups of one kind, drawn again where a value falls below float32's normal range
+               (so that most groups are rounded, not refused), and such a lane in a few */
+            do {
+                values[k] = test_value(kind);
+            } while (below_normal(values[k]));
+            values[k] = random_bits() % 256 == 0 ? below_normal_value() : values[k];
             expect_refused |= below_normal(values[k]);
         }
         memcpy(kept, values, sizeof kept);
@@ -104,7 +116,7 @@ int main(void)
         if (!done) {
             refused++;
             if (!expect_refused || memcmp(values, kept, sizeof kept) != 0) {
-                printf("group %ld refused (expected %d) or changed\n", g, !expect_refused);
+                printf("group %ld refused with no lane below float32's normal range, or changed\n", g);
                 failures++;
             }
             continue;
@@ -130,7 +142,8 @@ int main(void)
             }
         }
     }
-    if (failures || refused == 0 || refused == GROUPS) {
+    /* about 6% of the groups have a lane below the normal range */
+    if (failures || refused < GROUPS / 50 || refused > GROUPS / 10) {
         printf("odd_rounding_check: %ld failures, %ld of %d groups refused\n", failures, refused, GROUPS);
         return 1;
     }
