@@ -116,14 +116,11 @@ static void ln_copy_rows(const ln_forward_args *a, ptrdiff_t begin, ptrdiff_t en
         return;
     }
     const ptrdiff_t row_bytes = a->extent.row_len * (ptrdiff_t)ln_dtype_size(a->dtype);
-    const char *x = ln_row_address(&a->input, &a->extent, begin);
-    char *copy = ln_row_address(&a->copy, &a->extent, begin);
-    const ptrdiff_t last = end - 1 - begin;
     if (ln_elements_adjacent(&a->input, a->dtype) && ln_elements_adjacent(&a->copy, a->dtype) &&
-        ln_row_address(&a->input, &a->extent, end - 1) == x + last * row_bytes &&
-        ln_row_address(&a->copy, &a->extent, end - 1) == copy + last * row_bytes &&
-        a->input.walk.row_step == row_bytes && a->copy.walk.row_step == row_bytes) {
-        memcpy(copy, x, (size_t)((end - begin) * row_bytes));
+        ln_rows_consecutive(&a->input, &a->extent, begin, end, row_bytes) &&
+        ln_rows_consecutive(&a->copy, &a->extent, begin, end, row_bytes)) {
+        memcpy(ln_row_address(&a->copy, &a->extent, begin), ln_row_address(&a->input, &a->extent, begin),
+               (size_t)((end - begin) * row_bytes));
         return;
     }
     for (ptrdiff_t r = begin; r < end; r++) {

@@ -328,6 +328,17 @@ static inline char *ln_row_address(const ln_array *array, const ln_extent *exten
     return ln_block_row_address(array, block, r - block * extent->rows);
 }
 
+/* Whether rows [begin, end) of an array (end > begin) lie one after another, each row_bytes
+   long: a row step of row_bytes, and row end - 1 where that step puts it, so that no block
+   boundary between them moved a row (crossing one moves every later row by the same amount). */
+static inline int ln_rows_consecutive(const ln_array *array, const ln_extent *extent, ptrdiff_t begin, ptrdiff_t end,
+                                      ptrdiff_t row_bytes)
+{
+    assert(begin < end);
+    return array->walk.row_step == row_bytes &&
+           ln_row_address(array, extent, end - 1) == ln_row_address(array, extent, begin) + (end - 1 - begin) * row_bytes;
+}
+
 /* Whether an array is absent or has its rows' elements adjacent. */
 static inline int ln_elements_adjacent(const ln_array *array, ln_dtype dtype)
 {

@@ -755,10 +755,8 @@ static LN_ALWAYS_INLINE gd gd_div_by(gd x, const lane_divisor *d)
 static LN_ALWAYS_INLINE int rows8_f32_adjacent(ln_dtype dtype, const ln_array *array, const ln_extent *extent,
                                                ptrdiff_t block, ptrdiff_t rows, ptrdiff_t n)
 {
-    /* one row address 15 rows on from the first: no block boundary between them moved a row */
     return LN_ROWS8_F32_TRANSPOSE && dtype == LN_F32 && n == 8 && rows == 16 && array->walk.elem_step == 4 &&
-           array->walk.row_step == 32 &&
-           ln_row_address(array, extent, block + 15) == ln_row_address(array, extent, block) + 15 * 32;
+           ln_rows_consecutive(array, extent, block, block + 16, 32);
 }
 
 static LN_ALWAYS_INLINE void short_rows_to_columns(ln_dtype dtype, const ln_array *array, const ln_extent *extent,
@@ -825,11 +823,8 @@ static LN_ALWAYS_INLINE void short_rows_from_columns(ln_dtype dtype, const ln_ar
 static LN_ALWAYS_INLINE void store_block_stat(ln_dtype dtype, const ln_array *stat, const ln_extent *extent,
                                               ptrdiff_t block, ptrdiff_t rows, const double values[16])
 {
-    const ptrdiff_t size = dtype == LN_F64 ? 8 : 4;
     char *first = ln_row_address(stat, extent, block);
-    /* one row address 15 rows on, as rows8_f32_adjacent */
-    const int run = rows == 16 && stat->walk.row_step == size &&
-                    ln_row_address(stat, extent, block + 15) == first + 15 * size;
+    const int run = rows == 16 && ln_rows_consecutive(stat, extent, block, block + 16, dtype == LN_F64 ? 8 : 4);
     for (ptrdiff_t k = 0; run && k < 16; k++) {
         ln_store1_param(dtype, first, k, values[k]);
     }
