@@ -1198,36 +1198,6 @@ static LN_ALWAYS_INLINE void grad_sums_group(ln_norm_kind kind, ln_dtype dtype, 
     }
 }
 
-/* grad_sums_single's vector part, elements [0, n - n % 16): blocks of LN_GRAD_SUM_BLOCK groups
-   whose float32 sums are added into g_sum and gc_sum in float64.  Within a block the even and
-   odd groups go to separate accumulators, so no add waits on the one before; a loop step
-   takes one of each.  has_weight and has_largest are constants where this is called. */
-static LN_ALWAYS_INLINE void grad_sums_groups(ln_norm_kind kind, ln_dtype dtype, const void *dy, const void *x,
-                                              const float *weight, int has_weight, int has_largest, ptrdiff_t n,
-                                              gf mean_v, gd *g_sum, gd *gc_sum, gf *g_top, gf *dy_top)
-{
-    const ptrdiff_t groups_end = n - n % 16;
-    const gf zero_v = gf_splat(0.0f);
-    for (ptrdiff_t block = 0; block < groups_end; block += 16 * LN_GRAD_SUM_BLOCK) {
-        const ptrdiff_t block_end = groups_end - block < 16 * LN_GRAD_SUM_BLOCK ? groups_end
-                                                                              : block + 16 * LN_GRAD_SUM_BLOCK;
-        gf even_g = zero_v, even_gc = zero_v, odd_g = zero_v, odd_gc = zero_v;
-        ptrdiff_t i = block;
-        for (; i + 32 <= block_end; i += 32) {
-            grad_sums_group(kind, dtype, dy, x, weight, has_weight, has_largest, i, mean_v, &even_g, &even_gc,
-                            g_top, dy_top);
-            grad_sums_group(kind, dtype, dy, x, weight, has_weight, has_largest, i + 16, mean_v, &odd_g, &odd_gc,
-                            g_top, dy_top);
-        }
-        if (i < block_end) {
-            grad_sums_group(kind, dtype, dy, x, weight, has_weight, has_largest, i, mean_v, &even_g, &even_gc,
-                            g_top, dy_top);
-        }
-        *g_sum = gd_add(*g_sum, gf_widen(gf_add(even_g, odd_g)));
-        *gc_sum = gd_add(*gc_sum, gf_widen(gf_add(even_gc, odd_gc)));
-    }
-}
-
 /* Pass 1 over a span of n elements of one row, for float16/float32 data:
        sums[0] = sum(g),  sums[1] = sum(g * xhat),   g = dy * weight, xhat = (x - mean) * rstd
    The products are formed in float32 (mean and rstd are float32 for this data, so x - mean
@@ -1235,30 +1205,77 @@ static LN_ALWAYS_INLINE void grad_sums_groups(ln_norm_kind kind, ln_dtype dtype,
    groups whose sums are added in float64.  `weight` points at the span's first column,
    or is NULL.  RMSNorm (mean 0) needs no sum(g): sums[0] is 0 then.  largest = (max |g|,
    max |dy|), which tell whether those products could have underflowed
-   (ln_grad_row_needs_exact); NULL: not wanted. */
-static LN_ALWAYS_INLINE void grad_sums_single(ln_norm_kind kind, ln_dtype dtype, const void *dy, const void *x,
-                                              const float *weight, ptrdiff_t n, double mean, double rstd,
-                                              double sums[2], double largest[2])
+   (ln_grad_row_needs_exact); NULL: not wanted.  A row's state between its blocks is a
+   grad_sums_acc, so that the pipelined backward (backward_rows_pipelined) takes a row's
+   blocks one at a time through the same operations. */
+typedef struct {
+    gf mean_v;
+    gd g_sum, gc_sum;    /* the blocks' sums so far */
+    gf g_top, dy_top;    /* the largest magnitudes so far */
+} grad_sums_acc;
+
+static LN_ALWAYS_INLINE grad_sums_acc grad_sums_start(double mean)
+{
+    const grad_sums_acc acc = {gf_splat((float)mean), gd_splat(0.0), gd_splat(0.0), gf_splat(0.0f), gf_splat(0.0f)};
+    return acc;
+}
+
+/* The end of the block that starts at element `block` of a row whose groups end at groups_end. */
+static LN_ALWAYS_INLINE ptrdiff_t grad_sum_block_end(ptrdiff_t block, ptrdiff_t groups_end)
+{
+    return groups_end - block < 16 * LN_GRAD_SUM_BLOCK ? groups_end : block + 16 * LN_GRAD_SUM_BLOCK;
+}
+
+/* One block, elements [block, grad_sum_block_end(block, groups_end)), into acc.  Within the
+   block the even and odd groups go to separate float32 accumulators, so no add waits on the
+   one before; a loop step takes one of each.  has_weight and has_largest are constants
+   where this is called. */
+static LN_ALWAYS_INLINE void grad_sums_block(ln_norm_kind kind, ln_dtype dtype, grad_sums_acc *acc,
+                                             const void *dy, const void *x, const float *weight, int has_weight,
+                                             int has_largest, ptrdiff_t block, ptrdiff_t groups_end)
+{
+    const ptrdiff_t block_end = grad_sum_block_end(block, groups_end);
+    const gf zero_v = gf_splat(0.0f);
+    gf even_g = zero_v, even_gc = zero_v, odd_g = zero_v, odd_gc = zero_v;
+    ptrdiff_t i = block;
+    for (; i + 32 <= block_end; i += 32) {
+        grad_sums_group(kind, dtype, dy, x, weight, has_weight, has_largest, i, acc->mean_v, &even_g, &even_gc,
+                        &acc->g_top, &acc->dy_top);
+        grad_sums_group(kind, dtype, dy, x, weight, has_weight, has_largest, i + 16, acc->mean_v, &odd_g,
+                        &odd_gc, &acc->g_top, &acc->dy_top);
+    }
+    if (i < block_end) {
+        grad_sums_group(kind, dtype, dy, x, weight, has_weight, has_largest, i, acc->mean_v, &even_g, &even_gc,
+                        &acc->g_top, &acc->dy_top);
+    }
+    acc->g_sum = gd_add(acc->g_sum, gf_widen(gf_add(even_g, odd_g)));
+    acc->gc_sum = gd_add(acc->gc_sum, gf_widen(gf_add(even_gc, odd_gc)));
+}
+
+/* The row's whole groups, elements [0, n - n % 16), into acc block by block. */
+static LN_ALWAYS_INLINE void grad_sums_groups(ln_norm_kind kind, ln_dtype dtype, grad_sums_acc *acc,
+                                              const void *dy, const void *x, const float *weight, int has_weight,
+                                              int has_largest, ptrdiff_t n)
+{
+    const ptrdiff_t groups_end = n - n % 16;
+    for (ptrdiff_t block = 0; block < groups_end; block += 16 * LN_GRAD_SUM_BLOCK) {
+        grad_sums_block(kind, dtype, acc, dy, x, weight, has_weight, has_largest, block, groups_end);
+    }
+}
+
+/* sums and largest from acc, once every whole group of the row is in it: the elements
+   from n - n % 16 on go into the lanes one by one. */
+static LN_ALWAYS_INLINE void grad_sums_finish(ln_norm_kind kind, ln_dtype dtype, const grad_sums_acc *acc,
+                                              const void *dy, const void *x, const float *weight, ptrdiff_t n,
+                                              double mean, double rstd, double sums[2], double largest[2])
 {
     const int has_mean = kind == LN_NORM_LAYER;
-    const gf mean_v = gf_splat((float)mean);
-    gd g_sum = gd_splat(0.0), gc_sum = gd_splat(0.0);
-    gf g_top = gf_splat(0.0f), dy_top = g_top;
-    if (weight && largest) {
-        grad_sums_groups(kind, dtype, dy, x, weight, 1, 1, n, mean_v, &g_sum, &gc_sum, &g_top, &dy_top);
-    }
-    else if (largest) {
-        grad_sums_groups(kind, dtype, dy, x, NULL, 0, 1, n, mean_v, &g_sum, &gc_sum, &g_top, &dy_top);
-    }
-    else {
-        grad_sums_groups(kind, dtype, dy, x, weight, weight != NULL, 0, n, mean_v, &g_sum, &gc_sum, &g_top, &dy_top);
-    }
     double g_lanes[16], gc_lanes[16];
-    gd_store(g_lanes, g_sum);
-    gd_store(gc_lanes, gc_sum);
+    gd_store(g_lanes, acc->g_sum);
+    gd_store(gc_lanes, acc->gc_sum);
     double g_tops[16], dy_tops[16];
-    gd_store(g_tops, gf_widen(g_top));
-    gd_store(dy_tops, gf_widen(dy_top));
+    gd_store(g_tops, gf_widen(acc->g_top));
+    gd_store(dy_tops, gf_widen(acc->dy_top));
     for (ptrdiff_t i = n - n % 16; i < n; i++) {
         const float dy_1 = (float)ln_load1_as_f64(dtype, dy, i);
         const float g = weight ? dy_1 * weight[i] : dy_1;
@@ -1275,6 +1292,23 @@ static LN_ALWAYS_INLINE void grad_sums_single(ln_norm_kind kind, ln_dtype dtype,
         largest[0] = largest_of_lanes(g_tops);
         largest[1] = largest_of_lanes(dy_tops);
     }
+}
+
+static LN_ALWAYS_INLINE void grad_sums_single(ln_norm_kind kind, ln_dtype dtype, const void *dy, const void *x,
+                                              const float *weight, ptrdiff_t n, double mean, double rstd,
+                                              double sums[2], double largest[2])
+{
+    grad_sums_acc acc = grad_sums_start(mean);
+    if (weight && largest) {
+        grad_sums_groups(kind, dtype, &acc, dy, x, weight, 1, 1, n);
+    }
+    else if (largest) {
+        grad_sums_groups(kind, dtype, &acc, dy, x, NULL, 0, 1, n);
+    }
+    else {
+        grad_sums_groups(kind, dtype, &acc, dy, x, weight, weight != NULL, 0, n);
+    }
+    grad_sums_finish(kind, dtype, &acc, dy, x, weight, n, mean, rstd, sums, largest);
 }
 
 /* The same for float64 data, all in float64. */
@@ -1365,56 +1399,64 @@ static LN_ALWAYS_INLINE ln_store grad_dx_store(const ln_grad_rows *group)
    their (at most LN_GRAD_ROWS) terms are summed in registers, and dweight and dbias, in
    float64, go to memory once per group instead of once per row.  RMSNorm: xc = x and
    g_mean = 0, so the inner fma's addend is -0 and it is the product alone (same bits). */
-static LN_ALWAYS_INLINE void grad_apply_single(ln_norm_kind kind, ln_dtype dtype, const ln_grad_rows *group,
-                                               int count, const float *weight, ptrdiff_t n,
-                                               double *dweight, double *dbias)
-{
-    const int has_mean = kind == LN_NORM_LAYER;
-    gf mean_v[LN_GRAD_ROWS], rstd_v[LN_GRAD_ROWS], xc_scale_v[LN_GRAD_ROWS], offset_v[LN_GRAD_ROWS];
+typedef struct {
+    /* the row pointers in locals: the vector stores may alias anything, the group included */
+    const char *dy[LN_GRAD_ROWS], *x[LN_GRAD_ROWS];
+    char *dx[LN_GRAD_ROWS];
     float mean[LN_GRAD_ROWS], rstd[LN_GRAD_ROWS], xc_scale[LN_GRAD_ROWS], offset[LN_GRAD_ROWS];
-    /* the row pointers in locals: the vector stores may alias anything, *group included */
-    const char *dy_rows[LN_GRAD_ROWS], *x_rows[LN_GRAD_ROWS];
-    char *dx_rows[LN_GRAD_ROWS];
-    const ln_store dx_store = grad_dx_store(group);
+    gf mean_v[LN_GRAD_ROWS], rstd_v[LN_GRAD_ROWS], xc_scale_v[LN_GRAD_ROWS], offset_v[LN_GRAD_ROWS];
+    ln_store dx_store;
+} grad_apply_rows;
+
+static LN_ALWAYS_INLINE void grad_apply_start(grad_apply_rows *rows, const ln_grad_rows *group, int count)
+{
     assert(count == group->count);
+    rows->dx_store = grad_dx_store(group);
     for (int k = 0; k < count; k++) {
-        dy_rows[k] = group->dy[k];
-        x_rows[k] = group->x[k];
-        dx_rows[k] = group->dx[k];
-        mean[k] = (float)group->mean[k];
-        rstd[k] = (float)group->rstd[k];
-        xc_scale[k] = (float)(-group->rstd[k] * group->rstd[k] * group->gx_mean[k]);
-        offset[k] = (float)(-group->rstd[k] * group->g_mean[k]);
-        mean_v[k] = gf_splat(mean[k]);
-        rstd_v[k] = gf_splat(rstd[k]);
-        xc_scale_v[k] = gf_splat(xc_scale[k]);
-        offset_v[k] = gf_splat(offset[k]);
+        rows->dy[k] = group->dy[k];
+        rows->x[k] = group->x[k];
+        rows->dx[k] = group->dx[k];
+        rows->mean[k] = (float)group->mean[k];
+        rows->rstd[k] = (float)group->rstd[k];
+        rows->xc_scale[k] = (float)(-group->rstd[k] * group->rstd[k] * group->gx_mean[k]);
+        rows->offset[k] = (float)(-group->rstd[k] * group->g_mean[k]);
+        rows->mean_v[k] = gf_splat(rows->mean[k]);
+        rows->rstd_v[k] = gf_splat(rows->rstd[k]);
+        rows->xc_scale_v[k] = gf_splat(rows->xc_scale[k]);
+        rows->offset_v[k] = gf_splat(rows->offset[k]);
     }
-    const int want_dx = dx_rows[0] != NULL;
-    ptrdiff_t j = 0;
-    for (; j + 16 <= n; j += 16) {
+}
+
+/* Columns [begin, end) of the group, whole groups of 16 (begin a multiple of 16). */
+static LN_ALWAYS_INLINE void grad_apply_columns(ln_norm_kind kind, ln_dtype dtype, const grad_apply_rows *rows,
+                                                int count, const float *weight, ptrdiff_t begin, ptrdiff_t end,
+                                                double *dweight, double *dbias)
+{
+    const int has_mean = kind == LN_NORM_LAYER, want_dx = rows->dx[0] != NULL;
+    for (ptrdiff_t j = begin; j + 16 <= end; j += 16) {
         const gf w = weight ? gf_load(weight + j) : gf_splat(1.0f);
         gf group_dweight = gf_splat(0.0f), group_dbias = group_dweight;
         for (int k = 0; k < count; k++) {
-            const gf dy_v = load_as_f32(dtype, dy_rows[k], j);
-            const gf value_x = load_as_f32(dtype, x_rows[k], j);
-            const gf xc = has_mean ? gf_sub(value_x, mean_v[k]) : value_x;
+            const gf dy_v = load_as_f32(dtype, rows->dy[k], j);
+            const gf value_x = load_as_f32(dtype, rows->x[k], j);
+            const gf xc = has_mean ? gf_sub(value_x, rows->mean_v[k]) : value_x;
             if (want_dx) {
                 const gf g = weight ? gf_mul(dy_v, w) : dy_v;
-                const gf inner = has_mean ? gf_fma(xc_scale_v[k], xc, offset_v[k]) : gf_mul(xc_scale_v[k], xc);
-                const gf dx = gf_fma(rstd_v[k], g, inner);
-                if (dtype == LN_F32 && dx_store == LN_STREAM_LINES) {
-                    gf_stream((float *)dx_rows[k] + j, dx);
+                const gf inner = has_mean ? gf_fma(rows->xc_scale_v[k], xc, rows->offset_v[k])
+                                          : gf_mul(rows->xc_scale_v[k], xc);
+                const gf dx = gf_fma(rows->rstd_v[k], g, inner);
+                if (dtype == LN_F32 && rows->dx_store == LN_STREAM_LINES) {
+                    gf_stream((float *)rows->dx[k] + j, dx);
                 }
-                else if (dtype == LN_F32 && dx_store == LN_STREAM_PIECES) {
-                    gf_stream16((float *)dx_rows[k] + j, dx);
+                else if (dtype == LN_F32 && rows->dx_store == LN_STREAM_PIECES) {
+                    gf_stream16((float *)rows->dx[k] + j, dx);
                 }
                 else {
-                    store_from_f32(dtype, dx_rows[k], j, dx, 1);
+                    store_from_f32(dtype, rows->dx[k], j, dx, 1);
                 }
             }
             if (dweight) {
-                group_dweight = gf_fma(gf_mul(dy_v, xc), rstd_v[k], group_dweight);
+                group_dweight = gf_fma(gf_mul(dy_v, xc), rows->rstd_v[k], group_dweight);
             }
             if (dbias) {
                 group_dbias = gf_add(group_dbias, dy_v);
@@ -1427,18 +1469,26 @@ static LN_ALWAYS_INLINE void grad_apply_single(ln_norm_kind kind, ln_dtype dtype
             gd_store(dbias + j, gd_add(gd_load(dbias + j), gf_widen(group_dbias)));
         }
     }
-    for (; j < n; j++) {
+}
+
+/* Columns [begin, n) of the group one at a time: the same arithmetic. */
+static LN_ALWAYS_INLINE void grad_apply_tail(ln_norm_kind kind, ln_dtype dtype, const grad_apply_rows *rows,
+                                             int count, const float *weight, ptrdiff_t begin, ptrdiff_t n,
+                                             double *dweight, double *dbias)
+{
+    const int has_mean = kind == LN_NORM_LAYER, want_dx = rows->dx[0] != NULL;
+    for (ptrdiff_t j = begin; j < n; j++) {
         float group_dweight = 0.0f, group_dbias = 0.0f;
         for (int k = 0; k < count; k++) {
-            const float dy_1 = (float)ln_load1_as_f64(dtype, dy_rows[k], j);
-            const float value_x = (float)ln_load1_as_f64(dtype, x_rows[k], j);
-            const float xc = has_mean ? value_x - mean[k] : value_x;
+            const float dy_1 = (float)ln_load1_as_f64(dtype, rows->dy[k], j);
+            const float value_x = (float)ln_load1_as_f64(dtype, rows->x[k], j);
+            const float xc = has_mean ? value_x - rows->mean[k] : value_x;
             if (want_dx) {
                 const float g = weight ? dy_1 * weight[j] : dy_1;
-                const float inner = has_mean ? fmaf(xc_scale[k], xc, offset[k]) : xc_scale[k] * xc;
-                ln_store1_from_f64(dtype, dx_rows[k], j, fmaf(rstd[k], g, inner));
+                const float inner = has_mean ? fmaf(rows->xc_scale[k], xc, rows->offset[k]) : rows->xc_scale[k] * xc;
+                ln_store1_from_f64(dtype, rows->dx[k], j, fmaf(rows->rstd[k], g, inner));
             }
-            group_dweight = fmaf(dy_1 * xc, rstd[k], group_dweight);
+            group_dweight = fmaf(dy_1 * xc, rows->rstd[k], group_dweight);
             group_dbias += dy_1;
         }
         if (dweight) {
@@ -1448,6 +1498,16 @@ static LN_ALWAYS_INLINE void grad_apply_single(ln_norm_kind kind, ln_dtype dtype
             dbias[j] += (double)group_dbias;
         }
     }
+}
+
+static LN_ALWAYS_INLINE void grad_apply_single(ln_norm_kind kind, ln_dtype dtype, const ln_grad_rows *group,
+                                               int count, const float *weight, ptrdiff_t n,
+                                               double *dweight, double *dbias)
+{
+    grad_apply_rows rows;
+    grad_apply_start(&rows, group, count);
+    grad_apply_columns(kind, dtype, &rows, count, weight, 0, n, dweight, dbias);
+    grad_apply_tail(kind, dtype, &rows, count, weight, n - n % 16, n, dweight, dbias);
 }
 
 /* The same for float64 data, all in float64. */
@@ -1624,61 +1684,165 @@ static LN_ALWAYS_INLINE void backward_short_rows(ln_norm_kind kind, ln_dtype dty
     }
 }
 
+/* Row `first + k`'s pointers and statistics into slot k of group. */
+static LN_ALWAYS_INLINE void grad_group_row(ln_norm_kind kind, ln_dtype dtype, const ln_backward_args *a,
+                                            ln_grad_rows *group, int k, ptrdiff_t r)
+{
+    group->dy[k] = ln_row_address(&a->grad_output, &a->extent, r);
+    group->x[k] = ln_row_address(&a->input, &a->extent, r);
+    group->dx[k] = a->grad_input.data ? ln_row_address(&a->grad_input, &a->extent, r) : NULL;
+    group->mean[k] = kind == LN_NORM_LAYER ? ln_load_stat(dtype, &a->mean, &a->extent, r) : 0.0;
+    group->rstd[k] = ln_load_stat(dtype, &a->rstd, &a->extent, r);
+    group->g_mean[k] = group->gx_mean[k] = 0.0;
+}
+
+/* Pass 1's sums of slot k into the group's means; whether the row goes by
+   ln_backward_exact_row: one the group's float32 (or rstd**2) arithmetic cannot carry. */
+static LN_ALWAYS_INLINE int grad_group_means(ln_dtype dtype, ln_grad_rows *group, int k, ptrdiff_t n,
+                                             const double sums[2], const double largest[2])
+{
+    group->g_mean[k] = sums[0] / (double)n;
+    group->gx_mean[k] = sums[1] / (double)n;
+    return ln_grad_row_needs_exact(dtype, group->rstd[k], group->g_mean[k], group->gx_mean[k], largest);
+}
+
+/* Pass 2 of a group (rows first ..) of which some rows go by ln_backward_exact_row. */
+static LN_ALWAYS_INLINE void grad_group_with_exact(const ln_row_kernels *kernels, const ln_backward_args *a,
+                                                   const ln_grad_rows *group, const int exact[], ptrdiff_t first,
+                                                   double *dweight, double *dbias)
+{
+    ln_grad_apply_without(kernels->grad_apply, group, exact, a->weight, a->extent.row_len, dweight, dbias);
+    for (int k = 0; k < group->count; k++) {
+        if (exact[k]) {
+            ln_backward_exact_row(a, first + k, dweight);
+        }
+    }
+}
+
+/* Asks for the block of slot k's dy and x at element `block` (when the row has it) to be
+   brought into L1. */
+static LN_ALWAYS_INLINE void grad_sums_prefetch(ln_dtype dtype, const ln_grad_rows *group, int k, ptrdiff_t block,
+                                                ptrdiff_t groups_end)
+{
+    const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(dtype);
+    const ptrdiff_t bytes = (grad_sum_block_end(block, groups_end) - block) * elsize;
+    for (ptrdiff_t line = 0; block < groups_end && line < bytes; line += 64) {
+        __builtin_prefetch(group->dy[k] + block * elsize + line, 0, 3);
+        __builtin_prefetch(group->x[k] + block * elsize + line, 0, 3);
+    }
+}
+
+/* Rows [begin, end), whole groups of LN_GRAD_ROWS rows of float16 or bfloat16 data with dx
+   wanted, software-pipelined: one loop takes pass 1 of group t, block by block, and after
+   each block a few columns of group t - 1's pass 2 (its share: all its columns over group
+   t's blocks), so that pass 1's loads from memory overlap pass 2's arithmetic (conversions,
+   for this data) instead of taking turns with it; the blocks LN_GRAD_PREFETCH_BLOCKS ahead
+   are asked for before each share.  The two passes run the same operations as in
+   backward_rows, so the bits are its bits.  A group with a row for ln_backward_exact_row is
+   finished apart, before the next group's pass 1. */
+static LN_ALWAYS_INLINE void backward_rows_pipelined(ln_norm_kind kind, ln_dtype dtype, const ln_backward_args *a,
+                                                     ptrdiff_t begin, ptrdiff_t end, int has_weight,
+                                                     double *dweight, double *dbias)
+{
+    const ptrdiff_t n = a->extent.row_len, groups_end = n - n % 16;
+    const ptrdiff_t blocks = (groups_end + 16 * LN_GRAD_SUM_BLOCK - 1) / (16 * LN_GRAD_SUM_BLOCK);
+    const ptrdiff_t share = (groups_end + 16 * LN_GRAD_ROWS * blocks - 1) / (16 * LN_GRAD_ROWS * blocks) * 16;
+    const float *weight = has_weight ? a->weight : NULL;
+    const ln_row_kernels *kernels = &LN_LEVEL_KERNELS.by_dtype[dtype].by_kind[kind];
+    assert(n >= 16 && a->grad_input.data && (end - begin) % LN_GRAD_ROWS == 0 && !has_weight == !a->weight);
+    ln_grad_rows previous = {.count = LN_GRAD_ROWS};
+    int previous_exact[LN_GRAD_ROWS] = {0}, previous_any_exact = 0;
+    for (ptrdiff_t first = begin; first <= end; first += LN_GRAD_ROWS) {
+        const int gather = first < end, apply = first > begin && !previous_any_exact;
+        if (first > begin && previous_any_exact) {
+            grad_group_with_exact(kernels, a, &previous, previous_exact, first - LN_GRAD_ROWS, dweight, dbias);
+        }
+        grad_apply_rows rows;
+        grad_apply_start(&rows, &previous, LN_GRAD_ROWS);  /* unused when !apply */
+        ln_grad_rows group = {.count = LN_GRAD_ROWS, .stream_dx = ln_backward_streams_dx(a)};
+        int exact[LN_GRAD_ROWS] = {0}, any_exact = 0;
+        ptrdiff_t applied = 0;  /* group t - 1's columns done */
+        for (int k = 0; gather && k < LN_GRAD_ROWS; k++) {
+            grad_group_row(kind, dtype, a, &group, k, first + k);
+            grad_sums_acc acc = grad_sums_start(group.mean[k]);
+            for (ptrdiff_t block = 0; block < groups_end; block += 16 * LN_GRAD_SUM_BLOCK) {
+                grad_sums_block(kind, dtype, &acc, group.dy[k], group.x[k], weight, has_weight, 1, block,
+                                groups_end);
+                if (apply) {
+                    grad_sums_prefetch(dtype, &group, k, block + LN_GRAD_PREFETCH_BLOCKS * 16 * LN_GRAD_SUM_BLOCK,
+                                       groups_end);
+                    const ptrdiff_t to = groups_end - applied < share ? groups_end : applied + share;
+                    grad_apply_columns(kind, dtype, &rows, LN_GRAD_ROWS, weight, applied, to, dweight, dbias);
+                    applied = to;
+                }
+            }
+            double sums[2], largest[2];
+            grad_sums_finish(kind, dtype, &acc, group.dy[k], group.x[k], weight, n, group.mean[k], group.rstd[k],
+                             sums, largest);
+            exact[k] = grad_group_means(dtype, &group, k, n, sums, largest);
+            any_exact |= exact[k];
+        }
+        if (apply) {
+            grad_apply_columns(kind, dtype, &rows, LN_GRAD_ROWS, weight, applied, groups_end, dweight, dbias);
+            grad_apply_tail(kind, dtype, &rows, LN_GRAD_ROWS, weight, groups_end, n, dweight, dbias);
+        }
+        previous = group;
+        for (int k = 0; k < LN_GRAD_ROWS; k++) {
+            previous_exact[k] = exact[k];
+        }
+        previous_any_exact = any_exact;
+    }
+}
+
 /* Rows [begin, end): pass 1 row by row, pass 2 over groups of LN_GRAD_ROWS rows, each
-   group still in cache from pass 1. */
+   group still in cache from pass 1 (pipelined where backward_rows_pipelined takes them). */
 static LN_ALWAYS_INLINE void backward_rows(ln_norm_kind kind, ln_dtype dtype, const ln_backward_args *args,
                                            ptrdiff_t begin, ptrdiff_t end, double *dweight, double *dbias)
 {
     const ln_backward_args copy = *args, *a = &copy;  /* see forward_rows */
     const ptrdiff_t n = a->extent.row_len;
-    const int has_mean = kind == LN_NORM_LAYER;
     assert(a && a->grad_output.data && a->input.data && a->rstd.data && n >= 1);
     assert(0 <= begin && begin <= end && end <= ln_rows_of(&a->extent));
-    dbias = has_mean ? dbias : NULL;
+    dbias = kind == LN_NORM_LAYER ? dbias : NULL;
     if (n < 16) {
         backward_short_rows(kind, dtype, a, begin, end, dweight, dbias);
         return;
     }
     const int stream_dx = ln_backward_streams_dx(a);
     const ln_row_kernels *kernels = &LN_LEVEL_KERNELS.by_dtype[dtype].by_kind[kind];
+    if (ln_dtype_is_16bit(dtype) && a->grad_input.data && n <= LN_GRAD_PIPELINED_MAX) {
+        const ptrdiff_t whole = begin + (end - begin) / LN_GRAD_ROWS * LN_GRAD_ROWS;
+        if (a->weight) {
+            backward_rows_pipelined(kind, dtype, a, begin, whole, 1, dweight, dbias);
+        }
+        else {
+            backward_rows_pipelined(kind, dtype, a, begin, whole, 0, dweight, dbias);
+        }
+        begin = whole;
+    }
     for (ptrdiff_t first = begin; first < end; first += LN_GRAD_ROWS) {
         ln_grad_rows group = {.count = (int)(end - first < LN_GRAD_ROWS ? end - first : LN_GRAD_ROWS),
                               .stream_dx = stream_dx};
         int exact[LN_GRAD_ROWS], any_exact = 0;
         for (int k = 0; k < group.count; k++) {
-            const ptrdiff_t r = first + k;
-            group.dy[k] = ln_row_address(&a->grad_output, &a->extent, r);
-            group.x[k] = ln_row_address(&a->input, &a->extent, r);
-            group.dx[k] = a->grad_input.data ? ln_row_address(&a->grad_input, &a->extent, r) : NULL;
-            group.mean[k] = has_mean ? ln_load_stat(dtype, &a->mean, &a->extent, r) : 0.0;
-            group.rstd[k] = ln_load_stat(dtype, &a->rstd, &a->extent, r);
+            grad_group_row(kind, dtype, a, &group, k, first + k);
+            exact[k] = 0;
             /* pass 1 also without dx, so that which rows go by ln_backward_exact_row, and so
                dweight's bits, do not depend on what else the call asks for; dbias alone needs
                none of it (ln_grad_apply_without sums dbias over every row) */
-            group.g_mean[k] = group.gx_mean[k] = 0.0;
-            exact[k] = 0;
             if (a->grad_input.data || dweight) {
                 double sums[2], largest[2];
                 kernels->grad_sums(group.dy[k], group.x[k], a->weight, n, group.mean[k], group.rstd[k], sums,
                                    largest);
-                group.g_mean[k] = sums[0] / (double)n;
-                group.gx_mean[k] = sums[1] / (double)n;
-                /* a row the group's float32 (or rstd**2) arithmetic cannot carry */
-                exact[k] = ln_grad_row_needs_exact(dtype, group.rstd[k], group.g_mean[k], group.gx_mean[k],
-                                                   largest);
+                exact[k] = grad_group_means(dtype, &group, k, n, sums, largest);
             }
             any_exact |= exact[k];
         }
-        if (!any_exact) {
-            kernels->grad_apply(&group, a->weight, n, dweight, dbias);
-            continue;
+        if (any_exact) {
+            grad_group_with_exact(kernels, a, &group, exact, first, dweight, dbias);
         }
-        ln_grad_apply_without(kernels->grad_apply, &group, exact, a->weight, n,
-                              dweight, dbias);
-        for (int k = 0; k < group.count; k++) {
-            if (exact[k]) {
-                ln_backward_exact_row(a, first + k, dweight);
-            }
+        else {
+            kernels->grad_apply(&group, a->weight, n, dweight, dbias);
         }
     }
     if (stream_dx) {
