@@ -1810,7 +1810,9 @@ static LN_ALWAYS_INLINE void backward_rows(ln_norm_kind kind, ln_dtype dtype, co
     }
     const int stream_dx = ln_backward_streams_dx(a);
     const ln_row_kernels *kernels = &LN_LEVEL_KERNELS.by_dtype[dtype].by_kind[kind];
-    if (ln_dtype_is_16bit(dtype) && a->grad_input.data && n <= LN_GRAD_PIPELINED_MAX) {
+    const ptrdiff_t data_bytes = 2 * ln_rows_of(&a->extent) * n * (ptrdiff_t)ln_dtype_size(dtype);
+    if (ln_dtype_is_16bit(dtype) && a->grad_input.data && n <= LN_GRAD_PIPELINED_MAX &&
+        data_bytes >= LN_GRAD_PIPELINED_MIN_BYTES) {
         const ptrdiff_t whole = begin + (end - begin) / LN_GRAD_ROWS * LN_GRAD_ROWS;
         if (a->weight) {
             backward_rows_pipelined(kind, dtype, a, begin, whole, 1, dweight, dbias);

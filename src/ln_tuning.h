@@ -67,14 +67,19 @@
 #define LN_GRAD_BLOCKS 16
 
 /* float16 and bfloat16 backward pipelines pass 1 of a group of rows into pass 2 of the group
-   before (backward_rows_pipelined), for rows of at most this many elements: the loop keeps
-   two groups' x and dy in cache at once (Zen 4, one thread, A/B in alternating processes:
-   6304x768 bfloat16 2.71-2.83 -> 2.31-2.45 ms, 2048x4096 float16 4.03-4.27 -> 3.58-3.65 ms,
-   8192x1024 float16 5.00-5.10 -> 4.21-4.34 ms; two threads about 5% faster; 512x768 float16,
-   in cache, the same).  float32 ran slower so (2048x4096 5.7-6.2 -> 6.6-7.3 ms, 512x768
-   142 -> 155 us): its pass 2, a load and a store a value and no conversions, has too little
+   before (backward_rows_pipelined) when x and dy take this many bytes or more, mostly read
+   from memory: pass 1 then waits on its loads, and the pipelined loop does pass 2's
+   conversions meanwhile (Zen 4, one thread, A/B in alternating processes: 6304x768 bfloat16
+   2.71-2.83 -> 2.31-2.45 ms, 2048x4096 float16 4.03-4.27 -> 3.58-3.65 ms, 8192x1024 float16
+   5.00-5.10 -> 4.21-4.34 ms, 2048x6000 float16 6.0-6.1 -> 5.5-5.6 ms; two threads about 5%
+   faster).  Where they stay in cache it was slower (128x1024 bfloat16 59 -> 61-63 us, 64x8192
+   bfloat16 265 -> 280-290 us), as it was for float32 at any size (2048x4096 5.7-6.2 -> 6.6-7.3
+   ms, 512x768 142 -> 155 us): pass 2 of float32, a load and a store a value, has too little
    arithmetic to hide pass 1's loads behind. */
-#define LN_GRAD_PIPELINED_MAX 4096
+#define LN_GRAD_PIPELINED_MIN_BYTES ((ptrdiff_t)16 << 20)
+
+/* ... for rows of at most this many elements: the loop keeps two groups' x and dy in L2. */
+#define LN_GRAD_PIPELINED_MAX 16384
 
 /* ... and asks for pass 1's block this many blocks ahead before each share of pass 2 (without
    it the pipelined loop was no faster than the passes in turn: 6304x768 bfloat16 3.0 ms;
