@@ -8,6 +8,7 @@ behaviour and messages.  torch is optional: without it ``torch`` and ``F`` are N
 test that asks torch carries ``requires_torch`` (or its file skips as a whole).
 """
 
+import functools
 import json
 import os
 import subprocess
@@ -100,6 +101,11 @@ def make_backward_data(shape, normalized_shape, dtype, affine, seed):
     w = (1 + 0.5 * rng.standard_normal(normalized_shape)).astype(pdt) if affine in ("weight+bias", "weight") else None
     b = rng.standard_normal(normalized_shape).astype(pdt) if affine in ("weight+bias", "bias") else None
     return x, dy, w, b
+
+
+def stats_shape(shape, axes):
+    """The shape of mean and rstd for an input of `shape` normalized over `axes` (indices)."""
+    return tuple(1 if a in axes else n for a, n in enumerate(shape))
 
 
 class BackwardArgs(NamedTuple):
@@ -556,6 +562,19 @@ def to_torch(a, dtype=None):
     return torch.from_numpy(np.ascontiguousarray(a).astype(a.dtype.newbyteorder("=")))
 
 
+def from_torch(value):
+    """A torch tensor as a NumPy array, read detached, bit for bit (bfloat16 as ml_dtypes'
+    dtype); anything else as it is."""
+    if torch is None or not isinstance(value, torch.Tensor):
+        return value
+    value = value.detach()
+    if value.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return value.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return value.numpy()
+
+
 def torch_layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
     """torch's F.layer_norm on numpy data, params cast to what torch accepts."""
     x = np.asarray(x)
@@ -639,6 +658,17 @@ def torch_message(fn):
     except RuntimeError as exc:
         return str(exc)
     raise AssertionError("torch did not raise: the oracle disagrees with the test's premise")
+
+
+@functools.lru_cache(maxsize=None)
+def demo_output():
+    """What ``python -m layernorm`` prints, run once a session, with no LAYERNORM_* setting of
+    the environment in effect."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LAYERNORM_")}
+    demo = subprocess.run([sys.executable, "-m", "layernorm"], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert demo.returncode == 0, demo.stderr
+    return demo.stdout
 
 
 # ---------------------------------------------------------------------------

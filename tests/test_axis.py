@@ -40,6 +40,7 @@ from helpers import (
     requires_torch,
     same_bits,
     shape_id,
+    stats_shape,
     torch_autograd,
     torch,
     torch_norm,
@@ -88,11 +89,6 @@ def lay_out(name, base, ns, axis):
     return layout(name, base)
 
 
-def stats_shape(shape, ns, axis):
-    axes = resolved_axes(shape, ns, axis)
-    return tuple(1 if a in axes else n for a, n in enumerate(shape))
-
-
 def case_data(dtype, shape, ns, affine, seed=0):
     """(x, weight, bias): rows whose mean square is well above eps (RMSNorm too)."""
     weight, bias = make_params(ns, param_dtype(dtype), affine)
@@ -131,7 +127,7 @@ def test_forward_over_axes_matches_reference(kind, affine, dtype, case_id, shape
     row_size = np.abs(x.astype(np.float64)).max(axis=axes, keepdims=True, initial=0.0)
     sizes = (row_size, np.abs(refs[-1])) if kind.centred else (np.abs(refs[-1]),)
     for stat, ref, size in zip(stats, refs, sizes):
-        assert stat.shape == stats_shape(shape, ns, axis) and stat.dtype == param_dtype(dtype)
+        assert stat.shape == stats_shape(shape, axes) and stat.dtype == param_dtype(dtype)
         tol = 1e-12 if stat.dtype == np.float64 else float(np.finfo(np.float32).eps)
         assert_within(stat, ref, tol * size + 1e-300, "statistics vs reference")
     # the plain function: the same bits

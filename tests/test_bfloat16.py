@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import layernorm
-from helpers import KINDS, LAYER_NORM, F, empty_at, requires_torch, same_bits, torch
+from helpers import KINDS, LAYER_NORM, F, empty_at, from_torch, requires_torch, same_bits, torch
 
 try:
     import ml_dtypes
@@ -100,7 +100,7 @@ def torchs(kind):
             y = F.layer_norm(tensor(x), (n,), tensor(weight), tensor(bias), 1e-5)
         else:
             y = F.rms_norm(tensor(x), (n,), tensor(weight), 1e-5)
-        return numpy_of(y)
+        return from_torch(y)
     return compute
 
 
@@ -109,12 +109,6 @@ def torch_tensor(array):
     if array.dtype == BF16:
         return torch.from_numpy(np.ascontiguousarray(array).view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(array)
-
-
-def numpy_of(tensor):
-    if tensor.dtype == torch.bfloat16:
-        return tensor.view(torch.int16).numpy().view(BF16)
-    return tensor.numpy()
 
 
 # The contract: at least 99.9% of the outputs are the float64 answer correctly rounded, and
@@ -309,7 +303,7 @@ def test_load_state_dict_from_bfloat16_tensors(module_dtype):
 @requires_ml_dtypes
 def test_torch_bfloat16_tensor_read_bit_for_bit():
     tensor = torch.randn(4, 24, dtype=torch.bfloat16) * 1000
-    x = numpy_of(tensor)
+    x = from_torch(tensor)
     assert x.dtype == BF16
     assert same_bits(layernorm.layer_norm(tensor, 24), layernorm.layer_norm(x, 24))
     assert same_bits(layernorm.layer_norm(tensor.t(), 4), layernorm.layer_norm(x.T.copy(), 4))

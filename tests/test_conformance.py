@@ -26,7 +26,8 @@ import numpy as np
 import pytest
 
 import layernorm
-from helpers import GRAD_TORCH_RTOL, LAYER_NORM, RMS_NORM, assert_close, grad_input_scale, grad_weight_scale, torch
+from helpers import (GRAD_TORCH_RTOL, LAYER_NORM, RMS_NORM, assert_close, from_torch, grad_input_scale, grad_weight_scale,
+                     torch)
 
 try:
     import onnx
@@ -191,10 +192,6 @@ else:
     SAMPLES, ERRORS, MODULES = torch_samples()
 
 
-def numpy_of(value):
-    return value.detach().numpy() if isinstance(value, torch.Tensor) else value
-
-
 def unpack(op, args, kwargs):
     """(normalized_shape, weight, bias, eps) of an OpInfo call (None for what it leaves out;
     eps as given, None for RMSNorm's default)."""
@@ -227,13 +224,13 @@ def test_torch_opinfo_sample_forward(op, dtype, sample):
     ours = ours if isinstance(ours, tuple) else (ours,)
     assert len(ours) == len(expected)
     for i, (mine, theirs) in enumerate(zip(ours, expected)):
-        theirs = numpy_of(theirs)
+        theirs = from_torch(theirs)
         assert isinstance(mine, np.ndarray) and mine.shape == theirs.shape and mine.dtype == theirs.dtype, i
         assert_close(mine, theirs, RTOL[dtype], f"{op.name} result {i}")
     # and the float64 truth
-    x = numpy_of(sample.input)
+    x = from_torch(sample.input)
     ns, weight, bias, eps = unpack(op, sample.args, sample.kwargs)
-    truth = kind.reference(x, ns, numpy_of(weight), numpy_of(bias), kind.eps_value(x, eps))[0]
+    truth = kind.reference(x, ns, from_torch(weight), from_torch(bias), kind.eps_value(x, eps))[0]
     assert_close(ours[0], truth, RTOL[dtype], f"{op.name} vs the float64 reference")
 
 
@@ -248,7 +245,7 @@ def test_torch_opinfo_sample_backward(op, dtype, sample):
     dy = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).reshape(out.shape)
     out.backward(dy)
     ns, weight, bias, eps = unpack(op, args, sample.kwargs)
-    x_np, w_np, b_np = numpy_of(x), numpy_of(weight), numpy_of(bias)
+    x_np, w_np, b_np = from_torch(x), from_torch(weight), from_torch(bias)
     stats = kind.native(x_np, ns, w_np, b_np, eps)[1:]
     grads = kind.backward(dy.numpy(), x_np, ns, stats, w_np, b_np)
     scales = gradient_scales(kind, dy.numpy(), x_np, ns, w_np, eps)
@@ -256,7 +253,7 @@ def test_torch_opinfo_sample_backward(op, dtype, sample):
         if theirs is None:
             assert mine is None, name
         else:
-            assert_close(mine, numpy_of(theirs.grad), GRAD_TORCH_RTOL[np.dtype(dtype)], f"{op.name} {name}", scale)
+            assert_close(mine, from_torch(theirs.grad), GRAD_TORCH_RTOL[np.dtype(dtype)], f"{op.name} {name}", scale)
 
 
 @pytest.mark.parametrize("op, error", ERRORS)
@@ -283,14 +280,14 @@ def test_torch_module_info_input(module_cls, dtype, module_input):
     out = theirs(x)
     mine = ours(x.detach())
     assert mine.shape == tuple(out.shape) and mine.dtype == np.dtype(dtype)
-    assert_close(mine, numpy_of(out), RTOL[dtype], "output")
+    assert_close(mine, from_torch(out), RTOL[dtype], "output")
     # one training step: grad_input and the parameters' gradients
     dy = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).reshape(out.shape)
     out.backward(dy)
     kind = LAYER_NORM if module_cls is torch.nn.LayerNorm else RMS_NORM
     scales = dict(zip(("grad_input", "weight", "bias"), gradient_scales(
-        kind, dy.numpy(), numpy_of(x), ours.normalized_shape, numpy_of(theirs.weight), ours.eps)))
+        kind, dy.numpy(), from_torch(x), ours.normalized_shape, from_torch(theirs.weight), ours.eps)))
     grad_rtol = GRAD_TORCH_RTOL[np.dtype(dtype)]
-    assert_close(ours.backward(dy.numpy()), numpy_of(x.grad), grad_rtol, "grad_input", scales["grad_input"])
+    assert_close(ours.backward(dy.numpy()), from_torch(x.grad), grad_rtol, "grad_input", scales["grad_input"])
     for name, param in theirs.named_parameters():
-        assert_close(getattr(ours, name + "_grad"), numpy_of(param.grad), grad_rtol, name + "_grad", scales[name])
+        assert_close(getattr(ours, name + "_grad"), from_torch(param.grad), grad_rtol, name + "_grad", scales[name])

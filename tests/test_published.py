@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import layernorm
+from helpers import demo_output as run_demo
 from helpers import reference_output, requires_torch, torch
 from layernorm import LayerNorm
 
@@ -303,10 +304,7 @@ def test_003_channelwise_random_batch_matches_torch_permute():
 
 @pytest.fixture(scope="module")
 def demo_output():
-    demo = subprocess.run([sys.executable, "-m", "layernorm"], capture_output=True, text=True,
-                          timeout=60)
-    assert demo.returncode == 0, demo.stderr
-    return demo.stdout
+    return run_demo()
 
 
 def test_python_m_layernorm_runs_and_reports_version_and_simd(demo_output):

@@ -20,7 +20,7 @@ import sys
 
 import numpy as np
 
-from helpers import requires_torch
+from helpers import demo_output, requires_torch
 
 README = os.path.join(os.path.dirname(__file__), os.pardir, "README.md")
 NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
@@ -67,14 +67,6 @@ def same_text(got, want):
 
 def assert_same_text(got, want):
     assert same_text(got, want), f"README says:\n{want}\nbut the code printed:\n{got}"
-
-
-def demo_output():
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LAYERNORM_")}
-    proc = subprocess.run([sys.executable, "-m", "layernorm"], capture_output=True, text=True,
-                          timeout=120, env=env)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
 
 
 @requires_torch
