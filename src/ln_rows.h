@@ -1176,7 +1176,7 @@ static LN_ALWAYS_INLINE double largest_of_lanes(double tops[16])
     return tops[0];
 }
 
-/* grad_sums_single's terms of the group at element i: g and g * (x - mean) added into sum_g
+/* grad_sums_block's terms of the group at element i: g and g * (x - mean) added into sum_g
    and sum_gc, and the magnitudes of g and dy into their running maxima (when has_largest). */
 static LN_ALWAYS_INLINE void grad_sums_group(ln_norm_kind kind, ln_dtype dtype, const void *dy, const void *x,
                                              const float *weight, int has_weight, int has_largest, ptrdiff_t i,
@@ -1208,6 +1208,8 @@ static LN_ALWAYS_INLINE void grad_sums_group(ln_norm_kind kind, ln_dtype dtype, 
    (ln_grad_row_needs_exact); NULL: not wanted.  A row's state between its blocks is a
    grad_sums_acc, so that the pipelined backward (backward_rows_pipelined) takes a row's
    blocks one at a time through the same operations. */
+
+/* A row's pass 1 between its blocks. */
 typedef struct {
     gf mean_v;
     gd g_sum, gc_sum;    /* the blocks' sums so far */
@@ -1221,12 +1223,12 @@ static LN_ALWAYS_INLINE grad_sums_acc grad_sums_start(double mean)
 }
 
 /* The end of the block that starts at element `block` of a row whose groups end at groups_end. */
-static LN_ALWAYS_INLINE ptrdiff_t grad_sum_block_end(ptrdiff_t block, ptrdiff_t groups_end)
+static LN_ALWAYS_INLINE ptrdiff_t grad_sums_block_end(ptrdiff_t block, ptrdiff_t groups_end)
 {
     return groups_end - block < 16 * LN_GRAD_SUM_BLOCK ? groups_end : block + 16 * LN_GRAD_SUM_BLOCK;
 }
 
-/* One block, elements [block, grad_sum_block_end(block, groups_end)), into acc.  Within the
+/* One block, elements [block, grad_sums_block_end(block, groups_end)), into acc.  Within the
    block the even and odd groups go to separate float32 accumulators, so no add waits on the
    one before; a loop step takes one of each.  has_weight and has_largest are constants
    where this is called. */
@@ -1234,7 +1236,7 @@ static LN_ALWAYS_INLINE void grad_sums_block(ln_norm_kind kind, ln_dtype dtype, 
                                              const void *dy, const void *x, const float *weight, int has_weight,
                                              int has_largest, ptrdiff_t block, ptrdiff_t groups_end)
 {
-    const ptrdiff_t block_end = grad_sum_block_end(block, groups_end);
+    const ptrdiff_t block_end = grad_sums_block_end(block, groups_end);
     const gf zero_v = gf_splat(0.0f);
     gf even_g = zero_v, even_gc = zero_v, odd_g = zero_v, odd_gc = zero_v;
     ptrdiff_t i = block;
@@ -1294,6 +1296,7 @@ static LN_ALWAYS_INLINE void grad_sums_finish(ln_norm_kind kind, ln_dtype dtype,
     }
 }
 
+/* Pass 1 over a span, as above. */
 static LN_ALWAYS_INLINE void grad_sums_single(ln_norm_kind kind, ln_dtype dtype, const void *dy, const void *x,
                                               const float *weight, ptrdiff_t n, double mean, double rstd,
                                               double sums[2], double largest[2])
@@ -1399,8 +1402,10 @@ static LN_ALWAYS_INLINE ln_store grad_dx_store(const ln_grad_rows *group)
    their (at most LN_GRAD_ROWS) terms are summed in registers, and dweight and dbias, in
    float64, go to memory once per group instead of once per row.  RMSNorm: xc = x and
    g_mean = 0, so the inner fma's addend is -0 and it is the product alone (same bits). */
+
+/* Pass 2's copy of a group: its row pointers and per-row factors, in a local that the dx
+   stores, which may alias anything else (the group included), cannot change. */
 typedef struct {
-    /* the row pointers in locals: the vector stores may alias anything, the group included */
     const char *dy[LN_GRAD_ROWS], *x[LN_GRAD_ROWS];
     char *dx[LN_GRAD_ROWS];
     float mean[LN_GRAD_ROWS], rstd[LN_GRAD_ROWS], xc_scale[LN_GRAD_ROWS], offset[LN_GRAD_ROWS];
@@ -1427,7 +1432,7 @@ static LN_ALWAYS_INLINE void grad_apply_start(grad_apply_rows *rows, const ln_gr
     }
 }
 
-/* Columns [begin, end) of the group, whole groups of 16 (begin a multiple of 16). */
+/* The whole groups of 16 columns in [begin, end) (begin a multiple of 16). */
 static LN_ALWAYS_INLINE void grad_apply_columns(ln_norm_kind kind, ln_dtype dtype, const grad_apply_rows *rows,
                                                 int count, const float *weight, ptrdiff_t begin, ptrdiff_t end,
                                                 double *dweight, double *dbias)
@@ -1500,6 +1505,7 @@ static LN_ALWAYS_INLINE void grad_apply_tail(ln_norm_kind kind, ln_dtype dtype, 
     }
 }
 
+/* Pass 2 over a span, as above. */
 static LN_ALWAYS_INLINE void grad_apply_single(ln_norm_kind kind, ln_dtype dtype, const ln_grad_rows *group,
                                                int count, const float *weight, ptrdiff_t n,
                                                double *dweight, double *dbias)
@@ -1684,7 +1690,7 @@ static LN_ALWAYS_INLINE void backward_short_rows(ln_norm_kind kind, ln_dtype dty
     }
 }
 
-/* Row `first + k`'s pointers and statistics into slot k of group. */
+/* Row r's pointers and statistics into slot k of group. */
 static LN_ALWAYS_INLINE void grad_group_row(ln_norm_kind kind, ln_dtype dtype, const ln_backward_args *a,
                                             ln_grad_rows *group, int k, ptrdiff_t r)
 {
@@ -1725,7 +1731,7 @@ static LN_ALWAYS_INLINE void grad_sums_prefetch(ln_dtype dtype, const ln_grad_ro
                                                 ptrdiff_t groups_end)
 {
     const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(dtype);
-    const ptrdiff_t bytes = (grad_sum_block_end(block, groups_end) - block) * elsize;
+    const ptrdiff_t bytes = (grad_sums_block_end(block, groups_end) - block) * elsize;
     for (ptrdiff_t line = 0; block < groups_end && line < bytes; line += 64) {
         __builtin_prefetch(group->dy[k] + block * elsize + line, 0, 3);
         __builtin_prefetch(group->x[k] + block * elsize + line, 0, 3);
@@ -1750,6 +1756,7 @@ static LN_ALWAYS_INLINE void backward_rows_pipelined(ln_norm_kind kind, ln_dtype
     const float *weight = has_weight ? a->weight : NULL;
     const ln_row_kernels *kernels = &LN_LEVEL_KERNELS.by_dtype[dtype].by_kind[kind];
     assert(n >= 16 && a->grad_input.data && (end - begin) % LN_GRAD_ROWS == 0 && !has_weight == !a->weight);
+    const int stream_dx = ln_backward_streams_dx(a);
     ln_grad_rows previous = {.count = LN_GRAD_ROWS};
     int previous_exact[LN_GRAD_ROWS] = {0}, previous_any_exact = 0;
     for (ptrdiff_t first = begin; first <= end; first += LN_GRAD_ROWS) {
@@ -1759,7 +1766,7 @@ static LN_ALWAYS_INLINE void backward_rows_pipelined(ln_norm_kind kind, ln_dtype
         }
         grad_apply_rows rows;
         grad_apply_start(&rows, &previous, LN_GRAD_ROWS);  /* unused when !apply */
-        ln_grad_rows group = {.count = LN_GRAD_ROWS, .stream_dx = ln_backward_streams_dx(a)};
+        ln_grad_rows group = {.count = LN_GRAD_ROWS, .stream_dx = stream_dx};
         int exact[LN_GRAD_ROWS] = {0}, any_exact = 0;
         ptrdiff_t applied = 0;  /* group t - 1's columns done */
         for (int k = 0; gather && k < LN_GRAD_ROWS; k++) {

@@ -10,9 +10,9 @@ import layernorm
 from helpers import (
     AFFINES,
     FLOAT_DTYPES,
-    KINDS,
     GRAD_REFERENCE_RTOL,
     GRAD_TORCH_RTOL,
+    KINDS,
     assert_close,
     backward_args,
     call_backward,
@@ -210,37 +210,46 @@ def test_output_mask_keeps_the_bits_of_what_it_returns(mask, dtype, route):
 
 # float16/bfloat16 calls whose x and dy take 16 MiB or more (LN_GRAD_PIPELINED_MIN_BYTES), in
 # rows of 16 to 16384 elements, go through backward in groups of 4 rows, pass 1 of one group
-# pipelined into pass 2 of the group before; a row's gradient has the bits it has as the only
-# row of a call (the passes in turn), next to a row the float64 path takes (dy * weight too
-# small for float32 products, with the tiny weight) and rows with a NaN; the parameter
-# gradients are those of the call without grad_input (no pipelining).
+# pipelined into pass 2 of the group before (each thread's block of rows, the rows after its
+# whole groups by the passes in turn).  A row's gradient has the bits it has as the only row
+# of a call (the passes in turn), next to a row the float64 path takes (with the tiny weight,
+# dy * weight below what float32 products carry) and rows with a NaN; without the NaN rows,
+# the parameter gradients are those of the call without grad_input (no pipelining).
 HALF_DTYPES = [pytest.param(np.float16, id="float16"),
                pytest.param(ml_dtypes and ml_dtypes.bfloat16, id="bfloat16",
                             marks=pytest.mark.skipif(ml_dtypes is None, reason="ml_dtypes is not installed"))]
 
 
-@pytest.mark.parametrize("weight_scale", [1.0, 1e-24], ids=["weight", "tiny-weight"])
+@pytest.mark.parametrize("weight_scale", [1.0, 1e-25], ids=["weight", "tiny-weight"])
 @pytest.mark.parametrize("n", [16, 773, 4096, 16384], ids=lambda n: f"N{n}")
 @pytest.mark.parametrize("kind", KINDS, ids=str)
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
 def test_half_rows_same_bits_alone_and_in_groups(dtype, kind, n, weight_scale, restore_runtime):
     layernorm.set_num_threads(1)
-    rows = (16 << 20) // (4 * n) + 3  # x and dy just over 16 MiB, the last 3 rows outside whole groups
+    rows = (16 << 20) // (4 * n) + 3  # x and dy just over 16 MiB
     rng = np.random.default_rng(n)
     x = (rng.standard_normal((rows, n), dtype=np.float32) * 2 + 0.5).astype(dtype)
     dy = rng.standard_normal((rows, n), dtype=np.float32).astype(dtype)
     dy[2] = 6e-8
-    x[6, n // 2] = np.nan
-    x[rows - 2, 0] = np.nan
     weight = (weight_scale * rng.uniform(0.5, 2.0, n)).astype(np.float32)
     bias = rng.standard_normal(n).astype(np.float32) if kind.centred else None
+    f32 = np.finfo(np.float32)
+    assert (np.abs(dy[2].astype(np.float32) * weight).max() < f32.tiny / f32.eps) == (weight_scale < 1)
+
+    nan_rows = [6, rows - 2]
+    x[nan_rows, [n // 2, 0]] = np.nan
     _, *stats = kind.native(x, n, weight, bias, EPS)
     grads = kind.backward(dy, x, n, stats, weight, bias)
     for r in [*range(12), *range(rows - 6, rows)]:
         alone = kind.backward(dy[r:r + 1], x[r:r + 1], n, [s[r:r + 1] for s in stats], weight, bias)
         assert same_bits(alone[0], grads[0][r:r + 1]), r
-    assert np.isnan(grads[0][[6, rows - 2]]).all()
+    assert np.isnan(grads[0][nan_rows]).all()
     assert np.isfinite(grads[0][:6].astype(np.float32)).all()
+
+    x[nan_rows, [n // 2, 0]] = 1.0
+    _, *stats = kind.native(x, n, weight, bias, EPS)
+    grads = kind.backward(dy, x, n, stats, weight, bias)
+    assert np.isfinite(grads[1]).all()
     params_alone = kind.backward(dy, x, n, stats, weight, bias, output_mask=(False, True, True))[1:]
     for mine, full in zip(params_alone, grads[1:]):
         assert (mine is None and full is None) or same_bits(mine, full)
