@@ -24,6 +24,11 @@ try:
 except ImportError:
     torch = F = None
 
+try:
+    import ml_dtypes
+except ImportError:
+    ml_dtypes = None
+
 import layernorm
 from layernorm import _reference
 
@@ -32,6 +37,17 @@ from layernorm import _reference
 # ---------------------------------------------------------------------------
 
 FLOAT_DTYPES = (np.float16, np.float32, np.float64)
+
+# bfloat16 is ml_dtypes' NumPy dtype; ml_dtypes is optional, and without it the bfloat16 cases skip.
+BF16 = np.dtype(ml_dtypes.bfloat16) if ml_dtypes else None
+requires_ml_dtypes = pytest.mark.skipif(ml_dtypes is None, reason="ml_dtypes is not installed: NumPy has no bfloat16")
+HALF_DTYPES = [pytest.param("float16", id="float16"),
+               pytest.param("bfloat16", id="bfloat16", marks=requires_ml_dtypes)]
+
+
+def dtype_named(name):
+    """The dtype called `name`, "bfloat16" included."""
+    return BF16 if name == "bfloat16" else np.dtype(name)
 
 
 def bits(array):
@@ -569,9 +585,7 @@ def from_torch(value):
         return value
     value = value.detach()
     if value.dtype == torch.bfloat16:
-        import ml_dtypes
-
-        return value.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        return value.view(torch.int16).numpy().view(BF16)
     return value.numpy()
 
 

@@ -12,11 +12,13 @@ from helpers import (
     FLOAT_DTYPES,
     GRAD_REFERENCE_RTOL,
     GRAD_TORCH_RTOL,
+    HALF_DTYPES,
     KINDS,
     assert_close,
     backward_args,
     call_backward,
     dtype_id,
+    dtype_named,
     grad_input_scale,
     grad_weight_scale,
     make_backward_data,
@@ -30,11 +32,6 @@ from helpers import (
     torch_autograd,
     torch_native_backward,
 )
-
-try:
-    import ml_dtypes
-except ImportError:
-    ml_dtypes = None
 
 EPS = 1e-5
 
@@ -215,16 +212,12 @@ def test_output_mask_keeps_the_bits_of_what_it_returns(mask, dtype, route):
 # of a call (the passes in turn), next to a row the float64 path takes (with the tiny weight,
 # dy * weight below what float32 products carry) and rows with a NaN; without the NaN rows,
 # the parameter gradients are those of the call without grad_input (no pipelining).
-HALF_DTYPES = [pytest.param(np.float16, id="float16"),
-               pytest.param(ml_dtypes and ml_dtypes.bfloat16, id="bfloat16",
-                            marks=pytest.mark.skipif(ml_dtypes is None, reason="ml_dtypes is not installed"))]
-
-
 @pytest.mark.parametrize("weight_scale", [1.0, 1e-25], ids=["weight", "tiny-weight"])
 @pytest.mark.parametrize("n", [16, 773, 4096, 16384], ids=lambda n: f"N{n}")
 @pytest.mark.parametrize("kind", KINDS, ids=str)
-@pytest.mark.parametrize("dtype", HALF_DTYPES)
-def test_half_rows_same_bits_alone_and_in_groups(dtype, kind, n, weight_scale, restore_runtime):
+@pytest.mark.parametrize("name", HALF_DTYPES)
+def test_half_rows_same_bits_alone_and_in_groups(name, kind, n, weight_scale, restore_runtime):
+    dtype = dtype_named(name)
     layernorm.set_num_threads(1)
     rows = (16 << 20) // (4 * n) + 3  # x and dy just over 16 MiB
     rng = np.random.default_rng(n)

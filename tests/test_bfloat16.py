@@ -12,24 +12,11 @@ import numpy as np
 import pytest
 
 import layernorm
-from helpers import KINDS, LAYER_NORM, F, empty_at, from_torch, requires_torch, same_bits, torch
-
-try:
-    import ml_dtypes
-except ImportError:
-    ml_dtypes = None
-
-BF16 = np.dtype(ml_dtypes.bfloat16) if ml_dtypes else None
-requires_ml_dtypes = pytest.mark.skipif(ml_dtypes is None, reason="ml_dtypes is not installed: NumPy has no bfloat16")
-HALF_DTYPES = [pytest.param("float16", id="float16"),
-               pytest.param("bfloat16", id="bfloat16", marks=requires_ml_dtypes)]
+from helpers import (BF16, HALF_DTYPES, KINDS, LAYER_NORM, F, dtype_named, empty_at, from_torch, ml_dtypes,
+                     requires_ml_dtypes, requires_torch, same_bits, torch)
 
 # Significand bits after the point and the smallest normal exponent, for ulps.
 FORMATS = {"float16": (10, -14), "bfloat16": (7, -126)}
-
-
-def dtype_named(name):
-    return BF16 if name == "bfloat16" else np.dtype(name)
 
 
 def rows(dtype, shape, seed, offset=0.0):
