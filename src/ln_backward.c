@@ -259,8 +259,11 @@ int ln_backward(const ln_backward_args *a)
         job.grad_blocks = 1;
     }
     if (want_params) {
-        /* +1 so that row_len == 0 still allocates */
-        job.dparams = ln_scratch_take((size_t)(2 * job.grad_blocks * job.lanes * n + 1), &dparams_kept);
+        /* +1 so that row_len == 0 still allocates; backward_rows writes its block's sums
+           before it adds to them, the other routes add into zeros */
+        const int rows_write_sums = contiguous && !by_column_spans;
+        job.dparams = ln_scratch_take((size_t)(2 * job.grad_blocks * job.lanes * n + 1), !rows_write_sums,
+                                      &dparams_kept);
         if (!job.dparams) {
             goto done;
         }
@@ -278,20 +281,22 @@ int ln_backward(const ln_backward_args *a)
     if (want_params) {
         /* Block 0's sums take the other blocks' in block order, column by column (contiguous,
            so the compiler vectorizes it), then go out in the parameters' dtype. */
-        double *const dweight = job.dparams, *const dbias = job.dparams + job.lanes * n;
+        double *const dweight = ln_block_dweight(&job, 0), *const dbias = ln_block_dbias(&job, 0);
         for (ptrdiff_t block = 1; block < job.grad_blocks; block++) {
-            const double *const block_dweight = job.dparams + 2 * block * job.lanes * n;
-            const double *const block_dbias = block_dweight + job.lanes * n;
-            for (ptrdiff_t j = 0; j < n; j++) {
+            const double *const block_dweight = ln_block_dweight(&job, block);
+            const double *const block_dbias = ln_block_dbias(&job, block);
+            for (ptrdiff_t j = 0; dweight && j < n; j++) {
                 dweight[j] += block_dweight[j];
+            }
+            for (ptrdiff_t j = 0; dbias && j < n; j++) {
                 dbias[j] += block_dbias[j];
             }
         }
         const ln_dtype_kernels *kernels = ln_dtype_kernels_in_use(a->dtype);
-        if (a->grad_weight) {
+        if (dweight) {
             kernels->store_params(a->grad_weight, dweight, n);
         }
-        if (a->grad_bias) {
+        if (dbias) {
             kernels->store_params(a->grad_bias, dbias, n);
         }
     }

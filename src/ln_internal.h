@@ -80,6 +80,8 @@ typedef struct {
 typedef struct {
     int count;                          /* rows in use, 1..LN_GRAD_ROWS */
     int stream_dx;                      /* dx by non-temporal stores (grad_dx_store) */
+    int set_sums;                       /* dweight and dbias get 0.0 + the group's sums, not
+                                           what they held + those sums: a block's first group */
     const char *dy[LN_GRAD_ROWS];       /* each row's dy at the span's first column */
     const char *x[LN_GRAD_ROWS];        /* ... and x */
     char *dx[LN_GRAD_ROWS];             /* ... and dx, or all NULL to skip dx */
@@ -112,8 +114,8 @@ typedef struct {
     /* 1 <= n <= LN_NORMALIZE_SPAN elements, output by ordinary or by non-temporal stores */
     ln_normalize_fn normalize_row;
     ln_normalize_fn normalize_row_streaming;
-    /* contiguous route, backward over rows [begin, end), adding into float64 dweight/dbias
-       (each may be NULL) */
+    /* contiguous route, backward over rows [begin, end), its float64 sums into dweight/dbias
+       (each may be NULL), whatever they held */
     void (*backward_rows)(const ln_backward_args *a, ptrdiff_t begin, ptrdiff_t end,
                           double *dweight, double *dbias);
     /* strided route, backward over tiles [begin, end), adding into float64 per-lane sums:
@@ -180,9 +182,9 @@ void ln_range_of_part(ptrdiff_t n, int parts, int part, ptrdiff_t *begin, ptrdif
    /sys/fs/cgroup (tests give it made-up cgroup files). */
 int ln_threads_default_in(const char *cgroup_dir);
 
-/* count zeroed doubles, or NULL when out of memory; *kept says whether they are the kept
-   buffer.  Give them back with ln_scratch_give. */
-double *ln_scratch_take(size_t count, int *kept);
+/* count doubles, zeroed if `zeroed`, or NULL when out of memory; *kept says whether they are
+   the kept buffer.  Give them back with ln_scratch_give. */
+double *ln_scratch_take(size_t count, int zeroed, int *kept);
 void ln_scratch_give(double *data, int kept);
 
 /* Memory just mapped for a result that a kernel is about to write whole: its pages faulted

@@ -1400,7 +1400,8 @@ static LN_ALWAYS_INLINE ln_store grad_dx_store(const ln_grad_rows *group)
    in float32 for float16/float32 data (the per-row constants rounded once from float64).
    dx, dweight and dbias may each be NULL.  A group's rows pass over a column together:
    their (at most LN_GRAD_ROWS) terms are summed in registers, and dweight and dbias, in
-   float64, go to memory once per group instead of once per row.  RMSNorm: xc = x and
+   float64, go to memory once per group instead of once per row (a block's first group
+   writes them: set_sums, so nobody zeroes them first).  RMSNorm: xc = x and
    g_mean = 0, so the inner fma's addend is -0 and it is the product alone (same bits). */
 
 /* Pass 2's copy of a group: its row pointers and per-row factors, in a local that the dx
@@ -1411,12 +1412,14 @@ typedef struct {
     float mean[LN_GRAD_ROWS], rstd[LN_GRAD_ROWS], xc_scale[LN_GRAD_ROWS], offset[LN_GRAD_ROWS];
     gf mean_v[LN_GRAD_ROWS], rstd_v[LN_GRAD_ROWS], xc_scale_v[LN_GRAD_ROWS], offset_v[LN_GRAD_ROWS];
     ln_store dx_store;
+    int set_sums;
 } grad_apply_rows;
 
 static LN_ALWAYS_INLINE void grad_apply_start(grad_apply_rows *rows, const ln_grad_rows *group, int count)
 {
     assert(count == group->count);
     rows->dx_store = grad_dx_store(group);
+    rows->set_sums = group->set_sums;
     for (int k = 0; k < count; k++) {
         rows->dy[k] = group->dy[k];
         rows->x[k] = group->x[k];
@@ -1468,10 +1471,12 @@ static LN_ALWAYS_INLINE void grad_apply_columns(ln_norm_kind kind, ln_dtype dtyp
             }
         }
         if (dweight) {
-            gd_store(dweight + j, gd_add(gd_load(dweight + j), gf_widen(group_dweight)));
+            const gd before = rows->set_sums ? gd_splat(0.0) : gd_load(dweight + j);
+            gd_store(dweight + j, gd_add(before, gf_widen(group_dweight)));
         }
         if (dbias) {
-            gd_store(dbias + j, gd_add(gd_load(dbias + j), gf_widen(group_dbias)));
+            const gd before = rows->set_sums ? gd_splat(0.0) : gd_load(dbias + j);
+            gd_store(dbias + j, gd_add(before, gf_widen(group_dbias)));
         }
     }
 }
@@ -1497,10 +1502,10 @@ static LN_ALWAYS_INLINE void grad_apply_tail(ln_norm_kind kind, ln_dtype dtype, 
             group_dbias += dy_1;
         }
         if (dweight) {
-            dweight[j] += (double)group_dweight;
+            dweight[j] = (rows->set_sums ? 0.0 : dweight[j]) + (double)group_dweight;
         }
         if (dbias) {
-            dbias[j] += (double)group_dbias;
+            dbias[j] = (rows->set_sums ? 0.0 : dbias[j]) + (double)group_dbias;
         }
     }
 }
@@ -1537,8 +1542,8 @@ static LN_ALWAYS_INLINE void grad_apply_double(ln_norm_kind kind, const ln_grad_
     ptrdiff_t j = 0;
     for (; j + 16 <= n; j += 16) {
         const gd w = weight ? gd_load(weight + j) : gd_splat(1.0);
-        gd dweight_v = dweight ? gd_load(dweight + j) : gd_splat(0.0);
-        gd dbias_v = dbias ? gd_load(dbias + j) : gd_splat(0.0);
+        gd dweight_v = dweight && !group->set_sums ? gd_load(dweight + j) : gd_splat(0.0);
+        gd dbias_v = dbias && !group->set_sums ? gd_load(dbias + j) : gd_splat(0.0);
         for (int k = 0; k < count; k++) {
             const gd dy_v = gd_load((const double *)group->dy[k] + j);
             const gd value_x = gd_load((const double *)group->x[k] + j);
@@ -1572,6 +1577,12 @@ static LN_ALWAYS_INLINE void grad_apply_double(ln_norm_kind kind, const ln_grad_
         }
     }
     for (; j < n; j++) {
+        if (dweight && group->set_sums) {
+            dweight[j] = 0.0;
+        }
+        if (dbias && group->set_sums) {
+            dbias[j] = 0.0;
+        }
         for (int k = 0; k < count; k++) {
             const double dy_1 = ((const double *)group->dy[k])[j];
             const double value_x = ((const double *)group->x[k])[j];
@@ -1712,6 +1723,31 @@ static LN_ALWAYS_INLINE int grad_group_means(ln_dtype dtype, ln_grad_rows *group
     return ln_grad_row_needs_exact(dtype, group->rstd[k], group->g_mean[k], group->gx_mean[k], largest);
 }
 
+/* dweight and dbias (n each, or NULL) zeroed, for sums to be added into. */
+static LN_ALWAYS_INLINE void grad_params_zero(double *dweight, double *dbias, ptrdiff_t n)
+{
+    if (dweight) {
+        memset(dweight, 0, (size_t)n * sizeof *dweight);
+    }
+    if (dbias) {
+        memset(dbias, 0, (size_t)n * sizeof *dbias);
+    }
+}
+
+/* Readies the block's dweight and dbias (n each, or NULL) for the pass 2 of `group`, which
+   has rows for ln_backward_exact_row if any_exact; *written: whether a group before it in the
+   block has been through pass 2.  The first group writes the sums (set_sums): 0.0 + its own,
+   the bits of adding them into zeros; ln_backward_exact_row adds, into zeros then. */
+static LN_ALWAYS_INLINE void grad_params_begin(ln_grad_rows *group, int any_exact, int *written, double *dweight,
+                                               double *dbias, ptrdiff_t n)
+{
+    group->set_sums = !*written && !any_exact;
+    if (!*written && any_exact) {
+        grad_params_zero(dweight, dbias, n);
+    }
+    *written = 1;
+}
+
 /* Pass 2 of a group (rows first ..) of which some rows go by ln_backward_exact_row. */
 static LN_ALWAYS_INLINE void grad_group_with_exact(const ln_row_kernels *kernels, const ln_backward_args *a,
                                                    const ln_grad_rows *group, const int exact[], ptrdiff_t first,
@@ -1748,7 +1784,7 @@ static LN_ALWAYS_INLINE void grad_sums_prefetch(ln_dtype dtype, const ln_grad_ro
    finished apart, before the next group's pass 1. */
 static LN_ALWAYS_INLINE void backward_rows_pipelined(ln_norm_kind kind, ln_dtype dtype, const ln_backward_args *a,
                                                      ptrdiff_t begin, ptrdiff_t end, int has_weight,
-                                                     double *dweight, double *dbias)
+                                                     double *dweight, double *dbias, int *params_written)
 {
     const ptrdiff_t n = a->extent.row_len, groups_end = n - n % 16;
     const ptrdiff_t blocks = (groups_end + 16 * LN_GRAD_SUM_BLOCK - 1) / (16 * LN_GRAD_SUM_BLOCK);
@@ -1761,6 +1797,9 @@ static LN_ALWAYS_INLINE void backward_rows_pipelined(ln_norm_kind kind, ln_dtype
     int previous_exact[LN_GRAD_ROWS] = {0}, previous_any_exact = 0;
     for (ptrdiff_t first = begin; first <= end; first += LN_GRAD_ROWS) {
         const int gather = first < end, apply = first > begin && !previous_any_exact;
+        if (first > begin) {
+            grad_params_begin(&previous, previous_any_exact, params_written, dweight, dbias, n);
+        }
         if (first > begin && previous_any_exact) {
             grad_group_with_exact(kernels, a, &previous, previous_exact, first - LN_GRAD_ROWS, dweight, dbias);
         }
@@ -1812,9 +1851,11 @@ static LN_ALWAYS_INLINE void backward_rows(ln_norm_kind kind, ln_dtype dtype, co
     assert(0 <= begin && begin <= end && end <= ln_rows_of(&a->extent));
     dbias = kind == LN_NORM_LAYER ? dbias : NULL;
     if (n < 16) {
+        grad_params_zero(dweight, dbias, n);
         backward_short_rows(kind, dtype, a, begin, end, dweight, dbias);
         return;
     }
+    int params_written = 0;  /* see grad_params_begin */
     const int stream_dx = ln_backward_streams_dx(a);
     const ln_row_kernels *kernels = &LN_LEVEL_KERNELS.by_dtype[dtype].by_kind[kind];
     const ptrdiff_t data_bytes = 2 * ln_rows_of(&a->extent) * n * (ptrdiff_t)ln_dtype_size(dtype);
@@ -1822,10 +1863,10 @@ static LN_ALWAYS_INLINE void backward_rows(ln_norm_kind kind, ln_dtype dtype, co
         data_bytes >= LN_GRAD_PIPELINED_MIN_BYTES) {
         const ptrdiff_t whole = begin + (end - begin) / LN_GRAD_ROWS * LN_GRAD_ROWS;
         if (a->weight) {
-            backward_rows_pipelined(kind, dtype, a, begin, whole, 1, dweight, dbias);
+            backward_rows_pipelined(kind, dtype, a, begin, whole, 1, dweight, dbias, &params_written);
         }
         else {
-            backward_rows_pipelined(kind, dtype, a, begin, whole, 0, dweight, dbias);
+            backward_rows_pipelined(kind, dtype, a, begin, whole, 0, dweight, dbias, &params_written);
         }
         begin = whole;
     }
@@ -1847,12 +1888,16 @@ static LN_ALWAYS_INLINE void backward_rows(ln_norm_kind kind, ln_dtype dtype, co
             }
             any_exact |= exact[k];
         }
+        grad_params_begin(&group, any_exact, &params_written, dweight, dbias, n);
         if (any_exact) {
             grad_group_with_exact(kernels, a, &group, exact, first, dweight, dbias);
         }
         else {
             kernels->grad_apply(&group, a->weight, n, dweight, dbias);
         }
+    }
+    if (!params_written) {  /* no rows */
+        grad_params_zero(dweight, dbias, n);
     }
     if (stream_dx) {
         stream_fence();

@@ -361,12 +361,12 @@ static void ln_scratch_after_fork_child(void)
     pthread_mutex_init(&ln_scratch.lock, NULL);
 }
 
-double *ln_scratch_take(size_t count, int *kept)
+double *ln_scratch_take(size_t count, int zeroed, int *kept)
 {
     *kept = 0;
     pthread_once(&ln_fork_handlers_once, ln_register_fork_handlers);
     if (count > LN_SCRATCH_MAX / sizeof(double) || pthread_mutex_trylock(&ln_scratch.lock) != 0) {
-        return calloc(count, sizeof(double));
+        return zeroed ? calloc(count, sizeof(double)) : malloc(count * sizeof(double));
     }
     if (ln_scratch.count < count) {
         free(ln_scratch.data);
@@ -377,7 +377,9 @@ double *ln_scratch_take(size_t count, int *kept)
             return NULL;
         }
     }
-    memset(ln_scratch.data, 0, count * sizeof(double));
+    if (zeroed) {
+        memset(ln_scratch.data, 0, count * sizeof(double));
+    }
     *kept = 1;
     return ln_scratch.data;
 }
