@@ -174,11 +174,18 @@ def _quote(name: str) -> str:
     return f'"{name}"'
 
 
+def _param_array(param: Any) -> np.ndarray:
+    """A parameter's values as an ndarray: a torch tensor assigned as a parameter is read, and
+    written in place (``reset_parameters``, ``load_state_dict``), through the NumPy view that
+    shares its memory, as the forward reads it."""
+    return np.asarray(_as_numpy(param))
+
+
 def _describe(param: Any) -> str:
     """``float32 array [4]`` or ``None``: a parameter as backward's refusals name it."""
     if param is None:
         return "None"
-    array = np.asarray(_as_numpy(param))
+    array = _param_array(param)
     return f"{array.dtype} array {list(array.shape)}"
 
 
@@ -299,7 +306,7 @@ class NormModule:
         """The forward on a dask array: a lazy output, computed with the parameters' values of
         now (copied: a later in-place update must not change it).  In training mode the lazy
         statistics are kept for backward."""
-        values = tuple(None if param is None else param.copy() for param in params)
+        values = tuple(None if param is None else _param_array(param).copy() for param in params)
         forward, with_stats, _ = self._FUNCTIONS
         if not self.training:
             output: _FloatArray = forward(input, self.normalized_shape, *values, self.eps, axis=self.axis)
@@ -319,7 +326,7 @@ class NormModule:
 
         for (name, _, _), value in zip(self._PARAMETERS, saved.values):
             current = getattr(self, name)
-            if value is not None and not np.array_equal(current, value, equal_nan=True):
+            if value is not None and not np.array_equal(_param_array(current), value, equal_nan=True):
                 raise _modified_in_place(self, name)
         _, _, backward = self._FUNCTIONS
         mask = (True,) + tuple(value is not None for value in saved.values)
@@ -384,7 +391,7 @@ class NormModule:
             if param is not None:
                 total = getattr(self, grad_name)
                 if total is None:
-                    dtype = param.dtype if type(param) is _ndarray else np.asarray(_as_numpy(param)).dtype
+                    dtype = _param_array(param).dtype
                     updates.append((grad_name, None, np.asarray(grads[index], dtype=dtype)))
                 else:
                     _check_accumulates(grad_name, total, grads[index])
@@ -430,7 +437,7 @@ class NormModule:
         for name, _, initial in self._PARAMETERS:
             param = getattr(self, name)
             if param is not None:
-                param[...] = initial
+                _param_array(param)[...] = initial
 
     def named_parameters(self) -> list[tuple[str, _FloatArray]]:
         """Return ``[(name, array), ...]`` for the parameters that exist, as torch orders them."""
@@ -443,7 +450,7 @@ class NormModule:
 
     def state_dict(self) -> OrderedDict[str, _FloatArray]:
         """Return an OrderedDict of copies of the parameters, with torch's keys."""
-        return OrderedDict((name, value.copy()) for name, value in self.named_parameters())
+        return OrderedDict((name, _param_array(value).copy()) for name, value in self.named_parameters())
 
     def load_state_dict(self, state_dict: Mapping[str, npt.ArrayLike], strict: bool = True) -> IncompatibleKeys:
         """Copy parameters from `state_dict` (NumPy arrays, torch tensors or lists).
@@ -500,10 +507,10 @@ class NormModule:
                     f'While copying the parameter named "{name}", expected real numbers from '
                     f"checkpoint but received an array of dtype {value.dtype}"
                 )
-            elif value.shape != param.shape:
+            elif value.shape != _param_array(param).shape:
                 errors.append(
                     f"size mismatch for {name}: copying a param with shape {value.shape} from "
-                    f"checkpoint, the shape in current model is {param.shape}."
+                    f"checkpoint, the shape in current model is {_param_array(param).shape}."
                 )
             else:
                 new_values[name] = value
@@ -511,7 +518,7 @@ class NormModule:
             header = f"Error(s) in loading state_dict for {type(self).__name__}:\n\t"
             raise RuntimeError(header + "\n\t".join(errors))
         for name, value in new_values.items():
-            np.copyto(own[name], value, casting="unsafe")
+            np.copyto(_param_array(own[name]), value, casting="unsafe")
         return IncompatibleKeys(missing, unexpected)
 
     # ------------------------------------------------------------------- modes
@@ -661,7 +668,7 @@ class LayerNorm(NormModule):
     forward = __call__
 
     def _gradients(self, grad_output: Any, saved: Tuple[Any, ...]) -> Tuple[Optional[_FloatArray], ...]:
-        weight, bias = self.weight, self.bias
+        weight, bias = _as_numpy(self.weight), _as_numpy(self.bias)
         input, stats = saved
         return _core.saved_backward(
             grad_output, input, stats, self.normalized_shape, weight, bias,
@@ -765,7 +772,7 @@ class RMSNorm(NormModule):
     forward = __call__
 
     def _gradients(self, grad_output: Any, saved: Tuple[Any, ...]) -> Tuple[Optional[_FloatArray], ...]:
-        weight = self.weight
+        weight = _as_numpy(self.weight)
         input, stats = saved
         return _core.rms_saved_backward(
             grad_output, input, stats, self.normalized_shape, weight, (True, weight is not None),

@@ -1440,6 +1440,45 @@ def test_torch_tensor_parameter_gets_a_numpy_gradient(kind):
     np.testing.assert_array_equal(ours.weight_grad, expected.weight_grad)
 
 
+@requires_torch
+@BY_KIND
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["tensor", "parameter"])
+def test_torch_parameters_assigned_work_everywhere(kind, requires_grad):
+    # the module's parameters set to torch's own (an nn.Parameter requires grad): backward,
+    # state_dict, load_state_dict, reset_parameters and a dask forward read or write them as
+    # the forward does, through the NumPy view of their memory
+    theirs = kind.theirs(4)
+    ours = kind.ours(4)
+    x = np.random.default_rng(42).standard_normal((3, 4)).astype(np.float32)
+    with torch.no_grad():
+        for name in kind.names:
+            getattr(theirs, name).copy_(torch.from_numpy(getattr(randomize(kind.ours(4), seed=43), name)))
+            param = getattr(theirs, name)
+            setattr(ours, name, param if requires_grad else param.detach())
+    expected = randomize(kind.ours(4), seed=43)
+    np.testing.assert_array_equal(ours(x), expected(x))
+    np.testing.assert_array_equal(ours.backward(np.ones_like(x)), expected.backward(np.ones_like(x)))
+    for name in kind.names:
+        np.testing.assert_array_equal(getattr(ours, f"{name}_grad"), getattr(expected, f"{name}_grad"))
+    state = ours.state_dict()
+    assert all(type(value) is np.ndarray for value in state.values())
+    for name in kind.names:
+        np.testing.assert_array_equal(state[name], getattr(expected, name))
+    try:
+        import dask.array as dask_array
+    except ImportError:  # dask is a test dependency, but the suite runs without it too
+        dask_array = None
+    if dask_array is not None:
+        lazy = ours(dask_array.from_array(x, chunks=(2, 4)))
+        np.testing.assert_array_equal(lazy.compute(), expected(x))
+    ours.reset_parameters()
+    for name, initial in kind.parameters:
+        assert torch.equal(getattr(theirs, name).detach(), torch.full((4,), initial))
+    ours.load_state_dict(state)
+    for name in kind.names:
+        np.testing.assert_array_equal(getattr(theirs, name).detach().numpy(), state[name])
+
+
 # ---------------------------------------------------------------------------------------------
 # axis=: ConvNeXt's channels-first LayerNorm (and RMSNorm) on NCHW
 # ---------------------------------------------------------------------------------------------
