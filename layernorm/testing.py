@@ -122,8 +122,10 @@ def _problem(kind: str, input: Any, normalized_shape: Any, weight: Any, bias: An
             if value.shape != shape:
                 raise ValueError(f"{name} has shape {value.shape}, normalized_shape is {shape}")
         params.append(value)
+    # None is RMSNorm's default (torch's rule, by the input's dtype); layer_norm has no such default
+    rms_default = kind == "rms_norm" and eps is None
     return _Problem(kind, x, shape, axes, params[0], params[1],
-                    ref.rms_norm_default_eps(x.dtype) if eps is None else _eps(eps))
+                    ref.rms_norm_default_eps(x.dtype) if rms_default else _eps(eps))
 
 
 def _expected(p: _Problem, eps: Optional[float] = None) -> np.ndarray:

@@ -225,6 +225,16 @@ def test_eps_value_reports_the_eps_that_fits():
     assert "it fits eps=0.0001 in every row, not the eps=1e-05 compared with" in message
 
 
+def test_layer_norm_eps_none_is_refused_as_layer_norm_refuses_it():
+    # RMSNorm's eps=None default is no default of LayerNorm's: the correct output must not be
+    # reported as an eps mistake
+    x = rows_of_different_scales()
+    with pytest.raises(TypeError, match="eps must be a real number, got NoneType"):
+        assert_layer_norm_close(layernorm.layer_norm(x, ROW_LEN), x, ROW_LEN, eps=None)
+    with pytest.raises(TypeError, match="eps must be a real number, got NoneType"):
+        layernorm.layer_norm(x, ROW_LEN, eps=None)
+
+
 def test_rms_norm_default_eps_follows_the_input_dtype():
     # float64 input: torch's default is float64's machine epsilon, so float32's is a wrong eps
     x = rows_of_different_scales(np.float64)
