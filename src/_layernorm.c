@@ -276,6 +276,20 @@ is_bool(PyObject *obj)
             PyArray_TYPE((PyArrayObject *)obj) == NPY_BOOL);
 }
 
+/* One size of normalized_shape from an integer object; -1 with an exception set, a
+   ValueError where it does not fit in an index. */
+static Py_ssize_t
+normalized_size(PyObject *obj)
+{
+    const Py_ssize_t size = PyNumber_AsSsize_t(obj, PyExc_OverflowError);
+    if (size == -1 && PyErr_ExceptionMatches(PyExc_OverflowError)) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "normalized_shape sizes must fit in an index (%zd at most), got %R",
+                     PY_SSIZE_T_MAX, obj);
+    }
+    return size;
+}
+
 /* Fills *shape from an int or a sequence of ints (not bools: torch refuses True for 1).
    Returns 0, or -1 with an exception set. */
 static int
@@ -292,7 +306,7 @@ parse_normalized_shape(PyObject *obj, shape_t *shape)
                        (PyIndex_Check(obj) && !PySequence_Check(obj));
     shape->ndim = 0;
     if (scalar) {
-        Py_ssize_t n = PyNumber_AsSsize_t(obj, PyExc_OverflowError);
+        const Py_ssize_t n = normalized_size(obj);
         if (n == -1 && PyErr_Occurred()) {
             goto done;
         }
@@ -319,7 +333,7 @@ parse_normalized_shape(PyObject *obj, shape_t *shape)
                              Py_TYPE(item)->tp_name, i);
                 goto done;
             }
-            Py_ssize_t d = PyNumber_AsSsize_t(item, PyExc_OverflowError);
+            const Py_ssize_t d = normalized_size(item);
             if (d == -1 && PyErr_Occurred()) {
                 goto done;
             }

@@ -303,6 +303,12 @@ CASES = {
     "layer_norm-negative-size": Case(
         "layer_norm(x, (-4,))", ValueError,
         "normalized_shape must not contain negative sizes, but got normalized_shape = [-4]"),
+    "layer_norm-size-beyond-an-index": Case(
+        "layer_norm(x, 2**63)", ValueError,
+        "normalized_shape sizes must fit in an index (9223372036854775807 at most), got 9223372036854775808"),
+    "layer_norm-size-beyond-an-index-in-a-sequence": Case(
+        "layer_norm(x, (4, -2**64))", ValueError,
+        "normalized_shape sizes must fit in an index (9223372036854775807 at most), got -18446744073709551616"),
     "layer_norm-normalized-shape-float": Case(
         "layer_norm(x, 4.0)", TypeError, "normalized_shape must be an int or a sequence of ints, got float",
         torch="F.layer_norm(tx, 4.0)"),
