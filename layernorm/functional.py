@@ -108,6 +108,8 @@ def _torch_worded(error: UnsupportedDTypeError, kernel: str) -> TypeError:
     ``"LayerNormKernelImpl" not implemented for 'Long'``, when torch has a name for the dtype."""
     dtype: np.dtype[Any] = error.dtype
     name = _TORCH_TYPE_NAMES.get((dtype.kind, dtype.itemsize))
+    if kernel == _RMS_KERNEL and dtype.kind == "c":
+        name = None  # torch's rms_norm, a composite of its elementwise ops, computes complex input
     return TypeError(str(error) if name is None else f'"{kernel}" not implemented for \'{name}\': {error}')
 
 

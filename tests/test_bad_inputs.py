@@ -708,6 +708,11 @@ CASES = {
         "\"rms_norm\" not implemented for 'Long': rms_norm takes float16, bfloat16, float32 or float64 arrays, got dtype "
         "int64; convert it first, e.g. x.astype(np.float32)",
         torch="F.rms_norm(tx.long(), (4,))"),
+    # torch's rms_norm computes complex input: ours refuses it in words of its own
+    "rms_norm-input-complex64": Case(
+        "layernorm.rms_norm(x.astype(np.complex64), 4)", TypeError,
+        "rms_norm takes float16, bfloat16, float32 or float64 arrays, got dtype complex64; convert it first, "
+        "e.g. x.astype(np.float32)"),
     "rms_norm-bias": Case(
         "layernorm.rms_norm(x, 4, bias=np.zeros(4, np.float32))", TypeError,
         "rms_norm() got an unexpected keyword argument 'bias'",
