@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import operator
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from typing import Any, Callable, ClassVar, Iterable, NamedTuple, Optional, SupportsIndex, Tuple, TypeVar, cast
 
 import numpy as np
@@ -439,24 +439,37 @@ class NormModule:
             if param is not None:
                 _param_array(param)[...] = initial
 
-    def named_parameters(self) -> list[tuple[str, _FloatArray]]:
-        """Return ``[(name, array), ...]`` for the parameters that exist, as torch orders them."""
-        pairs = ((name, getattr(self, name)) for name, _, _ in self._PARAMETERS)
+    def named_parameters(self, prefix: str = "", recurse: bool = True,
+                         remove_duplicate: bool = True) -> list[tuple[str, _FloatArray]]:
+        """Return ``[(name, array), ...]`` for the parameters that exist, as torch orders them;
+        names start with ``prefix + "."`` when `prefix` is given.  `recurse` and
+        `remove_duplicate` are torch's, with nothing to do here (no submodules, no shared
+        parameters)."""
+        lead = prefix + "." if prefix else ""
+        pairs = ((lead + name, getattr(self, name)) for name, _, _ in self._PARAMETERS)
         return [(name, value) for name, value in pairs if value is not None]
 
-    def parameters(self) -> list[_FloatArray]:
+    def parameters(self, recurse: bool = True) -> list[_FloatArray]:
         """Return the parameters that exist, e.g. ``[weight, bias]``, ``[weight]`` or ``[]``."""
         return [value for _, value in self.named_parameters()]
 
-    def state_dict(self) -> OrderedDict[str, _FloatArray]:
-        """Return an OrderedDict of copies of the parameters, with torch's keys."""
-        return OrderedDict((name, _param_array(value).copy()) for name, value in self.named_parameters())
+    def state_dict(self, *, destination: Optional[MutableMapping[str, Any]] = None, prefix: str = "",
+                   keep_vars: bool = False) -> MutableMapping[str, Any]:
+        """Return an OrderedDict of copies of the parameters, with torch's keys after `prefix`
+        (``"norm."``, say); with `keep_vars`, the parameters themselves instead of copies.
+        `destination` is filled and returned instead of a new OrderedDict."""
+        state: MutableMapping[str, Any] = OrderedDict() if destination is None else destination
+        for name, value in self.named_parameters():
+            state[prefix + name] = value if keep_vars else _param_array(value).copy()
+        return state
 
-    def load_state_dict(self, state_dict: Mapping[str, npt.ArrayLike], strict: bool = True) -> IncompatibleKeys:
+    def load_state_dict(self, state_dict: Mapping[str, npt.ArrayLike], strict: bool = True,
+                        assign: bool = False) -> IncompatibleKeys:
         """Copy parameters from `state_dict` (NumPy arrays, torch tensors or lists).
 
         Every key and shape is checked before anything changes; values are cast to the
-        parameters' dtype.
+        parameters' dtype, or with `assign` become the parameters themselves, as arrays of
+        their own dtype (torch's ``assign=True``).
 
         Parameters
         ----------
@@ -464,6 +477,8 @@ class NormModule:
             Name to array-like, e.g. ``torch.nn.LayerNorm(...).state_dict()``.
         strict : bool, default True
             Whether missing or unexpected keys are errors. Shapes are always checked.
+        assign : bool, default False
+            Whether the values replace the parameters instead of being copied into them.
 
         Returns
         -------
@@ -518,7 +533,12 @@ class NormModule:
             header = f"Error(s) in loading state_dict for {type(self).__name__}:\n\t"
             raise RuntimeError(header + "\n\t".join(errors))
         for name, value in new_values.items():
-            np.copyto(_param_array(own[name]), value, casting="unsafe")
+            if assign:
+                float_kind = value.dtype.kind == "f" or _is_bfloat16(value.dtype)
+                kept = value if float_kind else value.astype(_param_array(own[name]).dtype)
+                setattr(self, name, kept if kept.flags.writeable else kept.copy())
+            else:
+                np.copyto(_param_array(own[name]), value, casting="unsafe")
         return IncompatibleKeys(missing, unexpected)
 
     # ------------------------------------------------------------------- modes

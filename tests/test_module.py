@@ -444,6 +444,48 @@ def test_state_dict_values_are_copies(kind):
 
 
 @BY_KIND
+@pytest.mark.parametrize("prefix", ["", "blocks.0.norm"])
+def test_parameter_and_state_dict_names_take_torchs_prefix(kind, prefix):
+    ours = kind.ours(4)
+    lead = prefix + "." if prefix else ""
+    assert [name for name, _ in ours.named_parameters(prefix=prefix)] == [lead + name for name in kind.names]
+    assert list(ours.state_dict(prefix=lead)) == [lead + name for name in kind.names]
+    destination = {"other": 1}
+    assert ours.state_dict(destination=destination, prefix=lead) is destination
+    assert list(destination) == ["other"] + [lead + name for name in kind.names]
+    assert len(ours.parameters(recurse=False)) == len(kind.names)
+    if torch is not None:
+        theirs = kind.theirs(4)
+        assert list(ours.state_dict(prefix=lead)) == list(theirs.state_dict(prefix=lead))
+        assert ([name for name, _ in ours.named_parameters(prefix=prefix)]
+                == [name for name, _ in theirs.named_parameters(prefix=prefix)])
+
+
+@BY_KIND
+def test_state_dict_keep_vars_gives_the_parameters_themselves(kind):
+    ours = kind.ours(4)
+    kept = ours.state_dict(keep_vars=True)
+    assert all(kept[name] is getattr(ours, name) for name in kind.names)
+
+
+@BY_KIND
+def test_load_state_dict_assign_makes_the_values_the_parameters(kind):
+    ours = kind.ours(4)
+    values = {name: np.full(4, 2.0 - i, np.float64) for i, name in enumerate(kind.names)}
+    values["weight"].flags.writeable = False  # a read-only value is copied, so updates still work
+    assert tuple(ours.load_state_dict(values, assign=True)) == ([], [])
+    for name in kind.names:
+        param = getattr(ours, name)
+        assert param.dtype == np.float64 and param.flags.writeable
+        np.testing.assert_array_equal(param, values[name])
+        assert (param is values[name]) == (name != "weight")
+    ours.load_state_dict({name: np.arange(4) for name in kind.names}, assign=True)  # integers: cast
+    assert all(getattr(ours, name).dtype == np.float64 for name in kind.names)
+    with pytest.raises(RuntimeError, match="size mismatch for weight"):
+        ours.load_state_dict({name: np.ones(5) for name in kind.names}, assign=True)
+
+
+@BY_KIND
 def test_state_dict_round_trip_between_two_modules(kind):
     a = kind.ours((2, 3))
     a.load_state_dict({name: (-1.0) ** i * np.arange(6.0).reshape(2, 3) for i, name in enumerate(kind.names)})
