@@ -18,6 +18,7 @@ from helpers import (
     backward_args,
     call_backward,
     dtype_id,
+    HALF_DTYPES,
     dtype_named,
     grad_input_scale,
     grad_weight_scale,
@@ -467,3 +468,25 @@ def test_large_grad_input_starts_a_cache_line_and_keeps_its_layout(layout):
     expected = layernorm.layer_norm_backward(dy[:half], x[:half], ns, mean[:half], rstd[:half], weight, None,
                                              (True, False, False), axis=axis)[0]
     np.testing.assert_array_equal(grad_input[:half], expected)
+
+
+@pytest.mark.parametrize("dtype_name", HALF_DTYPES)
+def test_half_weights_get_float32_gradients_from_the_functions_and_their_own_from_modules(dtype_name):
+    # a deliberate difference: torch returns the weight's dtype from its backward kernel
+    dtype = dtype_named(dtype_name)
+    x = np.random.default_rng(50).standard_normal((3, 8)).astype(dtype)
+    w = b = np.ones(8, dtype)
+    _, mean, rstd = layernorm.native_layer_norm(x, 8, w, b)
+    grads = layernorm.layer_norm_backward(x, x, 8, mean, rstd, w, b)
+    assert [g.dtype for g in grads] == [dtype, np.float32, np.float32]
+    _, rms_rstd = layernorm.native_rms_norm(x, 8, w)
+    assert [g.dtype for g in layernorm.rms_norm_backward(x, x, 8, rms_rstd, w)] == [dtype, np.float32]
+    module = layernorm.LayerNorm(8, dtype=dtype)
+    module(x)
+    module.backward(x)
+    assert module.weight_grad.dtype == dtype and module.bias_grad.dtype == dtype
+    if torch is not None:
+        tx, tw = (torch.from_numpy(a.astype(np.float32)).to(getattr(torch, dtype_name)) for a in (x, w))
+        _, their_mean, their_rstd = torch.ops.aten.native_layer_norm(tx, [8], tw, tw, 1e-5)
+        theirs = torch.ops.aten.native_layer_norm_backward(tx, tx, [8], their_mean, their_rstd, tw, tw, [True] * 3)
+        assert [g.dtype for g in theirs] == [tx.dtype] * 3
