@@ -551,9 +551,9 @@ CASES = {
         "module.load_state_dict({1: np.ones(4)})", RuntimeError,
         "Error(s) in loading state_dict for LayerNorm:\n\tMissing key(s) in state_dict: \"weight\", "
         "\"bias\". \n\tUnexpected key(s) in state_dict: \"1\". "),
-    "LayerNorm-state_dict-destination": Case(
-        "module.state_dict(destination={})", TypeError,
-        re.compile(r"(NormModule\.)?state_dict\(\) got an unexpected keyword argument 'destination'")),
+    "LayerNorm-state_dict-positional-destination": Case(
+        "module.state_dict({})", TypeError,
+        re.compile(r"(NormModule\.)?state_dict\(\) takes 1 positional argument but 2 were given")),
     "LayerNorm-train-str": Case(
         "module.train('yes')", _TrainingModeError, "training mode is expected to be boolean",
         torch="torch.nn.LayerNorm(4).train('yes')"),
