@@ -11,7 +11,8 @@ import math
 import operator
 from collections import OrderedDict
 from collections.abc import Mapping, MutableMapping
-from typing import Any, Callable, ClassVar, Iterable, NamedTuple, Optional, SupportsIndex, Tuple, TypeVar, cast
+from typing import (Any, Callable, ClassVar, Iterable, NamedTuple, Optional, SupportsIndex, Tuple, TypeVar, cast,
+                    overload)
 
 import numpy as np
 import numpy.typing as npt
@@ -49,6 +50,7 @@ _FLOAT_DTYPES: dict[str, np.dtype[Any]] = {
 
 # A norm module's own class, for train() and eval(), which return the module they are called on.
 _Module = TypeVar("_Module", bound="NormModule")
+_Destination = TypeVar("_Destination", bound=MutableMapping[str, Any])
 
 
 class _TrainingModeError(ValueError, TypeError):
@@ -452,6 +454,13 @@ class NormModule:
     def parameters(self, recurse: bool = True) -> list[_FloatArray]:
         """Return the parameters that exist, e.g. ``[weight, bias]``, ``[weight]`` or ``[]``."""
         return [value for _, value in self.named_parameters()]
+
+    @overload
+    def state_dict(self, *, destination: None = None, prefix: str = "",
+                   keep_vars: bool = False) -> OrderedDict[str, _FloatArray]: ...
+
+    @overload
+    def state_dict(self, *, destination: _Destination, prefix: str = "", keep_vars: bool = False) -> _Destination: ...
 
     def state_dict(self, *, destination: Optional[MutableMapping[str, Any]] = None, prefix: str = "",
                    keep_vars: bool = False) -> MutableMapping[str, Any]:
