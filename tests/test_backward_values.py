@@ -18,7 +18,6 @@ from helpers import (
     backward_args,
     call_backward,
     dtype_id,
-    HALF_DTYPES,
     dtype_named,
     grad_input_scale,
     grad_weight_scale,
