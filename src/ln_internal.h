@@ -88,6 +88,10 @@ typedef struct {
     double mean[LN_GRAD_ROWS], rstd[LN_GRAD_ROWS];
     double g_mean[LN_GRAD_ROWS];        /* mean(dy * weight) over the row (0 for RMSNorm) */
     double gx_mean[LN_GRAD_ROWS];       /* mean(dy * weight * xhat) over the row */
+    const char *next_dy[LN_GRAD_ROWS];  /* the rows of the group after this one, whose lines pass 2
+                                           asks for as it goes (ln_backward_prefetches); NULL
+                                           past that group's last row, all NULL: none */
+    const char *next_x[LN_GRAD_ROWS];
 } ln_grad_rows;
 
 /* Backward pass 2 over a span of a group of rows, adding into float64 dweight and dbias
@@ -474,6 +478,14 @@ static inline int ln_dx_streams(ln_dtype dtype, const ln_extent *extent, const l
 static inline int ln_backward_streams_dx(const ln_backward_args *a)
 {
     return ln_dx_streams(a->dtype, &a->extent, &a->grad_input);
+}
+
+/* Whether backward pass 2 asks for the next group's rows as it goes (see
+   LN_GRAD_PREFETCH_MIN_BYTES). */
+static inline int ln_backward_prefetches(const ln_backward_args *a)
+{
+    const ptrdiff_t data_bytes = 2 * ln_rows_of(&a->extent) * a->extent.row_len * (ptrdiff_t)ln_dtype_size(a->dtype);
+    return data_bytes >= LN_GRAD_PREFETCH_MIN_BYTES;
 }
 
 /* One statistic of row r as a float64, from an array of dtype's param type. */
