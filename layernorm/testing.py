@@ -86,6 +86,7 @@ class _Problem(NamedTuple):
     weight: Optional[np.ndarray]  # float64, shaped like normalized_shape
     bias: Optional[np.ndarray]
     eps: float
+    dtype_name: Optional[str]  # the input's float dtype, which the output should have; None: no dtype
 
     @property
     def op(self) -> str:
@@ -109,7 +110,8 @@ def _eps(eps: Any) -> float:
 
 def _problem(kind: str, input: Any, normalized_shape: Any, weight: Any, bias: Any, eps: Optional[float],
              axis: Axis) -> _Problem:
-    x = _real(_as_array(input)[0], "input")
+    x, x_dtype_name = _as_array(input)
+    x = _real(x, "input")
     shape = _normalized_shape(normalized_shape)
     axes = ref.normalized_axes(x.ndim, shape, axis)
     if tuple(x.shape[a] for a in axes) != shape:
@@ -125,7 +127,8 @@ def _problem(kind: str, input: Any, normalized_shape: Any, weight: Any, bias: An
     # None is RMSNorm's default (torch's rule, by the input's dtype); layer_norm has no such default
     rms_default = kind == "rms_norm" and eps is None
     return _Problem(kind, x, shape, axes, params[0], params[1],
-                    ref.rms_norm_default_eps(x.dtype) if rms_default else _eps(eps))
+                    ref.rms_norm_default_eps(x.dtype) if rms_default else _eps(eps),
+                    x_dtype_name if hasattr(input, "dtype") and x_dtype_name in _TOLERANCES else None)
 
 
 def _expected(p: _Problem, eps: Optional[float] = None) -> np.ndarray:
@@ -375,9 +378,23 @@ def _finding_lines(findings: Sequence[_Finding], codes: Sequence[str]) -> List[s
     return lines
 
 
-def _compare(actual_value: Any, p: _Problem, rtol: Optional[float], atol: Optional[float]) -> _Report:
+_DTYPE_FIX = ("compute in the input's dtype, or cast the result back: y.astype(x.dtype) in NumPy, y.to(x.dtype)"
+              " in torch (in NumPy, float64 parameters such as np.ones(n) promote a float32 input)")
+
+
+def _dtype_lines(p: _Problem, dtype_name: str) -> List[str]:
+    return [f"The output's dtype is {dtype_name}, the input's {p.dtype_name}: a {p.op} output has the input's"
+            " dtype (torch's does, with float32 weight and bias too).",
+            f"  [output-dtype] fix: {_DTYPE_FIX}."]
+
+
+def _compare(actual_value: Any, p: _Problem, rtol: Optional[float], atol: Optional[float],
+             check_dtype: bool = True) -> _Report:
     actual, dtype_name = _as_array(actual_value)
-    rtol, atol = _tolerance(dtype_name, rtol, atol)
+    # an output of another dtype is held to the tolerances of the dtype it should have
+    expected_dtype = p.dtype_name if check_dtype and hasattr(actual_value, "dtype") else None
+    wrong_dtype = expected_dtype is not None and dtype_name != expected_dtype
+    rtol, atol = _tolerance(expected_dtype or dtype_name, rtol, atol)
     actual = _real(actual, "the output").astype(np.float64)
     if actual.shape != p.x.shape:
         lines = [f"The output has shape {actual.shape}, the input {p.x.shape}: a {p.op} output has the input's shape."]
@@ -391,11 +408,18 @@ def _compare(actual_value: Any, p: _Problem, rtol: Optional[float], atol: Option
         difference = np.abs(actual - expected)
     both_finite = np.isfinite(actual) & np.isfinite(expected)
     max_error = float(np.max(np.where(both_finite, difference, 0.0), initial=0.0))
+    dtype_finding = (_Finding("output-dtype", 0.0, "", _DTYPE_FIX),) if wrong_dtype else ()
+    dtype_lines = _dtype_lines(p, dtype_name) if wrong_dtype else []
     if _worst(misfit) <= 1.0:
+        if wrong_dtype:
+            return _Report(False, max_error, dtype_finding,
+                           tuple(dtype_lines + [f"Its values agree with the float64 reference at {expected_dtype}'s"
+                                                f" tolerances (max abs error {max_error:.2g})."]))
         return _Report(True, max_error, (), (f"max abs error {max_error:.2g}",))
     bad = misfit > 1.0
     worst = int(np.argmax(np.where(both_finite, difference, -1.0)))
-    lines = [f"{p.op} output differs from the float64 reference ({dtype_name} output:"
+    measure = f"{expected_dtype}'s tolerances" if wrong_dtype else f"{dtype_name} output"
+    lines = dtype_lines + [f"{p.op} output differs from the float64 reference ({measure}:"
              f" rtol={rtol:g}, atol={atol:g}).",
              f"Mismatched elements: {int(bad.sum())} / {bad.size} ({100 * bad.mean():.1f}%).",
              f"Greatest absolute difference: {max_error:.3g} at index {_index(worst, actual.shape)}"
@@ -408,7 +432,7 @@ def _compare(actual_value: Any, p: _Problem, rtol: Optional[float], atol: Option
             lines.append(f"{what}: {count} element{'s' if count > 1 else ''}, the first at index {first}.")
     findings = tuple(_findings(p, actual, expected, rtol, atol))
     lines += _finding_lines(findings, _CODES[p.kind])
-    return _Report(False, max_error, findings, tuple(lines))
+    return _Report(False, max_error, dtype_finding + findings, tuple(lines))
 
 
 # ---------------------------------------------------------------------------------- assertions
@@ -416,7 +440,7 @@ def _compare(actual_value: Any, p: _Problem, rtol: Optional[float], atol: Option
 
 def assert_layer_norm_close(actual: Any, input: Any, normalized_shape: Any, weight: Any = None, bias: Any = None,
                             eps: float = 1e-5, *, axis: Axis = None, rtol: Optional[float] = None,
-                            atol: Optional[float] = None) -> None:
+                            atol: Optional[float] = None, check_dtype: bool = True) -> None:
     """Assert that ``actual`` is LayerNorm of ``input``, as torch's F.layer_norm defines it.
 
     Parameters
@@ -428,7 +452,11 @@ def assert_layer_norm_close(actual: Any, input: Any, normalized_shape: Any, weig
     axis : int or tuple of int, optional
         The normalized axes, NumPy's convention; None means the last ``len(normalized_shape)``.
     rtol, atol : float, optional
-        Both or neither; by default torch.testing.assert_close's for ``actual``'s dtype.
+        Both or neither; by default torch.testing.assert_close's for ``actual``'s dtype (for
+        the input's, when ``check_dtype`` finds them different).
+    check_dtype : bool
+        Whether ``actual`` must have the input's dtype, as torch's output has, when both have
+        a dtype (``[output-dtype]``); as torch.testing.assert_close's ``check_dtype``.
 
     Raises
     ------
@@ -436,21 +464,23 @@ def assert_layer_norm_close(actual: Any, input: Any, normalized_shape: Any, weig
         When a shape, a NaN position or a value differs; the message names each classic mistake
         (``[unbiased-variance]``, ``[eps-outside-sqrt]``, ...) whose output matches ``actual``.
     """
-    report = _compare(actual, _problem("layer_norm", input, normalized_shape, weight, bias, eps, axis), rtol, atol)
+    report = _compare(actual, _problem("layer_norm", input, normalized_shape, weight, bias, eps, axis), rtol, atol,
+                      check_dtype)
     if not report.ok:
         raise AssertionError("\n".join(report.lines))
 
 
 def assert_rms_norm_close(actual: Any, input: Any, normalized_shape: Any, weight: Any = None,
                           eps: Optional[float] = None, *, axis: Axis = None, rtol: Optional[float] = None,
-                          atol: Optional[float] = None) -> None:
+                          atol: Optional[float] = None, check_dtype: bool = True) -> None:
     """Assert that ``actual`` is RMSNorm of ``input``, as torch's F.rms_norm defines it.
 
     ``eps=None`` is torch's rule: the machine epsilon of float64 for float64 input, of float32
     otherwise.  The rest is as :func:`assert_layer_norm_close` (no bias); the codes include
     ``[rms-centred]`` and ``[rms-one-plus-weight]``.
     """
-    report = _compare(actual, _problem("rms_norm", input, normalized_shape, weight, None, eps, axis), rtol, atol)
+    report = _compare(actual, _problem("rms_norm", input, normalized_shape, weight, None, eps, axis), rtol, atol,
+                      check_dtype)
     if not report.ok:
         raise AssertionError("\n".join(report.lines))
 

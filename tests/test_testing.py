@@ -260,6 +260,73 @@ def test_nothing_matching_is_said():
     assert "It matches none of the classic mistakes known here: [unbiased-variance]" in message
 
 
+# ------------------------------------------------------------------------------- the output's dtype
+
+
+def test_float64_output_of_float32_input_is_named_with_values_that_agree():
+    x = rows_of_different_scales()
+    y = _reference.layer_norm(x, ROW_LEN, WEIGHT, BIAS)[0]
+    message = failure_message(assert_layer_norm_close, y, x, ROW_LEN, WEIGHT, BIAS)
+    assert named_codes(message) == ["output-dtype"], message
+    assert message.startswith("The output's dtype is float64, the input's float32")
+    assert "Its values agree with the float64 reference at float32's tolerances" in message
+
+
+def test_check_dtype_false_compares_values_alone():
+    x = rows_of_different_scales()
+    assert_layer_norm_close(_reference.layer_norm(x, ROW_LEN, WEIGHT, BIAS)[0], x, ROW_LEN, WEIGHT, BIAS,
+                            check_dtype=False)
+    assert_rms_norm_close(_reference.rms_norm(x, ROW_LEN, WEIGHT)[0], x, ROW_LEN, WEIGHT, check_dtype=False)
+
+
+def test_float64_parameters_promoting_a_float32_input_are_named():
+    x = rows_of_different_scales()
+    y = layer_norm_by_hand(NumpyOps, x, WEIGHT.astype(np.float64), BIAS.astype(np.float64))
+    assert y.dtype == np.float64  # NumPy's promotion, the mistake
+    message = failure_message(assert_layer_norm_close, y, x, ROW_LEN, WEIGHT, BIAS)
+    assert named_codes(message) == ["output-dtype"], message
+    assert "np.ones(n) promote a float32 input" in message
+
+
+def test_wrong_dtype_is_held_to_the_input_dtypes_tolerances():
+    """float16-accurate values in float32 agree at float16's tolerances, not at float32's."""
+    x = rows_of_different_scales(np.float16)
+    y = layernorm.layer_norm(x, ROW_LEN, WEIGHT, BIAS).astype(np.float32)
+    assert "Its values agree" in failure_message(assert_layer_norm_close, y, x, ROW_LEN, WEIGHT, BIAS)
+    message = failure_message(assert_layer_norm_close, y, x, ROW_LEN, WEIGHT, BIAS, check_dtype=False)
+    assert "(float32 output: rtol=1.3e-06, atol=1e-05)" in message
+
+
+def test_wrong_dtype_and_a_mistake_are_both_named():
+    x = rows_of_different_scales()
+    y = layer_norm_by_hand(NumpyOps, x, WEIGHT, BIAS, "unbiased-variance").astype(np.float64)
+    message = failure_message(assert_layer_norm_close, y, x, ROW_LEN, WEIGHT, BIAS)
+    assert named_codes(message) == ["output-dtype", "unbiased-variance"], message
+    assert "(float32's tolerances: rtol=1.3e-06, atol=1e-05)" in message
+
+
+def test_an_input_without_a_dtype_leaves_the_output_dtype_alone():
+    x = rows_of_different_scales()
+    expected = _reference.layer_norm(x, ROW_LEN, WEIGHT, BIAS)[0]
+    assert_layer_norm_close(expected, x.tolist(), ROW_LEN, WEIGHT, BIAS)
+    assert_layer_norm_close(expected.astype(np.float32).tolist(), x, ROW_LEN, WEIGHT, BIAS)
+
+
+@needs_torch
+def test_float16_tensor_input_with_a_float32_tensor_output_is_named():
+    x = torch.from_numpy(rows_of_different_scales(np.float16))
+    y = torch.nn.functional.layer_norm(x.float(), (ROW_LEN,))
+    message = failure_message(assert_layer_norm_close, y, x, ROW_LEN)
+    assert message.startswith("The output's dtype is float32, the input's float16"), message
+    assert_layer_norm_close(y.half(), x, ROW_LEN)
+
+
+def test_diagnose_names_an_output_of_another_dtype():
+    diagnosis = diagnose(lambda x: _reference.layer_norm(x, ROW_LEN)[0], ROW_LEN)
+    assert not diagnosis.ok
+    assert diagnosis.findings == ("output-dtype",)
+
+
 # ------------------------------------------------------------------------------- correct outputs
 
 FLOAT_DTYPES = [np.float16, np.float32, np.float64]
@@ -438,10 +505,10 @@ def correct_implementation(name, kind, dtype):
         return ByHand(NumpyOps, kind)
     if name == "torch-by-hand":
         return ByHand(TorchOps, kind)
-    if name == "reference":
+    if name == "reference":  # float64, rounded to the input's dtype as torch's output is
         if kind == "layer_norm":
-            return lambda x: _reference.layer_norm(x, ROW_LEN)[0]
-        return lambda x: _reference.rms_norm(x, ROW_LEN)[0]
+            return lambda x: _reference.layer_norm(x, ROW_LEN)[0].astype(x.dtype)
+        return lambda x: _reference.rms_norm(x, ROW_LEN)[0].astype(x.dtype)
     if name == "layernorm.LayerNorm":
         return layernorm.LayerNorm(ROW_LEN, dtype=dtype)
     if name == "layernorm.layer_norm":
