@@ -484,8 +484,9 @@ static inline int ln_backward_streams_dx(const ln_backward_args *a)
    LN_GRAD_PREFETCH_MIN_BYTES). */
 static inline int ln_backward_prefetches(const ln_backward_args *a)
 {
-    const ptrdiff_t data_bytes = 2 * ln_rows_of(&a->extent) * a->extent.row_len * (ptrdiff_t)ln_dtype_size(a->dtype);
-    return data_bytes >= LN_GRAD_PREFETCH_MIN_BYTES;
+    const ptrdiff_t row_bytes = a->extent.row_len * (ptrdiff_t)ln_dtype_size(a->dtype);
+    return row_bytes <= LN_GRAD_PREFETCH_MAX_ROW_BYTES &&
+           2 * ln_rows_of(&a->extent) * row_bytes >= LN_GRAD_PREFETCH_MIN_BYTES;
 }
 
 /* One statistic of row r as a float64, from an array of dtype's param type. */

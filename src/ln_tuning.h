@@ -95,6 +95,13 @@
    2048x1024 float16 385 -> 420 us). */
 #define LN_GRAD_PREFETCH_MIN_BYTES ((ptrdiff_t)16 << 20)
 
+/* ... for rows of at most this many bytes.  Longer rows are long runs for the hardware
+   prefetchers already, and a group of them (4 x 16 KiB of x and of dy at 2048x4096 float32)
+   no longer fits L1 beside the next: asking for them was slower there (one thread, the
+   benchmark's 2048x4096 float32 backward 3.40-3.65 -> 4.13-4.17 ms; at rows of 8 KiB, 1024x1024
+   float64, no faster: 0.53-0.54 -> 0.51 ms). */
+#define LN_GRAD_PREFETCH_MAX_ROW_BYTES 4096
+
 /* At most this many float64 partial sums per parameter gradient (64 MiB for both). */
 #define LN_GRAD_PARTIALS_MAX ((ptrdiff_t)1 << 22)
 
