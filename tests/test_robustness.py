@@ -378,78 +378,82 @@ def test_concurrent_in_place_on_separate_arrays(restore_runtime):
 # ---------------------------------------------------------------------------
 
 
-@pytest.fixture
-def short_switch_interval():
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(0.0005)
-    yield
-    sys.setswitchinterval(old)
-
-
 def _gil_test_call(kind):
-    """A kernel call of tens of milliseconds on one thread: the forward in place on 128 MB,
-    or the backward on 128 MB inputs (on 32 MB it took 5-6 ms, too short to observe)."""
-    if kind == "forward":
-        x = np.tile(make_input((1, 4096), np.float32, seed=3), (8192, 1))
-        return lambda: layernorm.layer_norm(x, (4096,), out=x)
+    """A kernel call of milliseconds on one thread over 128 MB rows, the input it reads row by row
+    from first to last, and the call's output of the first and last rows."""
     x = np.tile(make_input((1, 4096), np.float32, seed=3), (8192, 1))
+    if kind == "forward":
+        y = np.empty_like(x)
+
+        def forward():
+            layernorm.layer_norm(x, (4096,), out=y)
+            return y[0].copy(), y[-1].copy()
+
+        return x, forward
     dy = np.tile(make_input((1, 4096), np.float32, seed=4), (8192, 1))
     w, b = make_params((4096,), np.float32, "weight+bias")
     _, mean, rstd = layernorm.native_layer_norm(x, (4096,), w, b, 1e-5)
-    return lambda: layernorm.layer_norm_backward(dy, x, (4096,), mean, rstd, w, b)
+
+    def backward():
+        dx = layernorm.layer_norm_backward(dy, x, (4096,), mean, rstd, w, b)[0]
+        return dx[0].copy(), dx[-1].copy()
+
+    return dy, backward
 
 
 @pytest.mark.parametrize("kind", ["forward", "backward"])
-def test_gil_released_during_kernel(kind, restore_runtime, short_switch_interval):
-    # One kernel thread, so the kernel and the counting thread each have a core of the 2.
-    layernorm.set_num_threads(1)
-    kernel = _gil_test_call(kind)
-    serial = []
-    for _ in range(3):
-        start = time.perf_counter()
-        kernel()
-        serial.append(time.perf_counter() - start)
-    kernel_time = min(serial)
-    # While a kernel that holds the GIL runs, no other thread runs Python: the counting thread
-    # would first see the call in progress only after the kernel returned, i.e. at least
-    # kernel_time after the start.  A kernel that releases the GIL lets it in at once: a first
-    # sighting before half the kernel time proves the release.  `margin` keeps out sightings
-    # from a switch just before the call.
-    margin = 2 * sys.getswitchinterval() + 0.001
-    if kernel_time < 2 * margin + 0.002:
-        pytest.skip(f"kernel too fast ({kernel_time * 1e3:.1f} ms) to observe")
-    state = {"current": None, "stop": False}
-    first_seen = {}
+def test_gil_released_during_kernel(kind, restore_runtime):
+    # No timing decides the outcome.  Another thread changes the read input's first row, then its
+    # last (under a lock that also covers putting them back), while the main thread runs the
+    # kernel.  A kernel that holds the GIL sees the input at one instant between that thread's
+    # Python statements: both rows old, the first new, or both new.  Only a kernel that runs
+    # while the other thread runs Python can read the first row old and the last row new.
+    layernorm.set_num_threads(1)  # one thread reads the rows in order
+    read, call = _gil_test_call(kind)
+    rows = (0, read.shape[0] - 1)
+    old = [read[r, 0] for r in rows]
+    expected_first, expected_last = call()
+    start = time.perf_counter()
+    call()
+    kernel_time = time.perf_counter() - start
+    lock = threading.Lock()
+    state = {"call": None, "stop": False}
 
-    def counter():
+    def change_rows():
+        changed = None
         while not state["stop"]:
-            current = state["current"]
-            if current is not None:
-                call, start = current
-                now = time.perf_counter()
-                if now > start + margin and call not in first_seen:
-                    first_seen[call] = now - start
+            current = state["call"]
+            # aim at the middle of the call: on a loaded machine this thread may still miss it
+            if current is None or current[0] == changed or time.perf_counter() < current[1] + kernel_time / 2:
+                continue
+            with lock:
+                for r in rows:
+                    read[r, 0] += 1
+            changed = current[0]
 
-    thread = threading.Thread(target=counter)
+    thread = threading.Thread(target=change_rows)
     thread.start()
+    outcomes = {"first row old, last new": 0, "both old": 0, "first new": 0}
     try:
-        time.sleep(0.01)
-        # up to 20 calls, until one is seen early: on a loaded 2-core machine the counting thread
-        # may get no core during a call whatever the GIL does
-        for call in range(20):
-            state["current"] = (call, time.perf_counter())
-            kernel()
-            state["current"] = None
-            time.sleep(0.005)
-            if call >= 4 and any(t < kernel_time / 2 for t in first_seen.values()):
+        # up to 100 calls until one shows it: on a busy 2-core machine the other thread may get
+        # no core during a call whatever the GIL does
+        for attempt in range(100):
+            with lock:
+                for r, value in zip(rows, old):
+                    read[r, 0] = value
+            state["call"] = (attempt, time.perf_counter())
+            first, last = call()
+            state["call"] = None
+            first_old = np.array_equal(first, expected_first)
+            last_old = np.array_equal(last, expected_last)
+            outcome = "first new" if not first_old else "both old" if last_old else "first row old, last new"
+            outcomes[outcome] += 1
+            if outcome == "first row old, last new":
                 break
     finally:
         state["stop"] = True
         thread.join()
-    seen_ms = {call: round(t * 1e3, 1) for call, t in first_seen.items()}
-    assert any(t < kernel_time / 2 for t in first_seen.values()), (
-        f"kernel takes {kernel_time * 1e3:.1f} ms; another thread first ran at {seen_ms} ms into the calls"
-    )
+    assert outcomes["first row old, last new"], f"a kernel of {kernel_time * 1e3:.1f} ms, outcomes of the calls: {outcomes}"
 
 
 # ---------------------------------------------------------------------------
