@@ -6,7 +6,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from typing import NamedTuple
 
 import hypothesis
@@ -731,13 +730,33 @@ def test_task_names_are_deterministic_and_change_with_every_argument(layout):
     assert rms[0][0].name == rms[1][0].name != rms[2][0].name
 
 
-def test_calls_on_many_chunks_build_their_graph_quickly_and_compute_nothing():
-    counting = CountingBlocks(np.zeros((4000, 64), np.float32), (1, 16))  # 16000 chunks, rows split
-    started = time.perf_counter()
-    results = layernorm.native_layer_norm(counting.array, 64)
-    assert time.perf_counter() - started < 5
-    assert counting.computed == 0
+def _python_calls_to_build(rows):
+    """How many Python functions run while native_layer_norm builds its graph over rows x 4
+    chunks; and the array's CountingBlocks.  A count, unlike a time, does not depend on the
+    machine's load."""
+    counting = CountingBlocks(np.zeros((rows, 64), np.float32), (1, 16))
+    calls = 0
+
+    def count(frame, event, arg):
+        nonlocal calls
+        calls += event == "call"
+
+    sys.setprofile(count)
+    try:
+        results = layernorm.native_layer_norm(counting.array, 64)
+    finally:
+        sys.setprofile(None)
     assert all(isinstance(result, da.Array) for result in results)
+    return calls, counting
+
+
+def test_calls_on_many_chunks_build_their_graph_in_linear_work_and_compute_nothing():
+    small, _ = _python_calls_to_build(1000)
+    large, counting = _python_calls_to_build(4000)  # 16000 chunks
+    assert counting.computed == 0
+    # linear work gives about 4x the calls (a fixed part makes it less); work quadratic in the
+    # chunks, 16x
+    assert large < 5 * small, (small, large)
 
 
 # ---------------------------------------------------------------------------------------------
