@@ -12,6 +12,7 @@ import layernorm
 from helpers import (
     AFFINES,
     FLOAT_DTYPES,
+    KINDS,
     assert_matches_reference,
     assert_matches_torch,
     assert_within,
@@ -22,6 +23,7 @@ from helpers import (
     param_dtype,
     reference_layer_norm,
     requires_torch,
+    same_bits,
     shape_id,
     torch_layer_norm,
     torch_native_layer_norm,
@@ -473,6 +475,35 @@ def test_long_rows_same_bits_in_small_and_large_calls(dtype, n, restore_runtime)
         small = layernorm.layer_norm(x[part], (n,), weight, bias)
         np.testing.assert_array_equal(small, large[part])
         assert_matches_reference(small, x[part], (n,), weight, bias)
+
+
+# Rows of 16 to 256 elements go 16 rows at a time, the ends of their statistics in lanes (each
+# row's arithmetic as the row route's, a row per lane), the elements past a row's last whole
+# group as one group ending at the row's end, computed before the row's stores.  A row's bits
+# are the same in every place of a block, alone, in place, and as the output of the fused add
+# (whose rows go one at a time), next to a row the exact path takes and a row with a NaN.
+@pytest.mark.parametrize("n", [16, 17, 31, 40, 64, 100, 255, 256], ids=lambda n: f"N{n}")
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("kind", KINDS, ids=str)
+def test_short_rows_same_bits_in_blocks_alone_and_in_place(kind, dtype, n, restore_runtime):
+    layernorm.set_num_threads(1)
+    rows = 37  # two blocks of 16 and part of a third
+    x = make_input((rows, n), dtype, seed=n, offset=3.0)
+    huge = np.finfo(np.float16).max if dtype == np.float16 else 1e30
+    x[5, ::2], x[5, 1::2] = huge, -huge  # a std the call's rstd bounds leave to the exact path
+    x[20, n // 2] = np.nan
+    weight, bias = make_params((n,), param_dtype(dtype), "weight+bias")
+    bias = bias if kind.centred else None
+    whole = kind.forward(x, n, weight, bias)
+    for r in (0, 5, 15, 16, 20, 31, 32, 36):
+        assert same_bits(kind.forward(x[r:r + 1], n, weight, bias), whole[r:r + 1]), r
+    assert np.isnan(whole[20]).all() and np.isfinite(whole[np.arange(rows) != 20]).all()
+    in_place = x.copy()
+    kind.forward(in_place, n, weight, bias, out=in_place)
+    assert same_bits(in_place, whole)
+    fused, total = kind.add(x, np.zeros_like(x), n, weight, bias)
+    assert same_bits(total, x)  # x holds no -0.0, which + 0.0 would turn into +0.0
+    assert same_bits(fused, whole)
 
 
 @pytest.mark.parametrize("threads", [1, 2])

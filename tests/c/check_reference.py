@@ -9,14 +9,14 @@ Two parts, each from NumPy arrays and nothing of the Python package but its refe
 
   plan     ln_layout_plan on random shapes, strides (negative, zero, padded) and normalized
            axes: every element's address from the walk it plans equals NumPy's.
-  kernels  every route through the kernels -- rows of adjacent elements (short, pipelined,
-           long, huge), rows one lane each (channels-first, transposed, gathered, several
-           normalized axes), for LayerNorm and RMSNorm, forward, backward (statistics
-           broadcast too) and the residual add (in place too) -- planned by ln_layout_plan
-           as the binding plans a call, at every level the CPU runs and at 1 and 2 threads:
-           within the tolerances of the suite (tests/helpers.py) of the float64 truth, one
-           result at every level and thread count, and a residual call bit for bit the norm
-           of its sum.
+  kernels  every route through the kernels -- rows of adjacent elements (short, 16 rows at a
+           time, pipelined, long, huge), rows one lane each (channels-first, transposed,
+           gathered, several normalized axes), for LayerNorm and RMSNorm, forward, backward
+           (statistics broadcast too) and the residual add (in place too) -- planned by
+           ln_layout_plan as the binding plans a call, at every level the CPU runs and at 1
+           and 2 threads: within the tolerances of the suite (tests/helpers.py) of the float64
+           truth, one result at every level and thread count, and a residual call bit for bit
+           the norm of its sum.
 
 Exits 1 at the first failure, saying which case.  Run from anywhere; needs NumPy.
 """
@@ -255,10 +255,13 @@ def spread(base):
 
 
 LAYOUTS = [
-    # rows of adjacent elements: short, pipelined (within a chunk, and longer than one), huge
-    # (split across threads forward, column spans backward)
+    # rows of adjacent elements: short, 16 at a time forward (with and without a part group),
+    # pipelined (within a chunk, and longer than one), huge (split across threads forward,
+    # column spans backward)
     Layout("rows-7", (300, 7), (1,), c_order),
     Layout("rows-100", (64, 100), (1,), c_order),
+    Layout("rows-64", (37, 64), (1,), c_order),
+    Layout("rows-700", (40, 700), (1,), c_order),
     Layout("rows-5000", (20, 5000), (1,), c_order),
     Layout("rows-huge", (3, 40000), (1,), c_order),
     Layout("rows-reversed", (50, 33), (1,), lambda b: np.ascontiguousarray(b[::-1])[::-1]),
