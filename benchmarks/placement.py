@@ -26,7 +26,6 @@ slowest placements.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import os
 import sys
@@ -36,8 +35,8 @@ import numpy as np
 
 import layernorm
 
-from .report import cpu_model_name, load_average_text, table_lines, thread_counts_text
-from .timing import default_thread_counts, garbage_collector_paused, threads_text
+from .report import cpu_model_name, load_average_text, run_sweep_script, table_lines
+from .timing import garbage_collector_paused, threads_text
 
 ROWS, COLS = 512, 4096
 PAGE = 4096
@@ -206,27 +205,9 @@ def report(results, quick, loads):
     return "\n".join(lines)
 
 
-def parse_arguments(argv):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--threads", default=None, help="thread counts, e.g. 1,2")
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--markdown", default=None)
-    return parser.parse_args(argv)
-
-
 def main(argv=None):
-    arguments = parse_arguments(argv)
-    thread_counts = (tuple(int(value) for value in arguments.threads.split(","))
-                     if arguments.threads else default_thread_counts())
-    sys.stderr.write(f"placement sweep at {thread_counts_text(thread_counts)} threads...\n")
-    load_at_start = os.getloadavg()
-    results = measure(thread_counts, arguments.quick)
-    text = report(results, arguments.quick, (load_at_start, os.getloadavg()))
-    sys.stdout.write(text)
-    if arguments.markdown:
-        with open(arguments.markdown, "w", encoding="utf-8") as markdown_file:
-            markdown_file.write(text)
+    sys.stderr.write("placement sweep...\n")
+    run_sweep_script(__doc__, measure, report, argv)
 
 
 if __name__ == "__main__":

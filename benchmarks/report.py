@@ -3,6 +3,7 @@ targets as a checklist; also the progress line printed after each measurement.""
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import math
 import os
@@ -282,6 +283,27 @@ def header_lines(options, load_at_start, load_at_end):
 
 
 # ----------------------------------------------------------------------------- tables
+
+
+def run_sweep_script(doc, measure, report, argv=None):
+    """The command line of a sweep script (benchmarks.placement, benchmarks.row_lengths):
+    --threads N[,M], --quick and --markdown PATH; measure(thread_counts, quick) is reported by
+    report(results, quick, (load average before, after)) to stdout and to PATH."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", default=None, help="thread counts, e.g. 1,2")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--markdown", default=None)
+    arguments = parser.parse_args(argv)
+    thread_counts = (tuple(int(value) for value in arguments.threads.split(","))
+                     if arguments.threads else timing.default_thread_counts())
+    load_at_start = os.getloadavg()
+    results = measure(thread_counts, arguments.quick)
+    text = report(results, arguments.quick, (load_at_start, os.getloadavg()))
+    sys.stdout.write(text)
+    if arguments.markdown:
+        with open(arguments.markdown, "w", encoding="utf-8") as markdown_file:
+            markdown_file.write(text)
 
 
 def table_lines(title, columns, rows):

@@ -53,6 +53,15 @@ def test_pool_wake_quick_run_reports_both_columns():
     assert "| 128x768 float32 |" in proc.stdout and "after idle / back to back" in proc.stdout
 
 
+def test_row_lengths_quick_run_reports_each_row_length():
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.row_lengths", "--quick", "--threads", "1"],
+                          cwd=REPOSITORY, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    table = proc.stdout.split("## 1 thread")[1]
+    for n in (8, 32, 256):
+        assert f"\n| {n} | " in table
+
+
 @pytest.mark.parametrize("peer_name, module", [("ort_forward", "onnxruntime"), ("jax_forward", "jax")])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_optional_peers_compute_layer_norm(monkeypatch, peer_name, module, dtype):
