@@ -5,7 +5,6 @@ data; what is kept stays within the limit; reused memory gives the same results 
 
 import gc
 import os
-import threading
 
 import numpy as np
 import pytest
