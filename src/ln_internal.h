@@ -409,7 +409,9 @@ static inline int ln_forward_streams(const ln_forward_args *a)
    16-byte aligned, the groups straddling lines: the write-combining buffers join the pieces). */
 typedef enum { LN_STORE_CACHED, LN_STREAM_LINES, LN_STREAM_PIECES } ln_store;
 
-/* Whether forward's row kernels take a call's rows software-pipelined (forward_rows_pipelined):
+/* Whether forward's row kernels take a call's rows software-pipelined (forward_rows_pipelined),
+   or for rows of up to LN_BATCH_MAX elements 16 rows at a time (forward_rows_batched), either
+   way copying a training-mode call's rows and choosing their stores as below:
    rows of 16 to LN_CHUNK elements, and longer rows while their output stays in cache
    (!ln_forward_streams).  A streamed output of long rows goes row by row, statistics then
    normalize (Zen 4, one thread, 2048x4096 float32: pipelined with non-temporal stores 3.9-4.2

@@ -1013,10 +1013,10 @@ static LN_ALWAYS_INLINE void copy_elements(ln_dtype dtype, const char *x, char *
     memcpy(copy + i * elsize, x + i * elsize, (size_t)(count * elsize));
 }
 
-/* Rows of 16 elements or more, software-pipelined: one loop normalizes row r - 1 while it
-   gathers the statistics of row r, chunk by chunk as row_moments goes, so the statistics'
-   float64 arithmetic and the normalized row's loads and stores overlap instead of taking
-   turns (16x768 float32: 3.2 -> 2.7 us; 256x4096 float32: 271 -> 238 us).  It runs the same
+/* Rows of more than LN_BATCH_MAX elements, software-pipelined: one loop normalizes row r - 1
+   while it gathers the statistics of row r, chunk by chunk as row_moments goes, so the
+   statistics' float64 arithmetic and the normalized row's loads and stores overlap instead
+   of taking turns (16x768 float32: 3.2 -> 2.7 us; 256x4096 float32: 271 -> 238 us).  It runs the same
    operations as row_moments and normalize, so the results are the plain path's, bit for bit.
    With a copy (a training-mode call), row r is copied from L1 as its statistics are
    gathered, not in a pass of its own (4x128x768 float32, training-mode forward against
