@@ -247,8 +247,13 @@ static LN_ALWAYS_INLINE chunk_sums moments_sums(moments_acc *acc, ln_norm_kind k
     if (ln_dtype_is_16bit(dtype)) {
         moments_flush_16bit(acc, kind);
     }
-    gd_store(s1_lanes, gd_add(acc->s1_even, acc->s1_odd));
-    gd_store(s2_lanes, gd_add(acc->s2_even, acc->s2_odd));
+    const gd s1 = gd_add(acc->s1_even, acc->s1_odd), s2 = gd_add(acc->s2_even, acc->s2_odd);
+    if (i == n) {
+        const chunk_sums sums = {acc->shift, kind == LN_NORM_RMS ? 0.0 : gd_sum_lanes(s1), gd_sum_lanes(s2)};
+        return sums;
+    }
+    gd_store(s1_lanes, s1);
+    gd_store(s2_lanes, s2);
     for (; i < n; i++) {
         const double d = ln_load1_as_f64(dtype, x, i) - acc->shift;
         s1_lanes[i & 15] += d;
@@ -1404,12 +1409,21 @@ static LN_ALWAYS_INLINE void grad_sums_finish(ln_norm_kind kind, ln_dtype dtype,
                                               double mean, double rstd, double sums[2], double largest[2])
 {
     const int has_mean = kind == LN_NORM_LAYER;
-    double g_lanes[16], gc_lanes[16];
-    gd_store(g_lanes, acc->g_sum);
-    gd_store(gc_lanes, acc->gc_sum);
     double g_tops[16], dy_tops[16];
     gd_store(g_tops, gf_widen(acc->g_top));
     gd_store(dy_tops, gf_widen(acc->dy_top));
+    if (n % 16 == 0) {
+        sums[0] = has_mean ? gd_sum_lanes(acc->g_sum) : 0.0;
+        sums[1] = gd_sum_lanes(acc->gc_sum) * rstd;
+        if (largest) {
+            largest[0] = largest_of_lanes(g_tops);
+            largest[1] = largest_of_lanes(dy_tops);
+        }
+        return;
+    }
+    double g_lanes[16], gc_lanes[16];
+    gd_store(g_lanes, acc->g_sum);
+    gd_store(gc_lanes, acc->gc_sum);
     for (ptrdiff_t i = n - n % 16; i < n; i++) {
         const float dy_1 = (float)ln_load1_as_f64(dtype, dy, i);
         const float g = weight ? dy_1 * weight[i] : dy_1;

@@ -80,6 +80,29 @@ static LN_ALWAYS_INLINE gd gd_quiet_nans(gd a)
 }
 #endif
 
+/* The sum of a's 16 lanes in ln_sum_lanes' order (lanes k and k + 8, those sums k and k + 4,
+   then (0 + 2) + (1 + 3)), in registers: a group stored and read back lane by lane waits for
+   the store to reach the cache before the loads can take it. */
+#if LN_VD_LANES > 1
+static LN_ALWAYS_INLINE double gd_sum_lanes(gd a)
+{
+    const int half = LN_VD_PER_GROUP / 2;
+    double pairs[8];
+    for (int k = 0; k < half; k++) {
+        const ln_vd sums = a.v[k] + a.v[k + half];
+        for (int j = 0; j < LN_VD_LANES; j++) {
+            pairs[k * LN_VD_LANES + j] = sums[j];
+        }
+    }
+    return ((pairs[0] + pairs[4]) + (pairs[2] + pairs[6])) + ((pairs[1] + pairs[5]) + (pairs[3] + pairs[7]));
+}
+#else
+static LN_ALWAYS_INLINE double gd_sum_lanes(gd a)
+{
+    return ln_sum_lanes(a.v);
+}
+#endif
+
 /* Whether every lane of a lies in [low, high] (a NaN lane does not); a level with mask
    registers defines its own (LN_GD_ALL_WITHIN). */
 #if defined(LN_GD_ALL_WITHIN)
