@@ -211,9 +211,10 @@
    against 51-59, 256x768 64-66 against 65-79). */
 #define LN_F64_PIPELINED_MAX 768
 
-/* Rows of 16 to this many elements go forward 16 rows at a time (forward_rows_batched):
-   float32, one thread, Zen 5, against the pipelined loop: 0.51x the time at 16 elements,
-   0.73x at 128, 0.94x at 256, 1.02x at 384. */
+/* Rows of 16 to this many elements go forward 16 rows at a time (forward_rows_batched), longer
+   ones pipelined, which measured as fast or faster from there on (float32, one thread, Zen 5,
+   batched against pipelined: 0.96x the time at 384 elements, 1.19x at 512, 1.10x at 768,
+   1.28x at 1024). */
 #define LN_BATCH_MAX 256
 
 #endif
