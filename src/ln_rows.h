@@ -1409,21 +1409,12 @@ static LN_ALWAYS_INLINE void grad_sums_finish(ln_norm_kind kind, ln_dtype dtype,
                                               double mean, double rstd, double sums[2], double largest[2])
 {
     const int has_mean = kind == LN_NORM_LAYER;
-    double g_tops[16], dy_tops[16];
-    gd_store(g_tops, gf_widen(acc->g_top));
-    gd_store(dy_tops, gf_widen(acc->dy_top));
-    if (n % 16 == 0) {
-        sums[0] = has_mean ? gd_sum_lanes(acc->g_sum) : 0.0;
-        sums[1] = gd_sum_lanes(acc->gc_sum) * rstd;
-        if (largest) {
-            largest[0] = largest_of_lanes(g_tops);
-            largest[1] = largest_of_lanes(dy_tops);
-        }
-        return;
-    }
     double g_lanes[16], gc_lanes[16];
     gd_store(g_lanes, acc->g_sum);
     gd_store(gc_lanes, acc->gc_sum);
+    double g_tops[16], dy_tops[16];
+    gd_store(g_tops, gf_widen(acc->g_top));
+    gd_store(dy_tops, gf_widen(acc->dy_top));
     for (ptrdiff_t i = n - n % 16; i < n; i++) {
         const float dy_1 = (float)ln_load1_as_f64(dtype, dy, i);
         const float g = weight ? dy_1 * weight[i] : dy_1;
