@@ -83,6 +83,30 @@ static LN_ALWAYS_INLINE gf load_as_f32(ln_dtype dtype, const void *p, ptrdiff_t 
     return gf_load((const float *)p + i);
 }
 
+/* The first `count` (1 to 15) of the 16 elements from p[i] as float32, into lanes 0 ..
+   count - 1, the other lanes 0.0, reading no element past them: by masked loads where the
+   level has them (LN_GF_LOAD_PART), else through a buffer. */
+static LN_ALWAYS_INLINE gf load_part_as_f32(ln_dtype dtype, const void *p, ptrdiff_t i, int count)
+{
+    assert(1 <= count && count < 16);
+#if defined(LN_GF_LOAD_PART)
+    if (dtype == LN_F16) {
+        return gf_load_part_f16((const uint16_t *)p + i, count);
+    }
+    if (dtype == LN_BF16) {
+        return gf_load_part_bf16((const uint16_t *)p + i, count);
+    }
+    return gf_load_part((const float *)p + i, count);
+#else
+    uint16_t halves[16] = {0};
+    float floats[16] = {0};
+    void *buffer = ln_dtype_is_16bit(dtype) ? (void *)halves : (void *)floats;
+    const size_t size = ln_dtype_size(dtype);
+    memcpy(buffer, (const char *)p + i * (ptrdiff_t)size, (size_t)count * size);
+    return load_as_f32(dtype, buffer, 0);
+#endif
+}
+
 /* v is a result of float arithmetic, so its NaNs are quiet (the avx512 bfloat16 store keeps them).
    nan_lanes: whether a lane of v may be a NaN; without it the bfloat16 rounding skips its NaN
    test (bf16_rounded), for the normalized rows of the forward, which are never NaN: a row whose
@@ -1402,34 +1426,34 @@ static LN_ALWAYS_INLINE void grad_sums_groups(ln_norm_kind kind, ln_dtype dtype,
     }
 }
 
-/* sums and largest from acc, once every whole group of the row is in it: the elements
-   from n - n % 16 on go into the lanes one by one. */
+/* sums and largest from acc, once every whole group of the row is in it.  The elements
+   from n - n % 16 on go as one part group (load_part_as_f32), element i to lane i % 16 as
+   in a whole group, with 0.0 added in the other lanes: that changes no lane, since none
+   holds -0.0 (each starts at +0.0, and an exact cancellation gives +0.0).  Then the lanes
+   are added in ln_sum_lanes' order, and the maxima taken, in registers. */
 static LN_ALWAYS_INLINE void grad_sums_finish(ln_norm_kind kind, ln_dtype dtype, const grad_sums_acc *acc,
                                               const void *dy, const void *x, const float *weight, ptrdiff_t n,
-                                              double mean, double rstd, double sums[2], double largest[2])
+                                              double rstd, double sums[2], double largest[2])
 {
-    const int has_mean = kind == LN_NORM_LAYER;
-    double g_lanes[16], gc_lanes[16];
-    gd_store(g_lanes, acc->g_sum);
-    gd_store(gc_lanes, acc->gc_sum);
-    double g_tops[16], dy_tops[16];
-    gd_store(g_tops, gf_widen(acc->g_top));
-    gd_store(dy_tops, gf_widen(acc->dy_top));
-    for (ptrdiff_t i = n - n % 16; i < n; i++) {
-        const float dy_1 = (float)ln_load1_as_f64(dtype, dy, i);
-        const float g = weight ? dy_1 * weight[i] : dy_1;
-        const float value_x = (float)ln_load1_as_f64(dtype, x, i);
-        const float centred = has_mean ? value_x - (float)mean : value_x;
-        g_lanes[i & 15] += g;
-        gc_lanes[i & 15] += g * centred;
-        g_tops[i & 15] = fabsf(g) > g_tops[i & 15] ? fabsf(g) : g_tops[i & 15];
-        dy_tops[i & 15] = fabsf(dy_1) > dy_tops[i & 15] ? fabsf(dy_1) : dy_tops[i & 15];
+    gd g_sum = acc->g_sum, gc_sum = acc->gc_sum;
+    gf g_top = acc->g_top, dy_top = acc->dy_top;
+    const ptrdiff_t tail = n - n % 16;
+    const int count = (int)(n % 16);
+    if (count > 0) {
+        const gf dy_v = load_part_as_f32(dtype, dy, tail, count);
+        const gf g = weight ? gf_mul(dy_v, load_part_as_f32(LN_F32, weight, tail, count)) : dy_v;
+        const gf value_x = load_part_as_f32(dtype, x, tail, count);
+        const gf centred = kind == LN_NORM_LAYER ? gf_sub(value_x, acc->mean_v) : value_x;
+        g_sum = gd_add(g_sum, gf_widen(gf_first_lanes(g, count)));
+        gc_sum = gd_add(gc_sum, gf_widen(gf_first_lanes(gf_mul(g, centred), count)));
+        g_top = gf_max_magnitude(g_top, g);  /* the other lanes' 0.0 changes no maximum */
+        dy_top = gf_max_magnitude(dy_top, dy_v);
     }
-    sums[0] = has_mean ? ln_sum_lanes(g_lanes) : 0.0;
-    sums[1] = ln_sum_lanes(gc_lanes) * rstd;
+    sums[0] = kind == LN_NORM_LAYER ? gd_sum_lanes(g_sum) : 0.0;
+    sums[1] = gd_sum_lanes(gc_sum) * rstd;
     if (largest) {
-        largest[0] = largest_of_lanes(g_tops);
-        largest[1] = largest_of_lanes(dy_tops);
+        largest[0] = gf_largest_lane(g_top);
+        largest[1] = gf_largest_lane(dy_top);
     }
 }
 
@@ -1448,7 +1472,7 @@ static LN_ALWAYS_INLINE void grad_sums_single(ln_norm_kind kind, ln_dtype dtype,
     else {
         grad_sums_groups(kind, dtype, &acc, dy, x, weight, weight != NULL, 0, n);
     }
-    grad_sums_finish(kind, dtype, &acc, dy, x, weight, n, mean, rstd, sums, largest);
+    grad_sums_finish(kind, dtype, &acc, dy, x, weight, n, rstd, sums, largest);
 }
 
 /* The same for float64 data, all in float64. */
@@ -1557,7 +1581,6 @@ static LN_ALWAYS_INLINE void grad_prefetch_next(const char *dy, const char *x, p
 typedef struct {
     const char *dy[LN_GRAD_ROWS], *x[LN_GRAD_ROWS];
     char *dx[LN_GRAD_ROWS];
-    float mean[LN_GRAD_ROWS], rstd[LN_GRAD_ROWS], xc_scale[LN_GRAD_ROWS], offset[LN_GRAD_ROWS];
     gf mean_v[LN_GRAD_ROWS], rstd_v[LN_GRAD_ROWS], xc_scale_v[LN_GRAD_ROWS], offset_v[LN_GRAD_ROWS];
     const char *next_dy[LN_GRAD_ROWS], *next_x[LN_GRAD_ROWS];  /* a row's own where it has none */
     ln_store dx_store;
@@ -1576,14 +1599,10 @@ static LN_ALWAYS_INLINE void grad_apply_start(grad_apply_rows *rows, const ln_gr
         rows->dy[k] = group->dy[k];
         rows->x[k] = group->x[k];
         rows->dx[k] = group->dx[k];
-        rows->mean[k] = (float)group->mean[k];
-        rows->rstd[k] = (float)group->rstd[k];
-        rows->xc_scale[k] = (float)(-group->rstd[k] * group->rstd[k] * group->gx_mean[k]);
-        rows->offset[k] = (float)(-group->rstd[k] * group->g_mean[k]);
-        rows->mean_v[k] = gf_splat(rows->mean[k]);
-        rows->rstd_v[k] = gf_splat(rows->rstd[k]);
-        rows->xc_scale_v[k] = gf_splat(rows->xc_scale[k]);
-        rows->offset_v[k] = gf_splat(rows->offset[k]);
+        rows->mean_v[k] = gf_splat((float)group->mean[k]);
+        rows->rstd_v[k] = gf_splat((float)group->rstd[k]);
+        rows->xc_scale_v[k] = gf_splat((float)(-group->rstd[k] * group->rstd[k] * group->gx_mean[k]));
+        rows->offset_v[k] = gf_splat((float)(-group->rstd[k] * group->g_mean[k]));
     }
 }
 
@@ -1637,31 +1656,64 @@ static LN_ALWAYS_INLINE void grad_apply_columns(ln_norm_kind kind, ln_dtype dtyp
     }
 }
 
-/* Columns [begin, n) of the group one at a time: the same arithmetic. */
-static LN_ALWAYS_INLINE void grad_apply_tail(ln_norm_kind kind, ln_dtype dtype, const grad_apply_rows *rows,
+/* The first `bytes` of `from` to p, a row's dx past its last whole group, the way
+   grad_dx_store says: by 16-byte non-temporal stores (bytes a multiple of 16, p 16-byte
+   aligned, as ln_dx_streams has it) where the row's groups went so, since a line written
+   both through the cache and around it waits for the one to drain before the other. */
+static LN_ALWAYS_INLINE void part_store(ln_store how, char *p, const void *from, ptrdiff_t bytes)
+{
+    if (how == LN_STORE_CACHED) {
+        memcpy(p, from, (size_t)bytes);
+        return;
+    }
+    assert(bytes % 16 == 0 && (uintptr_t)p % 16 == 0);
+    for (ptrdiff_t piece = 0; piece < bytes; piece += 16) {
+        piece_stream(p + piece, (const char *)from + piece);
+    }
+}
+
+/* Columns [begin, n), fewer than 16 from a multiple of 16, as one part group
+   (load_part_as_f32): grad_apply_columns' arithmetic lane by lane, and so its bits; dx,
+   dweight and dbias go out from buffers, the columns' lanes alone. */
+static LN_ALWAYS_INLINE void grad_apply_part(ln_norm_kind kind, ln_dtype dtype, const grad_apply_rows *rows,
                                              int count, const float *weight, ptrdiff_t begin, ptrdiff_t n,
                                              double *dweight, double *dbias)
 {
-    const int has_mean = kind == LN_NORM_LAYER, want_dx = rows->dx[0] != NULL;
-    for (ptrdiff_t j = begin; j < n; j++) {
-        float group_dweight = 0.0f, group_dbias = 0.0f;
-        for (int k = 0; k < count; k++) {
-            const float dy_1 = (float)ln_load1_as_f64(dtype, rows->dy[k], j);
-            const float value_x = (float)ln_load1_as_f64(dtype, rows->x[k], j);
-            const float xc = has_mean ? value_x - rows->mean[k] : value_x;
-            if (want_dx) {
-                const float g = weight ? dy_1 * weight[j] : dy_1;
-                const float inner = has_mean ? fmaf(rows->xc_scale[k], xc, rows->offset[k]) : rows->xc_scale[k] * xc;
-                ln_store1_from_f64(dtype, rows->dx[k], j, fmaf(rows->rstd[k], g, inner));
-            }
-            group_dweight = fmaf(dy_1 * xc, rows->rstd[k], group_dweight);
-            group_dbias += dy_1;
+    const int has_mean = kind == LN_NORM_LAYER, want_dx = rows->dx[0] != NULL, columns = (int)(n - begin);
+    const ptrdiff_t size = (ptrdiff_t)ln_dtype_size(dtype);
+    if (columns == 0) {
+        return;
+    }
+    const gf w = weight ? load_part_as_f32(LN_F32, weight, begin, columns) : gf_splat(1.0f);
+    gf group_dweight = gf_splat(0.0f), group_dbias = group_dweight;
+    for (int k = 0; k < count; k++) {
+        const gf dy_v = load_part_as_f32(dtype, rows->dy[k], begin, columns);
+        const gf value_x = load_part_as_f32(dtype, rows->x[k], begin, columns);
+        const gf xc = has_mean ? gf_sub(value_x, rows->mean_v[k]) : value_x;
+        if (want_dx) {
+            const gf g = weight ? gf_mul(dy_v, w) : dy_v;
+            const gf inner = has_mean ? gf_fma(rows->xc_scale_v[k], xc, rows->offset_v[k])
+                                      : gf_mul(rows->xc_scale_v[k], xc);
+            uint16_t halves[16];
+            float floats[16];
+            void *dx = ln_dtype_is_16bit(dtype) ? (void *)halves : (void *)floats;
+            store_from_f32(dtype, dx, 0, gf_fma(rows->rstd_v[k], g, inner), 1);
+            part_store(rows->dx_store, rows->dx[k] + begin * size, dx, columns * size);
         }
-        if (dweight) {
-            dweight[j] = (rows->set_sums ? 0.0 : dweight[j]) + (double)group_dweight;
+        group_dweight = gf_fma(gf_mul(dy_v, xc), rows->rstd_v[k], group_dweight);
+        group_dbias = gf_add(group_dbias, dy_v);
+    }
+    double lanes[16];
+    if (dweight) {
+        gd_store(lanes, gf_widen(group_dweight));
+        for (int j = 0; j < columns; j++) {
+            dweight[begin + j] = (rows->set_sums ? 0.0 : dweight[begin + j]) + lanes[j];
         }
-        if (dbias) {
-            dbias[j] = (rows->set_sums ? 0.0 : dbias[j]) + (double)group_dbias;
+    }
+    if (dbias) {
+        gd_store(lanes, gf_widen(group_dbias));
+        for (int j = 0; j < columns; j++) {
+            dbias[begin + j] = (rows->set_sums ? 0.0 : dbias[begin + j]) + lanes[j];
         }
     }
 }
@@ -1674,7 +1726,7 @@ static LN_ALWAYS_INLINE void grad_apply_single(ln_norm_kind kind, ln_dtype dtype
     grad_apply_rows rows;
     grad_apply_start(&rows, group, count);
     grad_apply_columns(kind, dtype, &rows, count, weight, 0, n, dweight, dbias);
-    grad_apply_tail(kind, dtype, &rows, count, weight, n - n % 16, n, dweight, dbias);
+    grad_apply_part(kind, dtype, &rows, count, weight, n - n % 16, n, dweight, dbias);
 }
 
 /* The same for float64 data, all in float64. */
@@ -1735,6 +1787,8 @@ static LN_ALWAYS_INLINE void grad_apply_double(ln_norm_kind kind, const ln_grad_
             gd_store(dbias + j, dbias_v);
         }
     }
+    const ptrdiff_t tail = j;
+    double tail_dx[LN_GRAD_ROWS][16];  /* the rows' dx from column `tail` on, for part_store */
     for (; j < n; j++) {
         if (dweight && group->set_sums) {
             dweight[j] = 0.0;
@@ -1749,7 +1803,7 @@ static LN_ALWAYS_INLINE void grad_apply_double(ln_norm_kind kind, const ln_grad_
             if (want_dx) {
                 const double g = weight ? dy_1 * weight[j] : dy_1;
                 const double inner = has_mean ? fma(xc_scale[k], xc, offset[k]) : xc_scale[k] * xc;
-                ((double *)group->dx[k])[j] = fma(group->rstd[k], g, inner);
+                tail_dx[k][j - tail] = fma(group->rstd[k], g, inner);
             }
             if (dweight) {
                 dweight[j] = fma(dy_1 * xc, group->rstd[k], dweight[j]);
@@ -1758,6 +1812,9 @@ static LN_ALWAYS_INLINE void grad_apply_double(ln_norm_kind kind, const ln_grad_
                 dbias[j] += dy_1;
             }
         }
+    }
+    for (int k = 0; want_dx && tail < n && k < count; k++) {
+        part_store(dx_store, group->dx[k] + tail * 8, tail_dx[k], (n - tail) * 8);
     }
 }
 
@@ -1982,14 +2039,13 @@ static LN_ALWAYS_INLINE void backward_rows_pipelined(ln_norm_kind kind, ln_dtype
                 }
             }
             double sums[2], largest[2];
-            grad_sums_finish(kind, dtype, &acc, group.dy[k], group.x[k], weight, n, group.mean[k], group.rstd[k],
-                             sums, largest);
+            grad_sums_finish(kind, dtype, &acc, group.dy[k], group.x[k], weight, n, group.rstd[k], sums, largest);
             exact[k] = grad_group_means(dtype, &group, k, n, sums, largest);
             any_exact |= exact[k];
         }
         if (apply) {
             grad_apply_columns(kind, dtype, &rows, LN_GRAD_ROWS, weight, applied, groups_end, dweight, dbias);
-            grad_apply_tail(kind, dtype, &rows, LN_GRAD_ROWS, weight, groups_end, n, dweight, dbias);
+            grad_apply_part(kind, dtype, &rows, LN_GRAD_ROWS, weight, groups_end, n, dweight, dbias);
         }
         previous = group;
         for (int k = 0; k < LN_GRAD_ROWS; k++) {

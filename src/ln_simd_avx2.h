@@ -148,6 +148,13 @@ static LN_ALWAYS_INLINE void halves_stream(uint16_t *p, const uint16_t *halves)
     _mm256_stream_si256((__m256i *)p, _mm256_loadu_si256((const __m256i *)halves));
 }
 
+/* 16 bytes from `from` to p, 16-byte aligned: one 16-byte non-temporal store. */
+static LN_ALWAYS_INLINE void piece_stream(char *p, const char *from)
+{
+    assert(((uintptr_t)p & 15) == 0);
+    _mm_stream_si128((__m128i *)p, _mm_loadu_si128((const __m128i *)from));
+}
+
 /* Non-temporal stores are weakly ordered: finish them before the output is handed on. */
 static LN_ALWAYS_INLINE void stream_fence(void)
 {

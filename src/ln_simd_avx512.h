@@ -23,6 +23,7 @@ typedef float ln_vf __attribute__((vector_size(64)));   /* __m512 */
 #define LN_ROWS8_F32_TRANSPOSE 1  /* rows8_f32_to_columns and rows8_f32_from_columns, below */
 
 #define LN_GD_ALL_WITHIN 1  /* gd_all_within, below */
+#define LN_GF_LOAD_PART 1   /* gf_load_part and its 16-bit forms, below */
 
 #include "ln_simd_group.h"
 
@@ -110,6 +111,34 @@ static LN_ALWAYS_INLINE gf gf_load_bf16(const uint16_t *p)
     const __m512i halves = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p));
     gf r;
     r.v[0] = (ln_vf)_mm512_maskz_permutexvar_epi16(0xaaaaaaaa, element_to_high_half, halves);
+    return r;
+}
+
+/* The first `count` (1 to 15) of the 16 elements at p into lanes 0 .. count - 1, the other
+   lanes 0.0: masked loads, which read no memory past the elements asked for. */
+static LN_ALWAYS_INLINE gf gf_load_part(const float *p, int count)
+{
+    gf r;
+    r.v[0] = (ln_vf)_mm512_maskz_loadu_ps((__mmask16)((1u << count) - 1), p);
+    return r;
+}
+
+static LN_ALWAYS_INLINE __m512i halves_load_part(const uint16_t *p, int count)
+{
+    return _mm512_maskz_loadu_epi16((__mmask32)((1u << count) - 1), p);
+}
+
+static LN_ALWAYS_INLINE gf gf_load_part_f16(const uint16_t *p, int count)
+{
+    gf r;
+    r.v[0] = (ln_vf)_mm512_cvtph_ps(_mm512_castsi512_si256(halves_load_part(p, count)));
+    return r;
+}
+
+static LN_ALWAYS_INLINE gf gf_load_part_bf16(const uint16_t *p, int count)
+{
+    gf r;
+    r.v[0] = (ln_vf)_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(halves_load_part(p, count))), 16);
     return r;
 }
 
@@ -317,6 +346,13 @@ static LN_ALWAYS_INLINE void halves_stream(uint16_t *p, const uint16_t *halves)
 {
     assert(((uintptr_t)p & 31) == 0);
     _mm256_stream_si256((__m256i *)p, _mm256_loadu_si256((const __m256i *)halves));
+}
+
+/* 16 bytes from `from` to p, 16-byte aligned: one 16-byte non-temporal store. */
+static LN_ALWAYS_INLINE void piece_stream(char *p, const char *from)
+{
+    assert(((uintptr_t)p & 15) == 0);
+    _mm_stream_si128((__m128i *)p, _mm_loadu_si128((const __m128i *)from));
 }
 
 /* Non-temporal stores are weakly ordered: finish them before the output is handed on. */

@@ -177,4 +177,47 @@ static LN_ALWAYS_INLINE ln_vu32 bf16_rounded(ln_vf value, int nan_lanes)
 
 #endif
 
+/* a in lanes 0 .. count - 1, 0.0 in the rest. */
+#if LN_VF_LANES > 1
+typedef int32_t ln_vi32 __attribute__((vector_size(sizeof(ln_vf))));
+typedef ln_vi32 ln_vi32_mem __attribute__((aligned(1), may_alias));
+
+static LN_ALWAYS_INLINE gf gf_first_lanes(gf a, int count)
+{
+    static const int32_t lane_of[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    FOR_VF(k) {
+        const ln_vu32 kept = (ln_vu32)(*(const ln_vi32_mem *)(lane_of + LN_VF_LANES * k) < count);
+        a.v[k] = (ln_vf)((ln_vu32)a.v[k] & kept);
+    }
+    return a;
+}
+#else
+static LN_ALWAYS_INLINE gf gf_first_lanes(gf a, int count)
+{
+    FOR_VF(k) { a.v[k] = k < count ? a.v[k] : 0.0f; }
+    return a;
+}
+#endif
+
+/* The largest lane of top, magnitudes none of which is NaN (gf_max_magnitude's), in
+   registers: any order of compares gives it, so the level's vectors are folded lane by
+   lane and then one vector's lanes. */
+static LN_ALWAYS_INLINE float gf_largest_lane(gf top)
+{
+    float largest = 0.0f;
+#if LN_VF_LANES > 1
+    ln_vf folded = top.v[0];
+    for (int k = 1; k < LN_VF_PER_GROUP; k++) {
+        const ln_vu32 larger = (ln_vu32)(top.v[k] > folded);
+        folded = (ln_vf)(((ln_vu32)top.v[k] & larger) | ((ln_vu32)folded & ~larger));
+    }
+    for (int j = 0; j < LN_VF_LANES; j++) {
+        largest = folded[j] > largest ? folded[j] : largest;
+    }
+#else
+    FOR_VF(k) { largest = top.v[k] > largest ? top.v[k] : largest; }
+#endif
+    return largest;
+}
+
 #endif

@@ -91,9 +91,9 @@ static LN_ALWAYS_INLINE void gf_store_bf16(uint16_t *p, gf a, int nan_lanes)
     FOR_VF(k) { p[k] = ln_float_to_bfloat16(a.v[k]); }
 }
 
-/* Streaming stores (p 64-byte aligned), 16-byte streaming stores (p 16-byte aligned) and
-   16-bit elements' streaming stores (halves_stream, p 32-byte aligned): ordinary stores at
-   this level. */
+/* Streaming stores (p 64-byte aligned), 16-byte streaming stores (p 16-byte aligned, also
+   piece_stream's 16 bytes from a buffer) and 16-bit elements' streaming stores
+   (halves_stream, p 32-byte aligned): ordinary stores at this level. */
 static LN_ALWAYS_INLINE void gd_stream(double *p, gd a)
 {
     assert(((uintptr_t)p & 63) == 0);
@@ -122,6 +122,12 @@ static LN_ALWAYS_INLINE void halves_stream(uint16_t *p, const uint16_t *halves)
 {
     assert(((uintptr_t)p & 31) == 0);
     memcpy(p, halves, 32);
+}
+
+static LN_ALWAYS_INLINE void piece_stream(char *p, const char *from)
+{
+    assert(((uintptr_t)p & 15) == 0);
+    memcpy(p, from, 16);
 }
 
 static LN_ALWAYS_INLINE void stream_fence(void) {}

@@ -243,9 +243,10 @@ static LN_ALWAYS_INLINE void gf_store_bf16(uint16_t *p, gf a, int nan_lanes)
     FOR_VF(k) { *(ln_vu16_mem *)(p + 4 * k) = __builtin_convertvector(bf16_rounded(a.v[k], nan_lanes), ln_vu16); }
 }
 
-/* Streaming stores (p 64-byte aligned), 16-byte streaming stores (p 16-byte aligned) and
-   16-bit elements' streaming stores (halves_stream: 16 of them, p 32-byte aligned): 16-byte
-   non-temporal stores on x86-64 (SSE2 movntpd/movntps/movntdq), ordinary stores on aarch64. */
+/* Streaming stores (p 64-byte aligned), 16-byte streaming stores (p 16-byte aligned, also
+   piece_stream's 16 bytes from a buffer) and 16-bit elements' streaming stores
+   (halves_stream: 16 of them, p 32-byte aligned): 16-byte non-temporal stores on x86-64
+   (SSE2 movntpd/movntps/movntdq), ordinary stores on aarch64. */
 #if defined(__x86_64__)
 
 static LN_ALWAYS_INLINE void gd_stream16(double *p, gd a)
@@ -265,6 +266,13 @@ static LN_ALWAYS_INLINE void halves_stream(uint16_t *p, const uint16_t *halves)
     assert(((uintptr_t)p & 31) == 0);
     _mm_stream_si128((__m128i *)p, _mm_loadu_si128((const __m128i *)halves));
     _mm_stream_si128((__m128i *)(p + 8), _mm_loadu_si128((const __m128i *)(halves + 8)));
+}
+
+/* 16 bytes from `from` to p, 16-byte aligned: one 16-byte non-temporal store. */
+static LN_ALWAYS_INLINE void piece_stream(char *p, const char *from)
+{
+    assert(((uintptr_t)p & 15) == 0);
+    _mm_stream_si128((__m128i *)p, _mm_loadu_si128((const __m128i *)from));
 }
 
 /* Non-temporal stores are weakly ordered: finish them before the output is handed on. */
@@ -291,6 +299,12 @@ static LN_ALWAYS_INLINE void halves_stream(uint16_t *p, const uint16_t *halves)
 {
     assert(((uintptr_t)p & 31) == 0);
     memcpy(p, halves, 32);
+}
+
+static LN_ALWAYS_INLINE void piece_stream(char *p, const char *from)
+{
+    assert(((uintptr_t)p & 15) == 0);
+    memcpy(p, from, 16);
 }
 
 static LN_ALWAYS_INLINE void stream_fence(void) {}

@@ -248,6 +248,29 @@ def test_half_rows_same_bits_alone_and_in_groups(name, kind, n, weight_scale, re
         assert (mine is None and full is None) or same_bits(mine, full)
 
 
+# Once a row's factors are known, pass 2 is elementwise, so a column's grad_input has the same
+# bits wherever it sits in the row: in a whole group of 16 or among the columns past the last
+# one, which go as one part group.  The columns from 32 on repeat columns 0 .. tail of x, dy and
+# the weight.  Rows with a zero dy give zeros whose signs show the operations.
+@pytest.mark.parametrize("tail", [1, 4, 12, 15], ids=lambda t: f"tail{t}")
+@pytest.mark.parametrize("kind", KINDS, ids=str)
+@pytest.mark.parametrize("name", ["float32", *HALF_DTYPES])
+def test_grad_input_bits_same_in_whole_groups_and_past_them(name, kind, tail):
+    dtype = dtype_named(name)
+    n = 32 + tail
+    rng = np.random.default_rng(tail)
+    x = rng.standard_normal((8, n)).astype(dtype)
+    dy = rng.standard_normal((8, n)).astype(dtype)
+    weight = rng.standard_normal(n).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32) if kind.centred else None
+    dy[:2] = 0
+    for array in (x, dy, weight):
+        array[..., 32:] = array[..., :tail]
+    _, *stats = kind.native(x, n, weight, bias, EPS)
+    grad_input = kind.backward(dy, x, n, stats, weight, bias)[0]
+    assert same_bits(grad_input[:, 32:], grad_input[:, :tail])
+
+
 @requires_torch
 @pytest.mark.parametrize("mask", MASKS, ids=["".join("T" if m else "F" for m in k) for k in MASKS])
 def test_output_mask_matches_torch(mask):
