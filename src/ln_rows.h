@@ -85,11 +85,11 @@ static LN_ALWAYS_INLINE gf load_as_f32(ln_dtype dtype, const void *p, ptrdiff_t 
 
 /* The first `count` (1 to 15) of the 16 elements from p[i] as float32, into lanes 0 ..
    count - 1, the other lanes 0.0, reading no element past them: by masked loads where the
-   level has them (LN_GF_LOAD_PART), else through a buffer. */
+   level has them (LN_LOAD_PART), else through a buffer of the element type. */
 static LN_ALWAYS_INLINE gf load_part_as_f32(ln_dtype dtype, const void *p, ptrdiff_t i, int count)
 {
     assert(1 <= count && count < 16);
-#if defined(LN_GF_LOAD_PART)
+#if defined(LN_LOAD_PART)
     if (dtype == LN_F16) {
         return gf_load_part_f16((const uint16_t *)p + i, count);
     }
@@ -104,6 +104,22 @@ static LN_ALWAYS_INLINE gf load_part_as_f32(ln_dtype dtype, const void *p, ptrdi
     const size_t size = ln_dtype_size(dtype);
     memcpy(buffer, (const char *)p + i * (ptrdiff_t)size, (size_t)count * size);
     return load_as_f32(dtype, buffer, 0);
+#endif
+}
+
+/* The same as float64, for every element type. */
+static LN_ALWAYS_INLINE gd load_part_as_f64(ln_dtype dtype, const void *p, ptrdiff_t i, int count)
+{
+    assert(1 <= count && count < 16);
+    if (dtype != LN_F64) {
+        return gf_widen(load_part_as_f32(dtype, p, i, count));
+    }
+#if defined(LN_LOAD_PART)
+    return gd_load_part((const double *)p + i, count);
+#else
+    double doubles[16] = {0};
+    memcpy(doubles, (const double *)p + i, (size_t)count * sizeof *doubles);
+    return gd_load(doubles);
 #endif
 }
 
@@ -258,8 +274,9 @@ static LN_ALWAYS_INLINE void moments_add(moments_acc *acc, ln_norm_kind kind, ln
 }
 
 /* A chunk's sums about its shift K (sum1 of x - K, sum2 of (x - K)^2), whose every whole
-   group before x[i] has been added: the elements from i to n go into the lanes one by one,
-   and the lanes are added in ln_sum_lanes' order.  RMSNorm has no sum1. */
+   group before x[i] has been added: the elements from i to n, fewer than 16, go into lanes
+   0 .. n - i as one part group (0.0 in the other lanes changes none: none holds -0.0), and
+   the lanes are added in ln_sum_lanes' order.  RMSNorm has no sum1. */
 typedef struct {
     double shift, sum1, sum2;
 } chunk_sums;
@@ -267,23 +284,18 @@ typedef struct {
 static LN_ALWAYS_INLINE chunk_sums moments_sums(moments_acc *acc, ln_norm_kind kind, ln_dtype dtype,
                                                 const void *x, ptrdiff_t i, ptrdiff_t n)
 {
-    double s1_lanes[16], s2_lanes[16];
+    assert(i % 16 == 0 && 0 <= n - i && n - i < 16);
     if (ln_dtype_is_16bit(dtype)) {
         moments_flush_16bit(acc, kind);
     }
-    const gd s1 = gd_add(acc->s1_even, acc->s1_odd), s2 = gd_add(acc->s2_even, acc->s2_odd);
-    if (i == n) {
-        const chunk_sums sums = {acc->shift, kind == LN_NORM_RMS ? 0.0 : gd_sum_lanes(s1), gd_sum_lanes(s2)};
-        return sums;
+    gd s1 = gd_add(acc->s1_even, acc->s1_odd), s2 = gd_add(acc->s2_even, acc->s2_odd);
+    if (i < n) {
+        const int count = (int)(n - i);
+        const gd d = gd_first_lanes(gd_sub(load_part_as_f64(dtype, x, i, count), acc->shift_v), count);
+        s1 = gd_add(s1, d);
+        s2 = gd_fma(d, d, s2);
     }
-    gd_store(s1_lanes, s1);
-    gd_store(s2_lanes, s2);
-    for (; i < n; i++) {
-        const double d = ln_load1_as_f64(dtype, x, i) - acc->shift;
-        s1_lanes[i & 15] += d;
-        s2_lanes[i & 15] = fma(d, d, s2_lanes[i & 15]);
-    }
-    const chunk_sums sums = {acc->shift, kind == LN_NORM_RMS ? 0.0 : ln_sum_lanes(s1_lanes), ln_sum_lanes(s2_lanes)};
+    const chunk_sums sums = {acc->shift, kind == LN_NORM_RMS ? 0.0 : gd_sum_lanes(s1), gd_sum_lanes(s2)};
     return sums;
 }
 

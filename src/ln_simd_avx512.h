@@ -23,7 +23,7 @@ typedef float ln_vf __attribute__((vector_size(64)));   /* __m512 */
 #define LN_ROWS8_F32_TRANSPOSE 1  /* rows8_f32_to_columns and rows8_f32_from_columns, below */
 
 #define LN_GD_ALL_WITHIN 1  /* gd_all_within, below */
-#define LN_GF_LOAD_PART 1   /* gf_load_part and its 16-bit forms, below */
+#define LN_LOAD_PART 1      /* gf_load_part, its 16-bit forms and gd_load_part, below */
 
 #include "ln_simd_group.h"
 
@@ -120,6 +120,15 @@ static LN_ALWAYS_INLINE gf gf_load_part(const float *p, int count)
 {
     gf r;
     r.v[0] = (ln_vf)_mm512_maskz_loadu_ps((__mmask16)((1u << count) - 1), p);
+    return r;
+}
+
+static LN_ALWAYS_INLINE gd gd_load_part(const double *p, int count)
+{
+    const unsigned mask = (1u << count) - 1;
+    gd r;
+    r.v[0] = (ln_vd)_mm512_maskz_loadu_pd((__mmask8)(mask & 0xff), p);
+    r.v[1] = (ln_vd)_mm512_maskz_loadu_pd((__mmask8)(mask >> 8), p + 8);
     return r;
 }
 

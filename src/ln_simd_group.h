@@ -199,6 +199,28 @@ static LN_ALWAYS_INLINE gf gf_first_lanes(gf a, int count)
 }
 #endif
 
+/* a in lanes 0 .. count - 1, 0.0 in the rest. */
+#if LN_VD_LANES > 1
+typedef int64_t ln_vi64 __attribute__((vector_size(sizeof(ln_vd))));
+typedef ln_vi64 ln_vi64_mem __attribute__((aligned(1), may_alias));
+
+static LN_ALWAYS_INLINE gd gd_first_lanes(gd a, int count)
+{
+    static const int64_t lane_of[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    FOR_VD(k) {
+        const ln_vu64 kept = (ln_vu64)(*(const ln_vi64_mem *)(lane_of + LN_VD_LANES * k) < count);
+        a.v[k] = (ln_vd)((ln_vu64)a.v[k] & kept);
+    }
+    return a;
+}
+#else
+static LN_ALWAYS_INLINE gd gd_first_lanes(gd a, int count)
+{
+    FOR_VD(k) { a.v[k] = k < count ? a.v[k] : 0.0; }
+    return a;
+}
+#endif
+
 /* The largest lane of top, magnitudes none of which is NaN (gf_max_magnitude's), in
    registers: any order of compares gives it, so the level's vectors are folded lane by
    lane and then one vector's lanes. */
