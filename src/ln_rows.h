@@ -1456,8 +1456,8 @@ static LN_ALWAYS_INLINE void grad_sums_finish(ln_norm_kind kind, ln_dtype dtype,
         const gf g = weight ? gf_mul(dy_v, load_part_as_f32(LN_F32, weight, tail, count)) : dy_v;
         const gf value_x = load_part_as_f32(dtype, x, tail, count);
         const gf centred = kind == LN_NORM_LAYER ? gf_sub(value_x, acc->mean_v) : value_x;
-        g_sum = gd_add(g_sum, gf_widen(gf_first_lanes(g, count)));
-        gc_sum = gd_add(gc_sum, gf_widen(gf_first_lanes(gf_mul(g, centred), count)));
+        g_sum = gd_add(g_sum, gd_first_lanes(gf_widen(g), count));
+        gc_sum = gd_add(gc_sum, gd_first_lanes(gf_widen(gf_mul(g, centred)), count));
         g_top = gf_max_magnitude(g_top, g);  /* the other lanes' 0.0 changes no maximum */
         dy_top = gf_max_magnitude(dy_top, dy_v);
     }

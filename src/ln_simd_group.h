@@ -178,28 +178,6 @@ static LN_ALWAYS_INLINE ln_vu32 bf16_rounded(ln_vf value, int nan_lanes)
 #endif
 
 /* a in lanes 0 .. count - 1, 0.0 in the rest. */
-#if LN_VF_LANES > 1
-typedef int32_t ln_vi32 __attribute__((vector_size(sizeof(ln_vf))));
-typedef ln_vi32 ln_vi32_mem __attribute__((aligned(1), may_alias));
-
-static LN_ALWAYS_INLINE gf gf_first_lanes(gf a, int count)
-{
-    static const int32_t lane_of[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-    FOR_VF(k) {
-        const ln_vu32 kept = (ln_vu32)(*(const ln_vi32_mem *)(lane_of + LN_VF_LANES * k) < count);
-        a.v[k] = (ln_vf)((ln_vu32)a.v[k] & kept);
-    }
-    return a;
-}
-#else
-static LN_ALWAYS_INLINE gf gf_first_lanes(gf a, int count)
-{
-    FOR_VF(k) { a.v[k] = k < count ? a.v[k] : 0.0f; }
-    return a;
-}
-#endif
-
-/* a in lanes 0 .. count - 1, 0.0 in the rest. */
 #if LN_VD_LANES > 1
 typedef int64_t ln_vi64 __attribute__((vector_size(sizeof(ln_vd))));
 typedef ln_vi64 ln_vi64_mem __attribute__((aligned(1), may_alias));
