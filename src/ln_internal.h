@@ -258,9 +258,23 @@ static inline int ln_grad_row_needs_exact(ln_dtype dtype, double rstd, double g_
                                           const double largest[2])
 {
     const double factors[3] = {rstd, -rstd * rstd * gx_mean, -rstd * g_mean};
-    const int zero_operand[3] = {rstd == 0.0, rstd == 0.0 || gx_mean == 0.0, rstd == 0.0 || g_mean == 0.0};
     const double normal_min = dtype == LN_F64 ? DBL_MIN : (double)FLT_MIN;
+    const double normal_max = dtype == LN_F64 ? DBL_MAX : (double)FLT_MAX;
     const double precise_min = dtype == LN_F64 ? DBL_MIN / DBL_EPSILON : (double)FLT_MIN / (double)FLT_EPSILON;
+    /* The common row, without the conversions and divisions below: a factor in [normal_min,
+       normal_max] rounds into it; largest >= 2 * precise_min * rstd (rounded) makes
+       largest / rstd > precise_min.  So the test below would say normal too. */
+    int common = 1;
+    for (int i = 0; i < 3; i++) {
+        common &= (fabs(factors[i]) >= normal_min) & (fabs(factors[i]) <= normal_max);
+    }
+    for (int i = 0; i < 2; i++) {
+        common &= (largest[i] >= precise_min) & (largest[i] >= 2.0 * precise_min * rstd);
+    }
+    if (common) {
+        return 0;
+    }
+    const int zero_operand[3] = {rstd == 0.0, rstd == 0.0 || gx_mean == 0.0, rstd == 0.0 || g_mean == 0.0};
     int normal = 1;
     for (int i = 0; i < 3; i++) {
         const double factor = dtype == LN_F64 ? factors[i] : (double)(float)factors[i];
