@@ -2109,8 +2109,8 @@ static LN_ALWAYS_INLINE void backward_rows(ln_norm_kind kind, ln_dtype dtype, co
                none of it (ln_grad_apply_without sums dbias over every row) */
             if (a->grad_input.data || dweight) {
                 double sums[2], largest[2];
-                kernels->grad_sums(group.dy[k], group.x[k], a->weight, n, group.mean[k], group.rstd[k], sums,
-                                   largest);
+                grad_sums(kind, dtype, group.dy[k], group.x[k], a->weight, n, group.mean[k], group.rstd[k], sums,
+                          largest);
                 exact[k] = grad_group_means(dtype, &group, k, n, sums, largest);
             }
             any_exact |= exact[k];
