@@ -262,10 +262,10 @@ static inline int ln_grad_row_needs_exact(ln_dtype dtype, double rstd, double g_
     const double normal_max = dtype == LN_F64 ? DBL_MAX : (double)FLT_MAX;
     const double precise_min = dtype == LN_F64 ? DBL_MIN / DBL_EPSILON : (double)FLT_MIN / (double)FLT_EPSILON;
     /* The common row, without the conversions and divisions below: a factor in [normal_min,
-       normal_max] rounds into it; largest >= 2 * precise_min * rstd (rounded) makes
-       largest / rstd > precise_min.  So the test below would say normal too. */
-    int common = 1;
-    for (int i = 0; i < 3; i++) {
+       normal_max] rounds into it; with rstd positive, largest >= 2 * precise_min * rstd
+       (rounded) makes largest / rstd > precise_min.  So the test below would say normal too. */
+    int common = (rstd >= normal_min) & (rstd <= normal_max);
+    for (int i = 1; i < 3; i++) {
         common &= (fabs(factors[i]) >= normal_min) & (fabs(factors[i]) <= normal_max);
     }
     for (int i = 0; i < 2; i++) {
