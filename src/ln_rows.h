@@ -275,7 +275,7 @@ static LN_ALWAYS_INLINE void moments_add(moments_acc *acc, ln_norm_kind kind, ln
 
 /* A chunk's sums about its shift K (sum1 of x - K, sum2 of (x - K)^2), whose every whole
    group before x[i] has been added: the elements from i to n, fewer than 16, go into lanes
-   0 .. n - i as one part group (0.0 in the other lanes changes none: none holds -0.0), and
+   0 .. n - i - 1 as one part group (0.0 in the other lanes changes none: none holds -0.0), and
    the lanes are added in ln_sum_lanes' order.  RMSNorm has no sum1. */
 typedef struct {
     double shift, sum1, sum2;

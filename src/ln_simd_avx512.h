@@ -128,7 +128,8 @@ static LN_ALWAYS_INLINE gd gd_load_part(const double *p, int count)
     const unsigned mask = (1u << count) - 1;
     gd r;
     r.v[0] = (ln_vd)_mm512_maskz_loadu_pd((__mmask8)(mask & 0xff), p);
-    r.v[1] = (ln_vd)_mm512_maskz_loadu_pd((__mmask8)(mask >> 8), p + 8);
+    /* no lane of the second half is read for count <= 8: its address stays at p then */
+    r.v[1] = (ln_vd)_mm512_maskz_loadu_pd((__mmask8)(mask >> 8), p + (count > 8 ? 8 : 0));
     return r;
 }
 
