@@ -37,6 +37,7 @@ typedef struct {
     ptrdiff_t grad_blocks;   /* row blocks (of rows, or of tiles) */
     ptrdiff_t lanes;         /* partial sums per column a block: 1, or 16 on the strided route */
     ptrdiff_t spans;         /* LN_CHUNK-column spans per row */
+    ptrdiff_t read_ahead;    /* column spans: how pass 1 reads dy and x ahead (ln_read_ahead) */
     double *dparams;         /* grad_blocks x [dweight (lanes x row_len), dbias (lanes x row_len)] */
     double *sums;            /* column spans: rows x spans x [sum g, sum g * xhat, max |g|, max |dy|] */
     double *row_means;       /* column spans: rows x [mean g, mean g * xhat, max |g|, max |dy|] */
@@ -122,7 +123,7 @@ static void ln_backward_span_sums(void *ctx, ptrdiff_t begin, ptrdiff_t end)
                                 ln_row_address(&a->input, &a->extent, r) + start * job->elsize,
                                 a->weight ? (const char *)a->weight + start * job->param_elsize : NULL, len,
                                 ln_backward_mean(a, r), ln_load_stat(a->dtype, &a->rstd, &a->extent, r),
-                                job->sums + 4 * t, job->sums + 4 * t + 2);
+                                job->sums + 4 * t, job->sums + 4 * t + 2, job->read_ahead);
     }
 }
 
@@ -191,6 +192,7 @@ static int ln_backward_by_column_spans(ln_backward_job *job)
     const ptrdiff_t rows = ln_rows_of(&a->extent);
     int status = -1;
     job->spans = (a->extent.row_len + LN_CHUNK - 1) / LN_CHUNK;
+    job->read_ahead = ln_backward_read_ahead(a);
     job->sums = calloc((size_t)(4 * rows * (job->spans + 1)), sizeof(double));
     if (!job->sums) {
         goto done;

@@ -37,6 +37,7 @@ typedef struct {
     const char *row_x, *row_residual;       /* the row's input and residual (or NULL) */
     char *row_sum;                          /* ... and its sum (or NULL) */
     const char *row_in;                     /* the row normalized: row_sum, or row_x */
+    ptrdiff_t read_ahead;                   /* ... how its moments read row_x ahead (ln_read_ahead) */
     char *row_out;
     ln_moments *chunk_moments;              /* one per LN_CHUNK-element chunk of the row */
     double mean, rstd;
@@ -198,7 +199,7 @@ static void ln_forward_huge_row_moments(void *ctx, ptrdiff_t begin, ptrdiff_t en
                                         job->row_residual + start * a->residual.walk.elem_step,
                                         a->residual.walk.elem_step, job->row_sum + start * elsize, len);
         }
-        job->chunk_moments[c] = job->kernels->chunk_moments(job->row_in + start * elsize, len);
+        job->chunk_moments[c] = job->kernels->chunk_moments(job->row_in + start * elsize, len, job->read_ahead);
     }
 }
 
@@ -280,6 +281,8 @@ int ln_forward(const ln_forward_args *a)
     }
     /* A few huge rows: split each row into its chunks across the threads. */
     const ptrdiff_t chunks = (n + LN_CHUNK - 1) / LN_CHUNK;
+    /* a sum is read just after it is written, from cache */
+    job.read_ahead = a->sum.data ? 0 : ln_read_ahead(&a->input, &a->extent, a->dtype);
     job.chunk_moments = malloc((size_t)chunks * sizeof(ln_moments));
     if (!job.chunk_moments) {
         return -1;

@@ -113,8 +113,8 @@ typedef struct {
     /* strided route, forward over tiles [begin, end), residual included */
     void (*forward_tiles)(const ln_forward_args *a, const ln_rstd_bounds *bounds, ptrdiff_t begin,
                           ptrdiff_t end);
-    /* moments of 1 <= n <= LN_CHUNK elements */
-    ln_moments (*chunk_moments)(const void *x, ptrdiff_t n);
+    /* moments of 1 <= n <= LN_CHUNK elements (read_ahead: ln_read_ahead's) */
+    ln_moments (*chunk_moments)(const void *x, ptrdiff_t n, ptrdiff_t read_ahead);
     /* 1 <= n <= LN_NORMALIZE_SPAN elements, output by ordinary or by non-temporal stores */
     ln_normalize_fn normalize_row;
     ln_normalize_fn normalize_row_streaming;
@@ -127,9 +127,9 @@ typedef struct {
     void (*backward_tiles)(const ln_backward_args *a, ptrdiff_t begin, ptrdiff_t end,
                            double *dweight_lanes, double *dbias_lanes);
     /* backward pass 1 over a span of one row: sums of g and g * xhat, and largest =
-       (max |g|, max |dy|) unless NULL */
+       (max |g|, max |dy|) unless NULL; read_ahead as ln_read_ahead's, for dy and x both */
     void (*grad_sums)(const void *dy, const void *x, const void *weight, ptrdiff_t n,
-                      double mean, double rstd, double sums[2], double largest[2]);
+                      double mean, double rstd, double sums[2], double largest[2], ptrdiff_t read_ahead);
     /* backward pass 2 over a span of a group of rows */
     ln_grad_apply_fn grad_apply;
 } ln_row_kernels;
@@ -405,6 +405,18 @@ static inline void ln_tile_of(const ln_extent *extent, ptrdiff_t t, ptrdiff_t *b
     *count = (int)(extent->rows - *row < LN_TILE_ROWS ? extent->rows - *row : LN_TILE_ROWS);
 }
 
+/* How far ahead of its reads a forward statistics loop over `array`'s rows asks for the
+   input (LN_READ_AHEAD_BYTES), or 0: not at all. */
+static inline ptrdiff_t ln_read_ahead(const ln_array *array, const ln_extent *extent, ln_dtype dtype)
+{
+    const ptrdiff_t rows = ln_rows_of(extent), row_bytes = extent->row_len * (ptrdiff_t)ln_dtype_size(dtype);
+    if (rows <= 0 || !ln_elements_adjacent(array, dtype) || (double)rows * (double)row_bytes < LN_READ_AHEAD_MIN_BYTES) {
+        return 0;
+    }
+    const int one_run = row_bytes >= 4 * LN_READ_AHEAD_BYTES || ln_rows_consecutive(array, extent, 0, rows, row_bytes);
+    return one_run ? LN_READ_AHEAD_BYTES : 0;
+}
+
 /* Whether a forward over extent writes its float32/float64 output with non-temporal stores. */
 static inline int ln_output_streams(ln_dtype dtype, const ln_extent *extent)
 {
@@ -503,6 +515,18 @@ static inline int ln_backward_prefetches(const ln_backward_args *a)
     const ptrdiff_t row_bytes = a->extent.row_len * (ptrdiff_t)ln_dtype_size(a->dtype);
     return row_bytes <= LN_GRAD_PREFETCH_MAX_ROW_BYTES &&
            2 * ln_rows_of(&a->extent) * row_bytes >= LN_GRAD_PREFETCH_MIN_BYTES;
+}
+
+/* How far ahead backward's pass 1 reads dy and x, ln_read_ahead's distance where both
+   arrays take it, or 0; rows that ln_backward_prefetches covers are read ahead by pass 2
+   already (one thread, 2048x4096 float32, A/B in alternating processes: 3.68-3.80 ->
+   3.27-3.43 ms; 8, 16 and 32 KiB ahead alike). */
+static inline ptrdiff_t ln_backward_read_ahead(const ln_backward_args *a)
+{
+    return !ln_backward_prefetches(a) && ln_read_ahead(&a->input, &a->extent, a->dtype) &&
+                   ln_read_ahead(&a->grad_output, &a->extent, a->dtype)
+               ? LN_READ_AHEAD_BYTES
+               : 0;
 }
 
 /* One statistic of row r as a float64, from an array of dtype's param type. */

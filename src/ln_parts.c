@@ -104,11 +104,11 @@ static void ln_part_moments_tasks(void *ctx, ptrdiff_t begin, ptrdiff_t end)
         ln_part_task(job, t, &r, &start, &len);
         const char *x = ln_row_address(job->input, job->extent, r);
         if (step == elsize) {
-            job->chunk_moments[t] = job->kernels->chunk_moments(x + start * elsize, len);
+            job->chunk_moments[t] = job->kernels->chunk_moments(x + start * elsize, len, 0);
         }
         else {
             ln_gather(x, step, elsize, start, len, buffer);
-            job->chunk_moments[t] = job->kernels->chunk_moments(buffer, len);
+            job->chunk_moments[t] = job->kernels->chunk_moments(buffer, len, 0);
         }
     }
 }
@@ -366,7 +366,7 @@ static void ln_part_grad_sums_tasks(void *ctx, ptrdiff_t begin, ptrdiff_t end)
         }
         job->kernels->grad_sums(dy, x, a->weight ? (const char *)a->weight + start * param_elsize : NULL, len,
                                 ln_part_stat(&a->mean, &a->extent, r, 0.0), ln_part_stat(&a->rstd, &a->extent, r, 0.0),
-                                job->chunk_sums + 4 * t, job->chunk_sums + 4 * t + 2);
+                                job->chunk_sums + 4 * t, job->chunk_sums + 4 * t + 2, 0);
     }
 }
 

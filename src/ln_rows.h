@@ -197,17 +197,20 @@ static LN_ALWAYS_INLINE void store_from_f64(ln_dtype dtype, void *p, gd v)
    float16/float32 data.  Even and odd groups use separate accumulators, so no add waits
    on the one before it.  The accumulator is a type of its own so that the pipelined row
    loop (forward_rows_pipelined) performs exactly the same operations.  RMSNorm's chunk
-   sums x^2 alone, K = 0. */
+   sums x^2 alone, K = 0.  read_ahead: ln_read_ahead's distance, 0 for none. */
 typedef struct {
     double shift;
+    ptrdiff_t read_ahead;
     gd shift_v, s1_even, s2_even, s1_odd, s2_odd;
     /* float16 and bfloat16 data: float32 sums over blocks of LN_F16_BLOCK groups, added into
        s1_even and s2_even (float64) at the end of each block */
     gf shift_f, block_s1_even, block_s2_even, block_s1_odd, block_s2_odd;
 } moments_acc;
 
-static LN_ALWAYS_INLINE void moments_start(moments_acc *acc, ln_norm_kind kind, ln_dtype dtype, const void *x)
+static LN_ALWAYS_INLINE void moments_start(moments_acc *acc, ln_norm_kind kind, ln_dtype dtype, const void *x,
+                                           ptrdiff_t read_ahead)
 {
+    acc->read_ahead = read_ahead;
     acc->shift = kind == LN_NORM_RMS ? 0.0 : ln_load1_as_f64(dtype, x, 0);
     acc->shift_v = gd_splat(acc->shift);
     acc->s1_even = acc->s2_even = acc->s1_odd = acc->s2_odd = gd_splat(0.0);
@@ -227,12 +230,29 @@ static LN_ALWAYS_INLINE void moments_flush_16bit(moments_acc *acc, ln_norm_kind 
     acc->block_s1_even = acc->block_s2_even = acc->block_s1_odd = acc->block_s2_odd = gf_splat(0.0f);
 }
 
+/* Asks for the lines read_ahead bytes past the group at `group` (element i of its chunk),
+   one line for each 64 bytes the groups take: every other float16/bfloat16 group.  The
+   address is formed as an integer: it may lie past the array, where a prefetch does nothing
+   (and never faults). */
+static LN_ALWAYS_INLINE void read_ahead_of_group(ln_dtype dtype, const void *group, ptrdiff_t i, ptrdiff_t read_ahead)
+{
+    if (!read_ahead || (ln_dtype_is_16bit(dtype) && (i / 16) % 2 != 0)) {
+        return;
+    }
+    const uintptr_t ahead = (uintptr_t)group + (uintptr_t)read_ahead;
+    __builtin_prefetch((const void *)ahead, 0, 3);
+    if (dtype == LN_F64) {
+        __builtin_prefetch((const void *)(ahead + 64), 0, 3);
+    }
+}
+
 /* Adds the group of 16 at `group`, elements i .. i + 16 of the chunk; `odd` picks the
    accumulators: (i / 16) % 2. */
 static LN_ALWAYS_INLINE void moments_add_group(moments_acc *acc, ln_norm_kind kind, ln_dtype dtype,
                                                const void *group, ptrdiff_t i, int odd)
 {
     const int has_mean = kind == LN_NORM_LAYER;
+    read_ahead_of_group(dtype, group, i, acc->read_ahead);
     if (ln_dtype_is_16bit(dtype)) {
         /* x - K is exact in float32 for float16 or bfloat16 values of similar size (11 or 8
            significant bits), and the squares of such differences are too; the float32 block
@@ -313,11 +333,12 @@ static LN_ALWAYS_INLINE ln_moments moments_of_sums(ln_norm_kind kind, chunk_sums
 }
 
 /* The sums of a chunk of 1 <= n <= LN_CHUNK elements. */
-static LN_ALWAYS_INLINE chunk_sums chunk_sums_of(ln_norm_kind kind, ln_dtype dtype, const void *x, ptrdiff_t n)
+static LN_ALWAYS_INLINE chunk_sums chunk_sums_of(ln_norm_kind kind, ln_dtype dtype, const void *x, ptrdiff_t n,
+                                                 ptrdiff_t read_ahead)
 {
     assert(x && 1 <= n && n <= LN_CHUNK);
     moments_acc acc;
-    moments_start(&acc, kind, dtype, x);
+    moments_start(&acc, kind, dtype, x, read_ahead);
     ptrdiff_t i = 0;
     for (; i + 32 <= n; i += 32) {
         moments_add(&acc, kind, dtype, x, i, 0);
@@ -330,19 +351,21 @@ static LN_ALWAYS_INLINE chunk_sums chunk_sums_of(ln_norm_kind kind, ln_dtype dty
     return moments_sums(&acc, kind, dtype, x, i, n);
 }
 
-static LN_ALWAYS_INLINE ln_moments chunk_moments(ln_norm_kind kind, ln_dtype dtype, const void *x, ptrdiff_t n)
+static LN_ALWAYS_INLINE ln_moments chunk_moments(ln_norm_kind kind, ln_dtype dtype, const void *x, ptrdiff_t n,
+                                                 ptrdiff_t read_ahead)
 {
-    return moments_of_sums(kind, chunk_sums_of(kind, dtype, x, n), n);
+    return moments_of_sums(kind, chunk_sums_of(kind, dtype, x, n, read_ahead), n);
 }
 
 /* Moments of a whole row: its chunks, merged left to right. */
-static LN_ALWAYS_INLINE ln_moments row_moments(ln_norm_kind kind, ln_dtype dtype, const char *x, ptrdiff_t n)
+static LN_ALWAYS_INLINE ln_moments row_moments(ln_norm_kind kind, ln_dtype dtype, const char *x, ptrdiff_t n,
+                                               ptrdiff_t read_ahead)
 {
     const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(dtype);
     ln_moments m = {0.0, 0.0, 0.0};
     for (ptrdiff_t start = 0; start < n; start += LN_CHUNK) {  /* one loop: one inlined copy */
         const ptrdiff_t len = n - start < LN_CHUNK ? n - start : LN_CHUNK;
-        const ln_moments chunk = chunk_moments(kind, dtype, x + start * elsize, len);
+        const ln_moments chunk = chunk_moments(kind, dtype, x + start * elsize, len, read_ahead);
         m = start == 0 ? chunk : ln_merge(m, chunk);
     }
     return m;
@@ -663,22 +686,27 @@ static LN_ALWAYS_INLINE void sum_group(ln_dtype dtype, const char *x, const char
 /* chunk_moments of sum[0 .. n) = x + residual, summed as it is written (sum_group), so that
    the statistics come from the values in registers instead of from memory; the same
    operations in the same order, so the same bits.  sum may be x's or residual's own memory:
-   each element is read before it is written. */
+   each element is read before it is written.  read_ahead: ln_read_ahead's, for x and
+   residual both. */
 static LN_ALWAYS_INLINE ln_moments sum_chunk_moments(ln_norm_kind kind, ln_dtype dtype, const char *x,
-                                                     const char *residual, char *sum, ptrdiff_t n, int streaming)
+                                                     const char *residual, char *sum, ptrdiff_t n, int streaming,
+                                                     ptrdiff_t read_ahead)
 {
     assert(x && residual && sum && 1 <= n && n <= LN_CHUNK);
     if (n < 16) {
         add_row(dtype, x, (ptrdiff_t)ln_dtype_size(dtype), residual, (ptrdiff_t)ln_dtype_size(dtype), sum, n);
-        return chunk_moments(kind, dtype, sum, n);
+        return chunk_moments(kind, dtype, sum, n, 0);
     }
     double lanes[16];
     moments_acc acc;
     sum_group(dtype, x, residual, sum, 0, lanes, streaming);
-    moments_start(&acc, kind, dtype, lanes);
+    moments_start(&acc, kind, dtype, lanes, 0);
     moments_add_group(&acc, kind, dtype, lanes, 0, 0);
     ptrdiff_t i = 16;
     for (; i + 16 <= n; i += 16) {
+        const ptrdiff_t offset = i * (ptrdiff_t)ln_dtype_size(dtype);
+        read_ahead_of_group(dtype, x + offset, i, read_ahead);
+        read_ahead_of_group(dtype, residual + offset, i, read_ahead);
         sum_group(dtype, x, residual, sum, i, lanes, streaming);
         moments_add_group(&acc, kind, dtype, lanes, i, (int)(i / 16) % 2);
     }
@@ -692,7 +720,8 @@ static LN_ALWAYS_INLINE ln_moments sum_chunk_moments(ln_norm_kind kind, ln_dtype
    (add_group's bits), which are still in cache, where sum went to memory by non-temporal
    stores: reading it back would fetch it from memory.  No prefetch of the next row here: the
    hardware's prefetchers do better alone (2048x4096 float32 add_layer_norm, one thread, with
-   the next row's x and residual prefetched from this loop: 7.1 ms; without: 4.6 ms). */
+   the next row's x and residual prefetched from this loop: 7.1 ms; without: 4.6 ms); the
+   statistics loop reads ahead instead (sum_chunk_moments). */
 static LN_ALWAYS_INLINE void normalize_sum(ln_norm_kind kind, ln_dtype dtype, int streaming, const char *x,
                                            const char *residual, char *y, ptrdiff_t n, double mean, double rstd,
                                            const void *weight, const void *bias)
@@ -1065,7 +1094,8 @@ static LN_ALWAYS_INLINE void copy_elements(ln_dtype dtype, const char *x, char *
    stores). */
 static LN_ALWAYS_INLINE void forward_rows_pipelined(ln_norm_kind kind, ln_dtype dtype, const ln_forward_args *a,
                                                     const ln_rstd_bounds *bounds, ptrdiff_t begin, ptrdiff_t end,
-                                                    const void *weight, const void *bias, ln_store store)
+                                                    const void *weight, const void *bias, ln_store store,
+                                                    ptrdiff_t read_ahead)
 {
     const ptrdiff_t n = a->extent.row_len, elsize = (ptrdiff_t)ln_dtype_size(dtype);
     assert(n >= 16);
@@ -1085,7 +1115,7 @@ static LN_ALWAYS_INLINE void forward_rows_pipelined(ln_norm_kind kind, ln_dtype 
             char *chunk_copy = copy ? copy + start * elsize : NULL;
             moments_acc acc = {0};
             if (gather) {
-                moments_start(&acc, kind, dtype, chunk);
+                moments_start(&acc, kind, dtype, chunk, read_ahead);
             }
             ptrdiff_t i = 0;
             for (; i + 32 <= len; i += 32) {
@@ -1148,7 +1178,8 @@ static LN_ALWAYS_INLINE void forward_rows_pipelined(ln_norm_kind kind, ln_dtype 
    28.8 -> 14.7 ns a row, of 64 31.3 -> 18.8, of 256 45.1 -> 42.6; of 384, pipelined, 57). */
 static LN_ALWAYS_INLINE void forward_rows_batched(ln_norm_kind kind, ln_dtype dtype, const ln_forward_args *a,
                                                   const ln_rstd_bounds *bounds, ptrdiff_t begin, ptrdiff_t end,
-                                                  const void *weight, const void *bias, ln_store store)
+                                                  const void *weight, const void *bias, ln_store store,
+                                                  ptrdiff_t read_ahead)
 {
     const ptrdiff_t n = a->extent.row_len;
     assert(16 <= n && n <= LN_BATCH_MAX);
@@ -1160,7 +1191,7 @@ static LN_ALWAYS_INLINE void forward_rows_batched(ln_norm_kind kind, ln_dtype dt
             if (a->copy.data) {
                 copy_elements(dtype, x, ln_row_address(&a->copy, &a->extent, block + k), 0, n);
             }
-            const chunk_sums sums = chunk_sums_of(kind, dtype, x, n);
+            const chunk_sums sums = chunk_sums_of(kind, dtype, x, n, read_ahead);
             shifts[k] = sums.shift;
             sum1s[k] = sums.sum1;
             sum2s[k] = sums.sum2;
@@ -1240,19 +1271,20 @@ static LN_ALWAYS_INLINE void forward_rows(ln_norm_kind kind, ln_dtype dtype, con
         forward_short_rows(kind, dtype, a, bounds, begin, end);
         return;
     }
+    const ptrdiff_t read_ahead = ln_read_ahead(&a->input, &a->extent, dtype);
     if (n <= LN_BATCH_MAX) {
         const ln_store store = ln_pipelined_rows_store(a);
-        forward_rows_batched(kind, dtype, a, bounds, begin, end, a->weight, bias, store);
+        forward_rows_batched(kind, dtype, a, bounds, begin, end, a->weight, bias, store, read_ahead);
         return;
     }
     if (ln_rows_pipelined(a)) {
         const ln_store store = ln_pipelined_rows_store(a);
         /* as normalize_row (avx512, one thread, 256x1024 float32 with both: 64 -> 59 us) */
         if (LN_AFFINE_LOOP_APART && a->weight && bias) {
-            forward_rows_pipelined(kind, dtype, a, bounds, begin, end, a->weight, bias, store);
+            forward_rows_pipelined(kind, dtype, a, bounds, begin, end, a->weight, bias, store, read_ahead);
         }
         else {
-            forward_rows_pipelined(kind, dtype, a, bounds, begin, end, a->weight, bias, store);
+            forward_rows_pipelined(kind, dtype, a, bounds, begin, end, a->weight, bias, store, read_ahead);
         }
         return;
     }
@@ -1262,7 +1294,7 @@ static LN_ALWAYS_INLINE void forward_rows(ln_norm_kind kind, ln_dtype dtype, con
     for (ptrdiff_t r = begin; r < end; r++) {
         const char *x = ln_row_address(&a->input, &a->extent, r);
         char *y = ln_row_address(&a->output, &a->extent, r);
-        const ln_moments m = row_moments(kind, dtype, x, n);
+        const ln_moments m = row_moments(kind, dtype, x, n, read_ahead);
         const double rstd = ln_rstd_of(m, a->eps);
         if (ln_row_needs_exact(rstd, bounds)) {
             ln_forward_exact_row(a, &a->input, r);
@@ -1294,6 +1326,9 @@ static LN_ALWAYS_INLINE void forward_sum_rows(ln_norm_kind kind, ln_dtype dtype,
     const int sum_streams = streaming && !ln_dtype_is_16bit(dtype) && ln_rows_aligned(&a->sum, &a->extent, 16);
     const ln_row_kernels *kernels = &LN_LEVEL_KERNELS.by_dtype[dtype].by_kind[kind];
     const ln_normalize_fn normalize_span = streaming ? kernels->normalize_row_streaming : kernels->normalize_row;
+    const ptrdiff_t read_ahead = ln_read_ahead(&a->input, &a->extent, dtype) && ln_read_ahead(&a->residual, &a->extent, dtype)
+                                     ? LN_READ_AHEAD_BYTES
+                                     : 0;
     for (ptrdiff_t r = begin; r < end; r++) {
         const char *x = ln_row_address(&a->input, &a->extent, r);
         const char *residual = ln_row_address(&a->residual, &a->extent, r);
@@ -1304,7 +1339,7 @@ static LN_ALWAYS_INLINE void forward_sum_rows(ln_norm_kind kind, ln_dtype dtype,
         for (ptrdiff_t start = 0; start < n; start += LN_CHUNK) {  /* one loop: one inlined copy */
             const ptrdiff_t len = n - start < LN_CHUNK ? n - start : LN_CHUNK, offset = start * elsize;
             const ln_moments chunk = sum_chunk_moments(kind, dtype, x + offset, residual + offset, sum + offset, len,
-                                                       stream_sum);
+                                                       stream_sum, read_ahead);
             m = start == 0 ? chunk : ln_merge(m, chunk);
         }
         const double rstd = ln_rstd_of(m, a->eps);
@@ -1430,10 +1465,14 @@ static LN_ALWAYS_INLINE void grad_sums_block(ln_norm_kind kind, ln_dtype dtype, 
 /* The row's whole groups, elements [0, n - n % 16), into acc block by block. */
 static LN_ALWAYS_INLINE void grad_sums_groups(ln_norm_kind kind, ln_dtype dtype, grad_sums_acc *acc,
                                               const void *dy, const void *x, const float *weight, int has_weight,
-                                              int has_largest, ptrdiff_t n)
+                                              int has_largest, ptrdiff_t n, ptrdiff_t read_ahead)
 {
-    const ptrdiff_t groups_end = n - n % 16;
+    const ptrdiff_t groups_end = n - n % 16, elsize = (ptrdiff_t)ln_dtype_size(dtype);
     for (ptrdiff_t block = 0; block < groups_end; block += 16 * LN_GRAD_SUM_BLOCK) {
+        for (ptrdiff_t i = block; read_ahead && i < grad_sums_block_end(block, groups_end); i += 16) {
+            read_ahead_of_group(dtype, (const char *)dy + i * elsize, i, read_ahead);
+            read_ahead_of_group(dtype, (const char *)x + i * elsize, i, read_ahead);
+        }
         grad_sums_block(kind, dtype, acc, dy, x, weight, has_weight, has_largest, block, groups_end);
     }
 }
@@ -1472,17 +1511,17 @@ static LN_ALWAYS_INLINE void grad_sums_finish(ln_norm_kind kind, ln_dtype dtype,
 /* Pass 1 over a span, as above. */
 static LN_ALWAYS_INLINE void grad_sums_single(ln_norm_kind kind, ln_dtype dtype, const void *dy, const void *x,
                                               const float *weight, ptrdiff_t n, double mean, double rstd,
-                                              double sums[2], double largest[2])
+                                              double sums[2], double largest[2], ptrdiff_t read_ahead)
 {
     grad_sums_acc acc = grad_sums_start(mean);
     if (weight && largest) {
-        grad_sums_groups(kind, dtype, &acc, dy, x, weight, 1, 1, n);
+        grad_sums_groups(kind, dtype, &acc, dy, x, weight, 1, 1, n, read_ahead);
     }
     else if (largest) {
-        grad_sums_groups(kind, dtype, &acc, dy, x, NULL, 0, 1, n);
+        grad_sums_groups(kind, dtype, &acc, dy, x, NULL, 0, 1, n, read_ahead);
     }
     else {
-        grad_sums_groups(kind, dtype, &acc, dy, x, weight, weight != NULL, 0, n);
+        grad_sums_groups(kind, dtype, &acc, dy, x, weight, weight != NULL, 0, n, read_ahead);
     }
     grad_sums_finish(kind, dtype, &acc, dy, x, weight, n, rstd, sums, largest);
 }
@@ -1531,14 +1570,14 @@ static LN_ALWAYS_INLINE void grad_sums_double(ln_norm_kind kind, const double *d
 
 static LN_ALWAYS_INLINE void grad_sums(ln_norm_kind kind, ln_dtype dtype, const void *dy, const void *x,
                                        const void *weight, ptrdiff_t n, double mean, double rstd, double sums[2],
-                                       double largest[2])
+                                       double largest[2], ptrdiff_t read_ahead)
 {
     assert(dy && x && n >= 1 && sums);
     if (dtype == LN_F64) {
         grad_sums_double(kind, dy, x, weight, n, mean, rstd, sums, largest);
     }
     else {
-        grad_sums_single(kind, dtype, dy, x, weight, n, mean, rstd, sums, largest);
+        grad_sums_single(kind, dtype, dy, x, weight, n, mean, rstd, sums, largest, read_ahead);
     }
 }
 
@@ -2086,6 +2125,7 @@ static LN_ALWAYS_INLINE void backward_rows(ln_norm_kind kind, ln_dtype dtype, co
     const int stream_dx = ln_backward_streams_dx(a);
     const ln_row_kernels *kernels = &LN_LEVEL_KERNELS.by_dtype[dtype].by_kind[kind];
     const ptrdiff_t data_bytes = 2 * ln_rows_of(&a->extent) * n * (ptrdiff_t)ln_dtype_size(dtype);
+    const ptrdiff_t read_ahead = ln_backward_read_ahead(a);
     if (ln_dtype_is_16bit(dtype) && a->grad_input.data && n <= LN_GRAD_PIPELINED_MAX &&
         data_bytes >= LN_GRAD_PIPELINED_MIN_BYTES) {
         const ptrdiff_t whole = begin + (end - begin) / LN_GRAD_ROWS * LN_GRAD_ROWS;
@@ -2110,7 +2150,7 @@ static LN_ALWAYS_INLINE void backward_rows(ln_norm_kind kind, ln_dtype dtype, co
             if (a->grad_input.data || dweight) {
                 double sums[2], largest[2];
                 grad_sums(kind, dtype, group.dy[k], group.x[k], a->weight, n, group.mean[k], group.rstd[k], sums,
-                          largest);
+                          largest, read_ahead);
                 exact[k] = grad_group_means(dtype, &group, k, n, sums, largest);
             }
             any_exact |= exact[k];
@@ -2609,9 +2649,10 @@ static LN_ALWAYS_INLINE void backward_tiles(ln_norm_kind kind, ln_dtype dtype, c
         }                                                                                          \
         forward_tiles(KIND, DTYPE, a, bounds, begin, end, NULL);                                   \
     }                                                                                              \
-    static ln_moments chunk_moments_##kind_suffix##_##suffix(const void *x, ptrdiff_t n)           \
+    static ln_moments chunk_moments_##kind_suffix##_##suffix(const void *x, ptrdiff_t n,           \
+                                                             ptrdiff_t read_ahead)                 \
     {                                                                                              \
-        return chunk_moments(KIND, DTYPE, x, n);                                                   \
+        return chunk_moments(KIND, DTYPE, x, n, read_ahead);                                       \
     }                                                                                              \
     static void normalize_row_##kind_suffix##_##suffix(const void *x, void *y, ptrdiff_t n,        \
                                                        double mean, double rstd,                   \
@@ -2642,9 +2683,9 @@ static LN_ALWAYS_INLINE void backward_tiles(ln_norm_kind kind, ln_dtype dtype, c
     static void grad_sums_##kind_suffix##_##suffix(const void *dy, const void *x,                  \
                                                    const void *weight, ptrdiff_t n, double mean,   \
                                                    double rstd, double sums[2],                    \
-                                                   double largest[2])                              \
+                                                   double largest[2], ptrdiff_t read_ahead)        \
     {                                                                                              \
-        grad_sums(KIND, DTYPE, dy, x, weight, n, mean, rstd, sums, largest);                       \
+        grad_sums(KIND, DTYPE, dy, x, weight, n, mean, rstd, sums, largest, read_ahead);           \
     }                                                                                              \
     static void grad_apply_##kind_suffix##_##suffix(const ln_grad_rows *group, const void *weight, \
                                                     ptrdiff_t n, double *dweight, double *dbias)   \

@@ -121,6 +121,24 @@
    ownership (8x1000000 float32: ours/torch 0.91-1.07 -> 0.75-0.83). */
 #define LN_STREAM_MIN_BYTES ((ptrdiff_t)1 << 20)
 
+/* Forward's statistics loops ask for the input this many bytes ahead of the group they add
+   (a prefetch into L1 per 64 bytes read) where the input comes from memory (see
+   LN_READ_AHEAD_MIN_BYTES).  A loop as busy as the statistics' (a conversion, a subtraction,
+   an addition and a fused multiply-add per 8 elements) has too few loads in flight for the
+   hardware prefetchers to keep memory busy: on Zen 5 a loop of those sums alone read 34-40
+   GB/s, a loop of plain loads 57-73, and the sums with this read-ahead 63-70.  16 KiB ahead
+   was the best of 8, 16 and 32 KiB.  One thread, A/B in alternating processes, into out=:
+   2048x4096 float32 2.39-2.43 -> 1.13-1.16 ms (a copy of the array: 1.18-1.26 ms), 8x1000000
+   2.72-2.77 -> 2.13-2.14 ms, 2048x2048 float64 2.66-2.72 -> 2.26-2.28 ms; add_layer_norm of
+   2048x4096 float32, reading x and residual ahead, 3.51-3.64 -> 2.54-2.78 ms. */
+#define LN_READ_AHEAD_BYTES 16384
+
+/* ... once the array the statistics read holds this many bytes and is read in one run (its
+   rows one after another, or each row at least 4 x LN_READ_AHEAD_BYTES long): an input that
+   stays in the last-level cache gained nothing and lost up to 3% (4096x768 float32, 12 MiB,
+   one thread: 0.95-0.96 ms either way; 256x4096, 4 MiB: 285 -> 289-294 us). */
+#define LN_READ_AHEAD_MIN_BYTES ((ptrdiff_t)16 << 20)
+
 /* An output of this many bytes in all does not stay in cache for its reader either (L2 is
    1 MiB a core, L3 is shared with the other cores): rows longer than LN_CHUNK are then
    written with non-temporal stores too, whatever their length, and shorter rows where each
