@@ -240,7 +240,7 @@ int ln_backward(const ln_backward_args *a)
     };
     const ptrdiff_t rows = ln_rows_of(&a->extent), n = a->extent.row_len;
     const int want_params = a->grad_weight || a->grad_bias;
-    int dparams_kept = 0;
+    ln_scratch_source dparams_source = LN_SCRATCH_MALLOC;
     const double elements = (double)rows * (double)n;
     int status = -1;
     if (!a->grad_input.data && !want_params) {
@@ -265,7 +265,7 @@ int ln_backward(const ln_backward_args *a)
            before it adds to them, the other routes add into zeros */
         const int rows_write_sums = contiguous && !by_column_spans;
         job.dparams = ln_scratch_take((size_t)(2 * job.grad_blocks * job.lanes * n + 1), !rows_write_sums,
-                                      &dparams_kept);
+                                      &dparams_source);
         if (!job.dparams) {
             goto done;
         }
@@ -304,6 +304,6 @@ int ln_backward(const ln_backward_args *a)
     }
     status = 0;
 done:
-    ln_scratch_give(job.dparams, dparams_kept);
+    ln_scratch_give(job.dparams, dparams_source);
     return status;
 }

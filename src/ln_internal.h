@@ -186,10 +186,17 @@ void ln_range_of_part(ptrdiff_t n, int parts, int part, ptrdiff_t *begin, ptrdif
    /sys/fs/cgroup (tests give it made-up cgroup files). */
 int ln_threads_default_in(const char *cgroup_dir);
 
-/* count doubles, zeroed if `zeroed`, or NULL when out of memory; *kept says whether they are
-   the kept buffer.  Give them back with ln_scratch_give. */
-double *ln_scratch_take(size_t count, int zeroed, int *kept);
-void ln_scratch_give(double *data, int kept);
+/* Where ln_scratch_take's doubles came from. */
+typedef enum {
+    LN_SCRATCH_MALLOC,  /* calloc or malloc: the kept buffer was in use by another call */
+    LN_SCRATCH_KEPT,    /* the buffer kept between calls */
+    LN_SCRATCH_BLOCK,   /* a block of the large results' (ln_buffer_alloc) */
+} ln_scratch_source;
+
+/* count doubles, zeroed if `zeroed`, or NULL when out of memory; *source says where from.
+   Give them back with ln_scratch_give. */
+double *ln_scratch_take(size_t count, int zeroed, ln_scratch_source *source);
+void ln_scratch_give(double *data, ln_scratch_source source);
 
 /* Memory just mapped for a result that a kernel is about to write whole: its pages faulted
    in first, by the pool's threads (Linux; elsewhere nothing). */

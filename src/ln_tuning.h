@@ -108,7 +108,8 @@
 /* The backward partial sums take a few hundred KiB on mid-sized inputs.  A fresh calloc
    of that size is an mmap, and its page faults cost more than the kernel itself
    (512x768 float32 backward: 185 -> 155 us without them).  So one zeroed buffer of up to
-   this many bytes is kept between calls. */
+   this many bytes is kept between calls; larger scratch comes from the large results'
+   blocks (ln_scratch_take). */
 #define LN_SCRATCH_MAX ((size_t)16 << 20)
 
 /* ------------------------------------------------------------------------ */

@@ -208,6 +208,26 @@ def test_backward_threads_bit_identical_and_correct(dtype, shape, threads, resto
         assert_backward_matches_reference(parallel, dy, x, n, w, dtype)
 
 
+# Rows of over a million elements need more than 16 MiB of float64 column sums, which come
+# from the large results' blocks: a new mapping (zeros), or a cached block zeroed again.
+@pytest.mark.parametrize("cache_bytes", [0, 256 * 2**20], ids=["uncached", "cached"])
+def test_backward_column_sums_beyond_the_kept_buffer(cache_bytes, restore_runtime):
+    shape = (2, 1_100_000)
+    n = shape[-1]
+    x = make_input(shape, np.float32, seed=5, offset=10.0)
+    dy = make_input(shape, np.float32, seed=6)
+    w, b = make_params((n,), np.float32, "weight+bias")
+    _, mean, rstd = layernorm.native_layer_norm(x, (n,), w, b, 1e-5)
+    layernorm.set_result_cache(cache_bytes)
+    layernorm.set_num_threads(1)
+    first = layernorm.layer_norm_backward(dy, x, (n,), mean, rstd, w, b)
+    layernorm.set_num_threads(2)
+    again = layernorm.layer_norm_backward(dy, x, (n,), mean, rstd, w, b)
+    for name, got, want in zip(("dx", "dweight", "dbias"), again, first):
+        assert same_bits(got, want), name
+    assert_backward_matches_reference(first, dy, x, n, w, np.float32)
+
+
 @pytest.mark.parametrize("shape", THREAD_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_threaded_result_correct(shape, restore_runtime):
     layernorm.set_num_threads(4)
