@@ -3028,6 +3028,7 @@ PyDoc_STRVAR(set_result_cache_doc,
 "set_result_cache($module, max_bytes, /)\n--\n\n"
 "Keep up to max_bytes of the memory of freed large results (4 MiB and more) for the next\n"
 "results of their size; 0 keeps none, and releases what is kept.  The default is 256 MiB.\n"
+"Backward's scratch sums of more than 16 MiB are kept here too.\n"
 "\n"
 "The OS hands out a new mapping of zeroed pages for each large allocation: taking memory\n"
 "kept here instead, a loop of calls on large arrays runs at the speed of calls writing\n"
@@ -3049,8 +3050,8 @@ set_result_cache(PyObject *module, PyObject *arg)
 
 PyDoc_STRVAR(result_cache_info_doc,
 "result_cache_info($module, /)\n--\n\n"
-"The memory kept for large results: a dict with max_bytes (set_result_cache's limit),\n"
-"bytes (kept now) and blocks (how many).");
+"The memory kept for large results (and backward's large scratch): a dict with max_bytes\n"
+"(set_result_cache's limit), bytes (kept now) and blocks (how many).");
 
 static PyObject *
 result_cache_info(PyObject *module, PyObject *Py_UNUSED(ignored))

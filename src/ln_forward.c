@@ -49,7 +49,7 @@ static inline int ln_forward_args_valid(const ln_forward_args *a)
 {
     const ln_extent *e = &a->extent;
     const int has_work = e->blocks > 0 && e->rows > 0 && e->row_len > 0;
-    return 0 <= a->kind && a->kind < LN_NORM_KINDS && 0 <= a->dtype && a->dtype < LN_DTYPES &&
+    return 0 <= a->kind && a->kind < LN_NORM_KINDS && 0 <= a->dtype && a->dtype < LN_DTYPES && !a->staged &&
            e->blocks >= 0 && e->rows >= 0 && e->row_len >= 0 &&
            (!has_work || (a->input.data && a->output.data)) &&
            (a->residual.data != NULL) == (a->sum.data != NULL) && !(a->residual.data && a->copy.data) &&
@@ -266,6 +266,7 @@ int ln_forward(const ln_forward_args *a)
         job.stream_copy = ln_copy_streams(a);
         job.of_staged.input = job.stream_copy ? a->input : *normalized;
         job.of_staged.residual = job.of_staged.sum = job.of_staged.copy = (ln_array){0};
+        job.of_staged.staged = 1;
         job.staged_rows = LN_SUM_BATCH_BYTES / (n * elsize);
         job.staged_rows = job.staged_rows > 1 ? job.staged_rows : 1;
         job.fused = a->residual.data && n >= 16 && ln_elements_adjacent(&a->input, a->dtype) &&

@@ -127,7 +127,8 @@ typedef struct {
     void (*backward_tiles)(const ln_backward_args *a, ptrdiff_t begin, ptrdiff_t end,
                            double *dweight_lanes, double *dbias_lanes);
     /* backward pass 1 over a span of one row: sums of g and g * xhat, and largest =
-       (max |g|, max |dy|) unless NULL; read_ahead as ln_read_ahead's, for dy and x both */
+       (max |g|, max |dy|) unless NULL; read_ahead as ln_read_ahead's, for dy and x both
+       (float64 does not read ahead) */
     void (*grad_sums)(const void *dy, const void *x, const void *weight, ptrdiff_t n,
                       double mean, double rstd, double sums[2], double largest[2], ptrdiff_t read_ahead);
     /* backward pass 2 over a span of a group of rows */
@@ -417,7 +418,7 @@ static inline void ln_tile_of(const ln_extent *extent, ptrdiff_t t, ptrdiff_t *b
 static inline ptrdiff_t ln_read_ahead(const ln_array *array, const ln_extent *extent, ln_dtype dtype)
 {
     const ptrdiff_t rows = ln_rows_of(extent), row_bytes = extent->row_len * (ptrdiff_t)ln_dtype_size(dtype);
-    if (rows <= 0 || !ln_elements_adjacent(array, dtype) || (double)rows * (double)row_bytes < LN_READ_AHEAD_MIN_BYTES) {
+    if (!array->data || rows <= 0 || !ln_elements_adjacent(array, dtype) || (double)rows * (double)row_bytes < LN_READ_AHEAD_MIN_BYTES) {
         return 0;
     }
     const int one_run = row_bytes >= 4 * LN_READ_AHEAD_BYTES || ln_rows_consecutive(array, extent, 0, rows, row_bytes);

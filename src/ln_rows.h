@@ -1271,7 +1271,7 @@ static LN_ALWAYS_INLINE void forward_rows(ln_norm_kind kind, ln_dtype dtype, con
         forward_short_rows(kind, dtype, a, bounds, begin, end);
         return;
     }
-    const ptrdiff_t read_ahead = ln_read_ahead(&a->input, &a->extent, dtype);
+    const ptrdiff_t read_ahead = a->staged ? 0 : ln_read_ahead(&a->input, &a->extent, dtype);
     if (n <= LN_BATCH_MAX) {
         const ln_store store = ln_pipelined_rows_store(a);
         forward_rows_batched(kind, dtype, a, bounds, begin, end, a->weight, bias, store, read_ahead);

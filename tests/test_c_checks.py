@@ -20,7 +20,8 @@ import pytest
 
 ROOT = os.path.join(os.path.dirname(__file__), os.pardir)
 CHECK = os.path.join(ROOT, "tests", "c", "thread_pool_check.c")
-POOL = os.path.join(ROOT, "src", "ln_threads.c")
+# the pool, and the large results' blocks its scratch memory may come from
+POOL = [os.path.join(ROOT, "src", name) for name in ("ln_threads.c", "ln_buffers.c")]
 SSE2_FMA_CHECK = os.path.join(ROOT, "tests", "c", "sse2_fma_check.c")
 ODD_ROUNDING_CHECK = os.path.join(ROOT, "tests", "c", "odd_rounding_check.c")
 FLAGS = {
@@ -41,12 +42,12 @@ def compiler():
 
 @pytest.mark.parametrize("build", FLAGS)
 def test_thread_pool_check(build, tmp_path):
-    if not os.path.isfile(CHECK) or not os.path.isfile(POOL):
+    if not all(os.path.isfile(path) for path in [CHECK, *POOL]):
         pytest.skip("no source tree next to the tests")
     program = tmp_path / "thread_pool_check"
     built = subprocess.run(
         compiler() + ["-std=c11", "-pthread", "-Wall", "-Wextra", "-Wno-unused-parameter", "-UNDEBUG",
-                      "-I", os.path.join(ROOT, "src"), *FLAGS[build], CHECK, POOL, "-o", str(program)],
+                      "-I", os.path.join(ROOT, "src"), *FLAGS[build], CHECK, *POOL, "-o", str(program)],
         capture_output=True, text=True, timeout=300)
     if built.returncode != 0 and build == "thread-sanitizer":
         pytest.skip(f"this compiler builds no ThreadSanitizer programs: {built.stderr[-300:]}")
