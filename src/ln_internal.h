@@ -418,7 +418,8 @@ static inline void ln_tile_of(const ln_extent *extent, ptrdiff_t t, ptrdiff_t *b
 static inline ptrdiff_t ln_read_ahead(const ln_array *array, const ln_extent *extent, ln_dtype dtype)
 {
     const ptrdiff_t rows = ln_rows_of(extent), row_bytes = extent->row_len * (ptrdiff_t)ln_dtype_size(dtype);
-    if (!array->data || rows <= 0 || !ln_elements_adjacent(array, dtype) || (double)rows * (double)row_bytes < LN_READ_AHEAD_MIN_BYTES) {
+    if (!array->data || rows <= 0 || !ln_elements_adjacent(array, dtype) ||
+        (double)rows * (double)row_bytes < LN_READ_AHEAD_MIN_BYTES) {
         return 0;
     }
     const int one_run = row_bytes >= 4 * LN_READ_AHEAD_BYTES || ln_rows_consecutive(array, extent, 0, rows, row_bytes);
