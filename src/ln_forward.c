@@ -49,7 +49,7 @@ static inline int ln_forward_args_valid(const ln_forward_args *a)
 {
     const ln_extent *e = &a->extent;
     const int has_work = e->blocks > 0 && e->rows > 0 && e->row_len > 0;
-    return 0 <= a->kind && a->kind < LN_NORM_KINDS && 0 <= a->dtype && a->dtype < LN_DTYPES && !a->staged &&
+    return 0 <= a->kind && a->kind < LN_NORM_KINDS && 0 <= a->dtype && a->dtype < LN_DTYPES &&
            e->blocks >= 0 && e->rows >= 0 && e->row_len >= 0 &&
            (!has_work || (a->input.data && a->output.data)) &&
            (a->residual.data != NULL) == (a->sum.data != NULL) && !(a->residual.data && a->copy.data) &&
@@ -144,7 +144,7 @@ static void ln_forward_rows(void *ctx, ptrdiff_t begin, ptrdiff_t end)
     const ln_forward_job *job = ctx;
     const ln_forward_args *a = job->args;
     if (!a->residual.data && (!a->copy.data || ln_copies_in_rows(a))) {
-        job->kernels->forward_rows(a, &job->bounds, begin, end);
+        job->kernels->forward_rows(a, &job->bounds, begin, end, ln_read_ahead(&a->input, &a->extent, a->dtype));
         return;
     }
     if (job->fused) {
@@ -168,7 +168,8 @@ static void ln_forward_rows(void *ctx, ptrdiff_t begin, ptrdiff_t end)
                                             ln_row_address(&a->sum, &a->extent, r), a->extent.row_len);
             }
         }
-        job->kernels->forward_rows(&job->of_staged, &job->bounds, first, last);
+        /* no reading ahead: the staged rows were just written (or read), a few at a time */
+        job->kernels->forward_rows(&job->of_staged, &job->bounds, first, last, 0);
     }
 #if defined(__x86_64__)
     if (job->stream_copy) {
@@ -266,7 +267,6 @@ int ln_forward(const ln_forward_args *a)
         job.stream_copy = ln_copy_streams(a);
         job.of_staged.input = job.stream_copy ? a->input : *normalized;
         job.of_staged.residual = job.of_staged.sum = job.of_staged.copy = (ln_array){0};
-        job.of_staged.staged = 1;
         job.staged_rows = LN_SUM_BATCH_BYTES / (n * elsize);
         job.staged_rows = job.staged_rows > 1 ? job.staged_rows : 1;
         job.fused = a->residual.data && n >= 16 && ln_elements_adjacent(&a->input, a->dtype) &&

@@ -103,9 +103,10 @@ typedef void (*ln_grad_apply_fn)(const ln_grad_rows *group, const void *weight, 
    linear row indices of the call (ln_row_address); "tiles [begin, end)" are the strided
    route's tiles, block by block (ln_tile_of). */
 typedef struct {
-    /* contiguous route, forward over rows [begin, end) of a call without a residual */
+    /* contiguous route, forward over rows [begin, end) of a call without a residual, the
+       statistics reading the input read_ahead bytes ahead (ln_read_ahead's, or 0) */
     void (*forward_rows)(const ln_forward_args *a, const ln_rstd_bounds *bounds, ptrdiff_t begin,
-                         ptrdiff_t end);
+                         ptrdiff_t end, ptrdiff_t read_ahead);
     /* contiguous route, forward over rows [begin, end) of a call with a residual, whose
        input and residual have adjacent elements too and rows of 16 elements or more */
     void (*forward_sum_rows)(const ln_forward_args *a, const ln_rstd_bounds *bounds, ptrdiff_t begin,

@@ -70,8 +70,6 @@ typedef struct {
     ln_array rstd;           /* out, or absent */
     ln_array copy;           /* present (never with a residual): the input's values are written
                                 here too, each row while it is in cache for normalizing */
-    int staged;              /* the driver's own: the input's rows were just written or read,
-                                a few at a time, so they are in cache (0 from callers) */
 } ln_forward_args;
 
 typedef struct {

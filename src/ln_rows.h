@@ -1255,9 +1255,10 @@ static LN_ALWAYS_INLINE void forward_rows_batched(ln_norm_kind kind, ln_dtype dt
 
 /* Rows [begin, end) of a call whose rows have adjacent elements and no residual (the
    driver sums a residual first): statistics, then the normalized row, while the row is in
-   cache. */
+   cache.  read_ahead: ln_read_ahead's for the input, or 0 (rows the driver staged). */
 static LN_ALWAYS_INLINE void forward_rows(ln_norm_kind kind, ln_dtype dtype, const ln_forward_args *args,
-                                          const ln_rstd_bounds *bounds, ptrdiff_t begin, ptrdiff_t end)
+                                          const ln_rstd_bounds *bounds, ptrdiff_t begin, ptrdiff_t end,
+                                          ptrdiff_t read_ahead)
 {
     /* a copy that no store through the outputs' char pointers can change, so that its walks
        stay in registers (20000x8 float32 rows, one thread: 3% faster) */
@@ -1271,7 +1272,6 @@ static LN_ALWAYS_INLINE void forward_rows(ln_norm_kind kind, ln_dtype dtype, con
         forward_short_rows(kind, dtype, a, bounds, begin, end);
         return;
     }
-    const ptrdiff_t read_ahead = a->staged ? 0 : ln_read_ahead(&a->input, &a->extent, dtype);
     if (n <= LN_BATCH_MAX) {
         const ln_store store = ln_pipelined_rows_store(a);
         forward_rows_batched(kind, dtype, a, bounds, begin, end, a->weight, bias, store, read_ahead);
@@ -2622,9 +2622,10 @@ static LN_ALWAYS_INLINE void backward_tiles(ln_norm_kind kind, ln_dtype dtype, c
 #define LN_KIND_FUNCTIONS(KIND, kind_suffix, DTYPE, suffix)                                        \
     static void forward_rows_##kind_suffix##_##suffix(const ln_forward_args *a,                    \
                                                       const ln_rstd_bounds *bounds,                \
-                                                      ptrdiff_t begin, ptrdiff_t end)              \
+                                                      ptrdiff_t begin, ptrdiff_t end,              \
+                                                      ptrdiff_t read_ahead)                        \
     {                                                                                              \
-        forward_rows(KIND, DTYPE, a, bounds, begin, end);                                          \
+        forward_rows(KIND, DTYPE, a, bounds, begin, end, read_ahead);                              \
     }                                                                                              \
     static void forward_sum_rows_##kind_suffix##_##suffix(const ln_forward_args *a,                \
                                                           const ln_rstd_bounds *bounds,            \
