@@ -1412,9 +1412,7 @@ static LN_ALWAYS_INLINE void grad_sums_group(ln_norm_kind kind, ln_dtype dtype, 
    groups whose sums are added in float64.  `weight` points at the span's first column,
    or is NULL.  RMSNorm (mean 0) needs no sum(g): sums[0] is 0 then.  largest = (max |g|,
    max |dy|), which tell whether those products could have underflowed
-   (ln_grad_row_needs_exact); NULL: not wanted.  A row's state between its blocks is a
-   grad_sums_acc, so that the pipelined backward (backward_rows_pipelined) takes a row's
-   blocks one at a time through the same operations. */
+   (ln_grad_row_needs_exact); NULL: not wanted. */
 
 /* A row's pass 1 between its blocks. */
 typedef struct {
@@ -2027,86 +2025,8 @@ static LN_ALWAYS_INLINE void grad_group_with_exact(const ln_row_kernels *kernels
     }
 }
 
-/* Asks for the block of slot k's dy and x at element `block` (when the row has it) to be
-   brought into L1. */
-static LN_ALWAYS_INLINE void grad_sums_prefetch(ln_dtype dtype, const ln_grad_rows *group, int k, ptrdiff_t block,
-                                                ptrdiff_t groups_end)
-{
-    const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(dtype);
-    const ptrdiff_t bytes = (grad_sums_block_end(block, groups_end) - block) * elsize;
-    for (ptrdiff_t line = 0; block < groups_end && line < bytes; line += 64) {
-        __builtin_prefetch(group->dy[k] + block * elsize + line, 0, 3);
-        __builtin_prefetch(group->x[k] + block * elsize + line, 0, 3);
-    }
-}
-
-/* Rows [begin, end), whole groups of LN_GRAD_ROWS rows of float16 or bfloat16 data with dx
-   wanted, software-pipelined: one loop takes pass 1 of group t, block by block, and after
-   each block a few columns of group t - 1's pass 2 (its share: all its columns over group
-   t's blocks), so that pass 1's loads from memory overlap pass 2's arithmetic (conversions,
-   for this data) instead of taking turns with it; the blocks LN_GRAD_PREFETCH_BLOCKS ahead
-   are asked for before each share.  The two passes run the same operations as in
-   backward_rows, so the bits are its bits.  A group with a row for ln_backward_exact_row is
-   finished apart, before the next group's pass 1. */
-static LN_ALWAYS_INLINE void backward_rows_pipelined(ln_norm_kind kind, ln_dtype dtype, const ln_backward_args *a,
-                                                     ptrdiff_t begin, ptrdiff_t end, int has_weight,
-                                                     double *dweight, double *dbias, int *params_written)
-{
-    const ptrdiff_t n = a->extent.row_len, groups_end = n - n % 16;
-    const ptrdiff_t blocks = (groups_end + 16 * LN_GRAD_SUM_BLOCK - 1) / (16 * LN_GRAD_SUM_BLOCK);
-    const ptrdiff_t share = (groups_end + 16 * LN_GRAD_ROWS * blocks - 1) / (16 * LN_GRAD_ROWS * blocks) * 16;
-    const float *weight = has_weight ? a->weight : NULL;
-    const ln_row_kernels *kernels = &LN_LEVEL_KERNELS.by_dtype[dtype].by_kind[kind];
-    assert(n >= 16 && a->grad_input.data && (end - begin) % LN_GRAD_ROWS == 0 && !has_weight == !a->weight);
-    const int stream_dx = ln_backward_streams_dx(a);
-    ln_grad_rows previous = {.count = LN_GRAD_ROWS};
-    int previous_exact[LN_GRAD_ROWS] = {0}, previous_any_exact = 0;
-    for (ptrdiff_t first = begin; first <= end; first += LN_GRAD_ROWS) {
-        const int gather = first < end, apply = first > begin && !previous_any_exact;
-        if (first > begin) {
-            grad_params_begin(&previous, previous_any_exact, params_written, dweight, dbias, n);
-        }
-        if (first > begin && previous_any_exact) {
-            grad_group_with_exact(kernels, a, &previous, previous_exact, first - LN_GRAD_ROWS, dweight, dbias);
-        }
-        grad_apply_rows rows;
-        grad_apply_start(&rows, &previous, LN_GRAD_ROWS);  /* unused when !apply */
-        ln_grad_rows group = {.count = LN_GRAD_ROWS, .stream_dx = stream_dx};
-        int exact[LN_GRAD_ROWS] = {0}, any_exact = 0;
-        ptrdiff_t applied = 0;  /* group t - 1's columns done */
-        for (int k = 0; gather && k < LN_GRAD_ROWS; k++) {
-            grad_group_row(kind, dtype, a, &group, k, first + k);
-            grad_sums_acc acc = grad_sums_start(group.mean[k]);
-            for (ptrdiff_t block = 0; block < groups_end; block += 16 * LN_GRAD_SUM_BLOCK) {
-                grad_sums_block(kind, dtype, &acc, group.dy[k], group.x[k], weight, has_weight, 1, block,
-                                groups_end);
-                if (apply) {
-                    grad_sums_prefetch(dtype, &group, k, block + LN_GRAD_PREFETCH_BLOCKS * 16 * LN_GRAD_SUM_BLOCK,
-                                       groups_end);
-                    const ptrdiff_t to = groups_end - applied < share ? groups_end : applied + share;
-                    grad_apply_columns(kind, dtype, &rows, LN_GRAD_ROWS, weight, applied, to, dweight, dbias);
-                    applied = to;
-                }
-            }
-            double sums[2], largest[2];
-            grad_sums_finish(kind, dtype, &acc, group.dy[k], group.x[k], weight, n, group.rstd[k], sums, largest);
-            exact[k] = grad_group_means(dtype, &group, k, n, sums, largest);
-            any_exact |= exact[k];
-        }
-        if (apply) {
-            grad_apply_columns(kind, dtype, &rows, LN_GRAD_ROWS, weight, applied, groups_end, dweight, dbias);
-            grad_apply_part(kind, dtype, &rows, LN_GRAD_ROWS, weight, groups_end, n, dweight, dbias);
-        }
-        previous = group;
-        for (int k = 0; k < LN_GRAD_ROWS; k++) {
-            previous_exact[k] = exact[k];
-        }
-        previous_any_exact = any_exact;
-    }
-}
-
 /* Rows [begin, end): pass 1 row by row, pass 2 over groups of LN_GRAD_ROWS rows, each
-   group still in cache from pass 1 (pipelined where backward_rows_pipelined takes them). */
+   group still in cache from pass 1. */
 static LN_ALWAYS_INLINE void backward_rows(ln_norm_kind kind, ln_dtype dtype, const ln_backward_args *args,
                                            ptrdiff_t begin, ptrdiff_t end, double *dweight, double *dbias)
 {
@@ -2123,19 +2043,7 @@ static LN_ALWAYS_INLINE void backward_rows(ln_norm_kind kind, ln_dtype dtype, co
     int params_written = 0;  /* see grad_params_begin */
     const int stream_dx = ln_backward_streams_dx(a);
     const ln_row_kernels *kernels = &LN_LEVEL_KERNELS.by_dtype[dtype].by_kind[kind];
-    const ptrdiff_t data_bytes = 2 * ln_rows_of(&a->extent) * n * (ptrdiff_t)ln_dtype_size(dtype);
     const ptrdiff_t read_ahead = ln_backward_read_ahead(a);
-    if (ln_dtype_is_16bit(dtype) && a->grad_input.data && n <= LN_GRAD_PIPELINED_MAX &&
-        data_bytes >= LN_GRAD_PIPELINED_MIN_BYTES) {
-        const ptrdiff_t whole = begin + (end - begin) / LN_GRAD_ROWS * LN_GRAD_ROWS;
-        if (a->weight) {
-            backward_rows_pipelined(kind, dtype, a, begin, whole, 1, dweight, dbias, &params_written);
-        }
-        else {
-            backward_rows_pipelined(kind, dtype, a, begin, whole, 0, dweight, dbias, &params_written);
-        }
-        begin = whole;
-    }
     for (ptrdiff_t first = begin; first < end; first += LN_GRAD_ROWS) {
         ln_grad_rows group = {.count = (int)(end - first < LN_GRAD_ROWS ? end - first : LN_GRAD_ROWS),
                               .stream_dx = stream_dx};

@@ -66,26 +66,6 @@
    inputs too small to be worth a thread, and at most LN_GRAD_PARTIALS_MAX / row_len. */
 #define LN_GRAD_BLOCKS 16
 
-/* float16 and bfloat16 backward pipelines pass 1 of a group of rows into pass 2 of the group
-   before (backward_rows_pipelined) when x and dy take this many bytes or more, mostly read
-   from memory: pass 1 then waits on its loads, and the pipelined loop does pass 2's
-   conversions meanwhile (Zen 4, one thread, A/B in alternating processes: 6304x768 bfloat16
-   2.71-2.83 -> 2.31-2.45 ms, 2048x4096 float16 4.03-4.27 -> 3.58-3.65 ms, 8192x1024 float16
-   5.00-5.10 -> 4.21-4.34 ms, 2048x6000 float16 6.0-6.1 -> 5.5-5.6 ms; two threads about 5%
-   faster).  Where they stay in cache it was slower (128x1024 bfloat16 59 -> 61-63 us, 64x8192
-   bfloat16 265 -> 280-290 us), as it was for float32 at any size (2048x4096 5.7-6.2 -> 6.6-7.3
-   ms, 512x768 142 -> 155 us): pass 2 of float32, a load and a store a value, has too little
-   arithmetic to hide pass 1's loads behind. */
-#define LN_GRAD_PIPELINED_MIN_BYTES ((ptrdiff_t)16 << 20)
-
-/* ... for rows of at most this many elements: the loop keeps two groups' x and dy in L2. */
-#define LN_GRAD_PIPELINED_MAX 16384
-
-/* ... and asks for pass 1's block this many blocks ahead before each share of pass 2 (without
-   it the pipelined loop was no faster than the passes in turn: 6304x768 bfloat16 3.0 ms;
-   4 blocks ahead, or into L2, slower than 2 into L1). */
-#define LN_GRAD_PREFETCH_BLOCKS 2
-
 /* Backward pass 2 of a group of rows asks for the next group's rows of x and dy, a line of
    each row per step (grad_prefetch_next), when x and dy take this many bytes: they come from
    memory then, and pass 2, working from cache, would otherwise leave memory idle until pass 1
@@ -95,12 +75,14 @@
    2048x1024 float16 385 -> 420 us). */
 #define LN_GRAD_PREFETCH_MIN_BYTES ((ptrdiff_t)16 << 20)
 
-/* ... for rows of at most this many bytes.  Longer rows are long runs for the hardware
-   prefetchers already, and a group of them (4 x 16 KiB of x and of dy at 2048x4096 float32)
-   no longer fits L1 beside the next: asking for them was slower there (one thread, the
-   benchmark's 2048x4096 float32 backward 3.40-3.65 -> 4.13-4.17 ms; at rows of 8 KiB, 1024x1024
-   float64, no faster: 0.53-0.54 -> 0.51 ms). */
-#define LN_GRAD_PREFETCH_MAX_ROW_BYTES 4096
+/* ... for rows of at most this many bytes: a group of them and the next, x and dy, fill at
+   most Zen 5's 48 KiB of L1.  Longer rows are read ahead by pass 1 instead
+   (ln_backward_read_ahead), which was faster for them (one thread, A/B in alternating
+   processes: 8192x1024 float32 3.9-4.1 -> 3.3-3.5 ms, 4096x2048 float16 3.2-3.6 -> 2.1 ms,
+   counting the float16 pipelined loop this replaced) but slower for rows of 3 KiB and less
+   (6304x768 float32 1.41-1.48 ms with the next group asked for, 1.51-1.53 ms read ahead;
+   6304x768 bfloat16 1.01-1.03 against 1.27-1.36 ms). */
+#define LN_GRAD_PREFETCH_MAX_ROW_BYTES 3072
 
 /* At most this many float64 partial sums per parameter gradient (64 MiB for both). */
 #define LN_GRAD_PARTIALS_MAX ((ptrdiff_t)1 << 22)

@@ -205,13 +205,12 @@ def test_output_mask_keeps_the_bits_of_what_it_returns(mask, dtype, route):
         assert mine is None or mine.tobytes() == all_of_them.tobytes(), name
 
 
-# float16/bfloat16 calls whose x and dy take 16 MiB or more (LN_GRAD_PIPELINED_MIN_BYTES), in
-# rows of 16 to 16384 elements, go through backward in groups of 4 rows, pass 1 of one group
-# pipelined into pass 2 of the group before (each thread's block of rows, the rows after its
-# whole groups by the passes in turn).  A row's gradient has the bits it has as the only row
-# of a call (the passes in turn), next to a row the float64 path takes (with the tiny weight,
-# dy * weight below what float32 products carry) and rows with a NaN; without the NaN rows,
-# the parameter gradients are those of the call without grad_input (no pipelining).
+# float16/bfloat16 calls whose x and dy take 16 MiB or more go through backward in groups of 4
+# rows, pass 1 reading ahead of itself or pass 2 asking for the next group's lines (short rows),
+# where a call of one row does neither.  A row's gradient has the bits it has as the only row
+# of a call, next to a row the float64 path takes (with the tiny weight, dy * weight below what
+# float32 products carry) and rows with a NaN; without the NaN rows, the parameter gradients are
+# those of the call without grad_input.
 @pytest.mark.parametrize("weight_scale", [1.0, 1e-25], ids=["weight", "tiny-weight"])
 @pytest.mark.parametrize("n", [16, 773, 4096, 16384], ids=lambda n: f"N{n}")
 @pytest.mark.parametrize("kind", KINDS, ids=str)
