@@ -37,7 +37,7 @@ typedef struct {
     ptrdiff_t grad_blocks;   /* row blocks (of rows, or of tiles) */
     ptrdiff_t lanes;         /* partial sums per column a block: 1, or 16 on the strided route */
     ptrdiff_t spans;         /* LN_CHUNK-column spans per row */
-    ptrdiff_t read_ahead;    /* column spans: how pass 1 reads dy and x ahead (ln_read_ahead) */
+    ptrdiff_t read_ahead;    /* column spans: how pass 1 reads dy and x ahead (ln_backward_read_ahead) */
     double *dparams;         /* grad_blocks x [dweight (lanes x row_len), dbias (lanes x row_len)] */
     double *sums;            /* column spans: rows x spans x [sum g, sum g * xhat, max |g|, max |dy|] */
     double *row_means;       /* column spans: rows x [mean g, mean g * xhat, max |g|, max |dy|] */

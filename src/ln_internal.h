@@ -128,7 +128,7 @@ typedef struct {
     void (*backward_tiles)(const ln_backward_args *a, ptrdiff_t begin, ptrdiff_t end,
                            double *dweight_lanes, double *dbias_lanes);
     /* backward pass 1 over a span of one row: sums of g and g * xhat, and largest =
-       (max |g|, max |dy|) unless NULL; read_ahead as ln_read_ahead's, for dy and x both
+       (max |g|, max |dy|) unless NULL; read_ahead: ln_backward_read_ahead's, for dy and x both
        (float64 does not read ahead) */
     void (*grad_sums)(const void *dy, const void *x, const void *weight, ptrdiff_t n,
                       double mean, double rstd, double sums[2], double largest[2], ptrdiff_t read_ahead);
@@ -414,17 +414,21 @@ static inline void ln_tile_of(const ln_extent *extent, ptrdiff_t t, ptrdiff_t *b
     *count = (int)(extent->rows - *row < LN_TILE_ROWS ? extent->rows - *row : LN_TILE_ROWS);
 }
 
+/* Whether a loop over `array`'s rows reads it in one run: its elements adjacent, and its rows
+   one after another or each long enough to be a run of its own. */
+static inline int ln_read_in_one_run(const ln_array *array, const ln_extent *extent, ln_dtype dtype)
+{
+    const ptrdiff_t rows = ln_rows_of(extent), row_bytes = extent->row_len * (ptrdiff_t)ln_dtype_size(dtype);
+    return array->data && rows > 0 && ln_elements_adjacent(array, dtype) &&
+           (row_bytes >= 4 * LN_READ_AHEAD_BYTES || ln_rows_consecutive(array, extent, 0, rows, row_bytes));
+}
+
 /* How far ahead of its reads a forward statistics loop over `array`'s rows asks for the
    input (LN_READ_AHEAD_BYTES), or 0: not at all. */
 static inline ptrdiff_t ln_read_ahead(const ln_array *array, const ln_extent *extent, ln_dtype dtype)
 {
-    const ptrdiff_t rows = ln_rows_of(extent), row_bytes = extent->row_len * (ptrdiff_t)ln_dtype_size(dtype);
-    if (!array->data || rows <= 0 || !ln_elements_adjacent(array, dtype) ||
-        (double)rows * (double)row_bytes < LN_READ_AHEAD_MIN_BYTES) {
-        return 0;
-    }
-    const int one_run = row_bytes >= 4 * LN_READ_AHEAD_BYTES || ln_rows_consecutive(array, extent, 0, rows, row_bytes);
-    return one_run ? LN_READ_AHEAD_BYTES : 0;
+    const double bytes = (double)ln_rows_of(extent) * (double)extent->row_len * (double)ln_dtype_size(dtype);
+    return bytes >= LN_READ_AHEAD_MIN_BYTES && ln_read_in_one_run(array, extent, dtype) ? LN_READ_AHEAD_BYTES : 0;
 }
 
 /* Whether a forward over extent writes its float32/float64 output with non-temporal stores. */
@@ -527,14 +531,21 @@ static inline int ln_backward_prefetches(const ln_backward_args *a)
            2 * ln_rows_of(&a->extent) * row_bytes >= LN_GRAD_PREFETCH_MIN_BYTES;
 }
 
-/* How far ahead backward's pass 1 reads dy and x, ln_read_ahead's distance where both
-   arrays take it, or 0; rows that ln_backward_prefetches covers are read ahead by pass 2
-   already (one thread, 2048x4096 float32, A/B in alternating processes: 3.68-3.80 ->
-   3.27-3.43 ms; 8, 16 and 32 KiB ahead alike). */
+/* How far ahead backward's pass 1 reads dy and x: LN_READ_AHEAD_BYTES where the two take
+   LN_GRAD_PREFETCH_MIN_BYTES together, as for ln_backward_prefetches, whose rows pass 2 asks
+   for instead, and both are read in one run; else 0.  One thread, A/B in alternating
+   processes: 2048x4096 float32 3.68-3.80 -> 3.27-3.43 ms (8, 16 and 32 KiB ahead alike); with
+   arrays of 8 to 16 MiB, which ln_read_ahead's threshold left out, 1024x2048 float32 0.67-0.68
+   -> 0.57 ms, 2048x2048 float16 1.15-1.26 -> 0.86-0.92 ms, 1500x2048 float32 1.01-1.04 ->
+   0.86-0.95 ms; 3000x1024 float32, whose rows of 4 KiB pass 2 had asked for, 0.84-0.95 ms so
+   and 0.87-0.98 ms read ahead. */
 static inline ptrdiff_t ln_backward_read_ahead(const ln_backward_args *a)
 {
-    return !ln_backward_prefetches(a) && ln_read_ahead(&a->input, &a->extent, a->dtype) &&
-                   ln_read_ahead(&a->grad_output, &a->extent, a->dtype)
+    const double bytes = 2.0 * (double)ln_rows_of(&a->extent) * (double)a->extent.row_len *
+                         (double)ln_dtype_size(a->dtype);
+    return !ln_backward_prefetches(a) && bytes >= (double)LN_GRAD_PREFETCH_MIN_BYTES &&
+                   ln_read_in_one_run(&a->input, &a->extent, a->dtype) &&
+                   ln_read_in_one_run(&a->grad_output, &a->extent, a->dtype)
                ? LN_READ_AHEAD_BYTES
                : 0;
 }
