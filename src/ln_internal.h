@@ -428,7 +428,7 @@ static inline int ln_read_in_one_run(const ln_array *array, const ln_extent *ext
 static inline ptrdiff_t ln_read_ahead(const ln_array *array, const ln_extent *extent, ln_dtype dtype)
 {
     const double bytes = (double)ln_rows_of(extent) * (double)extent->row_len * (double)ln_dtype_size(dtype);
-    return bytes >= LN_READ_AHEAD_MIN_BYTES && ln_read_in_one_run(array, extent, dtype) ? LN_READ_AHEAD_BYTES : 0;
+    return (bytes >= LN_READ_AHEAD_MIN_BYTES && ln_read_in_one_run(array, extent, dtype)) ? LN_READ_AHEAD_BYTES : 0;
 }
 
 /* Whether a forward over extent writes its float32/float64 output with non-temporal stores. */
@@ -522,32 +522,37 @@ static inline int ln_backward_streams_dx(const ln_backward_args *a)
     return ln_dx_streams(a->dtype, &a->extent, &a->grad_input);
 }
 
+/* The bytes of x and dy a backward reads, which say whether they come from memory (see
+   LN_GRAD_PREFETCH_MIN_BYTES). */
+static inline double ln_backward_data_bytes(const ln_backward_args *a)
+{
+    return 2.0 * (double)ln_rows_of(&a->extent) * (double)a->extent.row_len * (double)ln_dtype_size(a->dtype);
+}
+
 /* Whether backward pass 2 asks for the next group's rows as it goes (see
    LN_GRAD_PREFETCH_MIN_BYTES). */
 static inline int ln_backward_prefetches(const ln_backward_args *a)
 {
     const ptrdiff_t row_bytes = a->extent.row_len * (ptrdiff_t)ln_dtype_size(a->dtype);
-    return row_bytes <= LN_GRAD_PREFETCH_MAX_ROW_BYTES &&
-           2 * ln_rows_of(&a->extent) * row_bytes >= LN_GRAD_PREFETCH_MIN_BYTES;
+    const ptrdiff_t max_row_bytes = a->dtype == LN_F64 ? LN_GRAD_PREFETCH_MAX_ROW_BYTES_F64
+                                                       : LN_GRAD_PREFETCH_MAX_ROW_BYTES;
+    return row_bytes <= max_row_bytes && ln_backward_data_bytes(a) >= (double)LN_GRAD_PREFETCH_MIN_BYTES;
 }
 
 /* How far ahead backward's pass 1 reads dy and x: LN_READ_AHEAD_BYTES where the two take
    LN_GRAD_PREFETCH_MIN_BYTES together, as for ln_backward_prefetches, whose rows pass 2 asks
-   for instead, and both are read in one run; else 0.  One thread, A/B in alternating
-   processes: 2048x4096 float32 3.68-3.80 -> 3.27-3.43 ms (8, 16 and 32 KiB ahead alike); with
-   arrays of 8 to 16 MiB, which ln_read_ahead's threshold left out, 1024x2048 float32 0.67-0.68
-   -> 0.57 ms, 2048x2048 float16 1.15-1.26 -> 0.86-0.92 ms, 1500x2048 float32 1.01-1.04 ->
-   0.86-0.95 ms; 3000x1024 float32, whose rows of 4 KiB pass 2 had asked for, 0.84-0.95 ms so
-   and 0.87-0.98 ms read ahead. */
+   for instead, and both are read in one run; else 0 (float64's pass 1 ignores it).  One
+   thread, A/B in alternating processes: 2048x4096 float32 3.68-3.80 -> 3.27-3.43 ms (8, 16 and
+   32 KiB ahead alike); with arrays of 8 to 16 MiB, which ln_read_ahead's threshold left out,
+   1024x2048 float32 0.67-0.68 -> 0.57 ms, 2048x2048 float16 1.15-1.26 -> 0.86-0.92 ms,
+   1500x2048 float32 1.01-1.04 -> 0.86-0.95 ms. */
 static inline ptrdiff_t ln_backward_read_ahead(const ln_backward_args *a)
 {
-    const double bytes = 2.0 * (double)ln_rows_of(&a->extent) * (double)a->extent.row_len *
-                         (double)ln_dtype_size(a->dtype);
-    return !ln_backward_prefetches(a) && bytes >= (double)LN_GRAD_PREFETCH_MIN_BYTES &&
-                   ln_read_in_one_run(&a->input, &a->extent, a->dtype) &&
-                   ln_read_in_one_run(&a->grad_output, &a->extent, a->dtype)
-               ? LN_READ_AHEAD_BYTES
-               : 0;
+    const int reads_ahead = !ln_backward_prefetches(a) &&
+                            ln_backward_data_bytes(a) >= (double)LN_GRAD_PREFETCH_MIN_BYTES &&
+                            ln_read_in_one_run(&a->input, &a->extent, a->dtype) &&
+                            ln_read_in_one_run(&a->grad_output, &a->extent, a->dtype);
+    return reads_ahead ? LN_READ_AHEAD_BYTES : 0;
 }
 
 /* One statistic of row r as a float64, from an array of dtype's param type. */

@@ -76,13 +76,20 @@
 #define LN_GRAD_PREFETCH_MIN_BYTES ((ptrdiff_t)16 << 20)
 
 /* ... for rows of at most this many bytes: a group of them and the next, x and dy, fill at
-   most Zen 5's 48 KiB of L1.  Longer rows are read ahead by pass 1 instead
-   (ln_backward_read_ahead), which was faster for them (one thread, A/B in alternating
+   most Zen 5's 48 KiB of L1.  Longer float16/bfloat16/float32 rows are read ahead by pass 1
+   instead (ln_backward_read_ahead), which was faster for most (one thread, A/B in alternating
    processes: 8192x1024 float32 3.9-4.1 -> 3.3-3.5 ms, 4096x2048 float16 3.2-3.6 -> 2.1 ms,
-   counting the float16 pipelined loop this replaced) but slower for rows of 3 KiB and less
-   (6304x768 float32 1.41-1.48 ms with the next group asked for, 1.51-1.53 ms read ahead;
-   6304x768 bfloat16 1.01-1.03 against 1.27-1.36 ms). */
+   counting the float16 pipelined loop this replaced; 3000x1024 float32 alike, 0.84-0.95 ms
+   asked for and 0.87-0.98 ms read ahead) but slower for rows of 3 KiB and less (6304x768
+   float32 1.41-1.48 ms asked for, 1.51-1.53 ms read ahead; 6304x768 bfloat16 1.01-1.03
+   against 1.27-1.36 ms). */
 #define LN_GRAD_PREFETCH_MAX_ROW_BYTES 3072
+
+/* ... and for float64 rows, whose pass 1 does not read ahead, of at most this many: longer
+   ones are long runs for the hardware prefetchers already, and a group of them no longer
+   fits L1 beside the next (rows of 8 KiB, 1024x1024 float64, one thread: no faster asked
+   for, 0.53-0.54 -> 0.51 ms). */
+#define LN_GRAD_PREFETCH_MAX_ROW_BYTES_F64 4096
 
 /* At most this many float64 partial sums per parameter gradient (64 MiB for both). */
 #define LN_GRAD_PARTIALS_MAX ((ptrdiff_t)1 << 22)
@@ -120,7 +127,8 @@
    rows one after another, or each row at least 4 x LN_READ_AHEAD_BYTES long): an input that
    stays in the last-level cache gained nothing and lost up to 3% (4096x768 float32, 12 MiB,
    one thread: 0.95-0.96 ms either way; 256x4096, 4 MiB: 285 -> 289-294 us).  Backward's
-   pass 1 counts x and dy together (ln_backward_read_ahead). */
+   pass 1 goes by LN_GRAD_PREFETCH_MIN_BYTES of x and dy together instead
+   (ln_backward_read_ahead). */
 #define LN_READ_AHEAD_MIN_BYTES ((ptrdiff_t)16 << 20)
 
 /* An output of this many bytes in all does not stay in cache for its reader either (L2 is
