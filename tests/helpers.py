@@ -389,6 +389,8 @@ REF_REL_TOL = {
     np.dtype(np.float32): 4 * float(np.finfo(np.float32).eps),
     np.dtype(np.float16): 4 * float(np.finfo(np.float32).eps),
 }
+if BF16 is not None:
+    REF_REL_TOL[BF16] = REF_REL_TOL[np.dtype(np.float16)]  # float32 arithmetic, then its own rounding
 
 
 # Gradients, relative to the size of the terms each is a sum or a cancellation of
@@ -408,9 +410,10 @@ TINY_PRODUCT_MAGNITUDES = {
 }
 
 
-def f16_ulp(values):
-    """One float16 ulp at |values| (the spacing of the float16 nearest to the value); NaN at NaN."""
-    mag = np.abs(np.asarray(values, dtype=np.float64)).astype(np.float16)
+def f16_ulp(values, dtype=np.float16):
+    """One ulp of `dtype` (float16, or bfloat16) at |values| (the spacing of its value nearest to
+    the value); NaN at NaN."""
+    mag = np.abs(np.asarray(values, dtype=np.float64)).astype(dtype)
     with np.errstate(invalid="ignore"):
         return np.spacing(mag).astype(np.float64)
 
@@ -454,8 +457,8 @@ def assert_matches_reference(out, x, normalized_shape, weight=None, bias=None, e
     dtype = np.dtype(out.dtype).newbyteorder("=")
     y, scale = reference_norm(x, normalized_shape, weight, bias, eps, centred=centred, axis=axis)
     tol = REF_REL_TOL[dtype] * scale
-    if dtype == np.float16:
-        tol = tol + f16_ulp(y)
+    if dtype.itemsize == 2:  # float16 or bfloat16: their own rounding of the float32 result
+        tol = tol + f16_ulp(y, dtype)
     assert_within(out, y, tol, f"{dtype.name} output vs float64 reference")
 
 

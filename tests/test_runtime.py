@@ -21,10 +21,12 @@ from helpers import (
     assert_backward_matches_reference,
     assert_matches_reference,
     dtype_id,
+    dtype_named,
     make_backward_data,
     make_input,
     make_params,
     param_dtype,
+    requires_ml_dtypes,
     same_bits,
 )
 from layernorm import LayerNorm
@@ -464,16 +466,23 @@ def test_defaults_without_env():
 
 
 # Rows of 1 MiB and more, and rows longer than 2048 elements in an output of 16 MiB and more,
-# are written with non-temporal stores, from a 64-byte boundary on: in place, into an output
-# that starts off that boundary, and split across threads or not, the bits are those of the
-# plain stores (the scalar level has none).
+# are written with non-temporal stores, from a 64-byte boundary on, the elements before it and
+# after the last whole group by ordinary stores: in place, into an output that starts off that
+# boundary, and split across threads or not, the bits are those of the plain stores (the
+# scalar level has none).  float16 and bfloat16 rows are twice as long, for as many bytes.
 STREAMED_SHAPES = [(1, 1 << 18), (2, (1 << 18) + 5), (9, (1 << 17) + 3), (1025, 4099)]
+STREAMED_CASES = [
+    pytest.param(name, (rows, n * (2 if size == 2 else 1)), id=f"{name}-{rows}x{n * (2 if size == 2 else 1)}",
+                 marks=requires_ml_dtypes if name == "bfloat16" else ())
+    for name, size in [("float32", 4), ("float64", 8), ("float16", 2), ("bfloat16", 2)]
+    for rows, n in STREAMED_SHAPES
+]
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("shape", STREAMED_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
-@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=dtype_id)
-def test_streamed_rows_same_bits_in_place_and_unaligned(dtype, shape, threads, restore_runtime):
+@pytest.mark.parametrize("name, shape", STREAMED_CASES)
+def test_streamed_rows_same_bits_in_place_and_unaligned(name, shape, threads, restore_runtime):
+    dtype = dtype_named(name)
     n = shape[-1]
     x = make_input(shape, dtype, seed=n, offset=5.0)
     w, b = make_params((n,), param_dtype(dtype), "weight+bias")
