@@ -1171,8 +1171,8 @@ static LN_ALWAYS_INLINE void forward_rows_pipelined(ln_norm_kind kind, ln_dtype 
             if (copy && paired < len) {
                 copy_elements(dtype, chunk, chunk_copy, paired, len - paired);
             }
-            for (ptrdiff_t j = start + i; emit && j < start + len; j++) {
-                normalize_one(kind, dtype, &previous, x_previous, y_previous, j, weight, bias);
+            if (emit) {
+                normalize_few(kind, dtype, &previous, x_previous, y_previous, start + i, start + len, n, weight, bias);
             }
             if (gather) {
                 const ln_moments chunk_m = moments_of_sums(kind, moments_sums(&acc, kind, dtype, chunk, i, len), len);
