@@ -144,7 +144,7 @@ static void ln_forward_rows(void *ctx, ptrdiff_t begin, ptrdiff_t end)
     const ln_forward_job *job = ctx;
     const ln_forward_args *a = job->args;
     if (!a->residual.data && (!a->copy.data || ln_copies_in_rows(a))) {
-        job->kernels->forward_rows(a, &job->bounds, begin, end, ln_read_ahead(&a->input, &a->extent, a->dtype));
+        job->kernels->forward_rows(a, &job->bounds, begin, end, ln_read_ahead(a, &a->input));
         return;
     }
     if (job->fused) {
@@ -283,7 +283,7 @@ int ln_forward(const ln_forward_args *a)
     /* A few huge rows: split each row into its chunks across the threads. */
     const ptrdiff_t chunks = (n + LN_CHUNK - 1) / LN_CHUNK;
     /* a sum is read just after it is written, from cache */
-    job.read_ahead = a->sum.data ? 0 : ln_read_ahead(&a->input, &a->extent, a->dtype);
+    job.read_ahead = a->sum.data ? 0 : ln_read_ahead(a, &a->input);
     job.chunk_moments = malloc((size_t)chunks * sizeof(ln_moments));
     if (!job.chunk_moments) {
         return -1;

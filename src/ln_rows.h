@@ -1354,7 +1354,7 @@ static LN_ALWAYS_INLINE void forward_sum_rows(ln_norm_kind kind, ln_dtype dtype,
     const int sum_streams = streaming && !ln_dtype_is_16bit(dtype) && ln_rows_aligned(&a->sum, &a->extent, 16);
     const ln_row_kernels *kernels = &LN_LEVEL_KERNELS.by_dtype[dtype].by_kind[kind];
     const ln_normalize_fn normalize_span = streaming ? kernels->normalize_row_streaming : kernels->normalize_row;
-    const int reads_ahead = ln_read_ahead(&a->input, &a->extent, dtype) && ln_read_ahead(&a->residual, &a->extent, dtype);
+    const int reads_ahead = ln_read_ahead(a, &a->input) && ln_read_ahead(a, &a->residual);
     const ptrdiff_t read_ahead = reads_ahead ? LN_READ_AHEAD_BYTES : 0;
     for (ptrdiff_t r = begin; r < end; r++) {
         const char *x = ln_row_address(&a->input, &a->extent, r);

@@ -123,12 +123,12 @@
    2048x4096 float32, reading x and residual ahead, 3.51-3.64 -> 2.54-2.78 ms. */
 #define LN_READ_AHEAD_BYTES 16384
 
-/* ... once the array the statistics read holds this many bytes and is read in one run (its
-   rows one after another, or each row at least 4 x LN_READ_AHEAD_BYTES long): an input that
-   stays in the last-level cache gained nothing and lost up to 3% (4096x768 float32, 12 MiB,
-   one thread: 0.95-0.96 ms either way; 256x4096, 4 MiB: 285 -> 289-294 us).  Backward's
-   pass 1 goes by LN_GRAD_PREFETCH_MIN_BYTES of x and dy together instead
-   (ln_backward_read_ahead). */
+/* ... once the array the statistics read, with the weight and bias, holds this many bytes
+   and is read in one run (its rows one after another, or each row at least 4 x
+   LN_READ_AHEAD_BYTES long): an input that stays in the last-level cache gained nothing and
+   lost up to 3% (4096x768 float32, 12 MiB, one thread: 0.95-0.96 ms either way; 256x4096, 4
+   MiB: 285 -> 289-294 us).  Backward's pass 1 goes by LN_GRAD_PREFETCH_MIN_BYTES of x and dy
+   together instead (ln_backward_read_ahead). */
 #define LN_READ_AHEAD_MIN_BYTES ((ptrdiff_t)16 << 20)
 
 /* An output of this many bytes in all does not stay in cache for its reader either (L2 is
