@@ -1,4 +1,4 @@
-"""Row-length benchmark: forward and backward over rows of 4 to 1024 elements, against torch.
+"""Row-length benchmark: forward and backward over rows of 4 to 3 * 2**20 elements, against torch.
 
 Usage, from the repository root:
     python -m benchmarks.row_lengths [--threads N[,M]] [--quick] [--markdown PATH]
@@ -7,13 +7,15 @@ Usage, from the repository root:
     --quick          a few row lengths, few turns (smoke test, < 1 min)
     --markdown PATH  also write the report to PATH
 
-Case: float32 rows of n elements, 2**21 elements in all (8 MiB, in L3), weight and bias, the
-same arrays every call: layer_norm against torch.nn.functional.layer_norm (no_grad), and
-layer_norm_backward (all three gradients) against torch.ops.aten.native_layer_norm_backward.
-The standard cases (python -m benchmarks) have rows of 8, 20 and 768 elements and more; the
-models people run in NumPy also have rows of 16 to 256 (small transformers' hidden sizes,
-ConvNeXt's channels-last LayerNorm over 96 to 768 channels, per-head norms), where a kernel's
-cost per row, not per element, decides its speed.
+Case: float32 rows of n elements, 2**21 elements in all (8 MiB, in L3) for rows of up to 1024
+elements, 3 * 2**20 (12 MiB) for the longer ones, weight and bias, the same arrays every call:
+layer_norm against torch.nn.functional.layer_norm (no_grad), and layer_norm_backward (all three
+gradients) against torch.ops.aten.native_layer_norm_backward.  The standard cases (python -m
+benchmarks) have rows of 8, 20 and 768 elements and more; the models people run in NumPy also
+have rows of 16 to 256 (small transformers' hidden sizes, ConvNeXt's channels-last LayerNorm
+over 96 to 768 channels, per-head norms), where a kernel's cost per row, not per element,
+decides its speed.  At the other end, rows of a million elements and more (a whole image or
+signal normalized at once) carry weights and biases as large as the input, read once a row.
 
 Method: the calls of one row length and thread count take turns, each the best of its turns
 (benchmarks.timing's round robin).  Reported: microseconds per call, nanoseconds per row and
@@ -36,14 +38,20 @@ from .report import cpu_model_name, load_average_text, run_sweep_script, table_l
 from .timing import FULL_SETTINGS, QUICK_SETTINGS, Timed, best_times_round_robin, threads_text
 
 ELEMENTS = 2**21
-ROW_LENGTHS = (4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
-QUICK_ROW_LENGTHS = (8, 32, 256)
+LONG_ELEMENTS = 3 * 2**20  # rows longer than 1024: 48 rows of 2**16 down to one row
+ROW_LENGTHS = (4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 2**16, 2**20, 3 * 2**20)
+QUICK_ROW_LENGTHS = (8, 32, 256, 3 * 2**20)
+
+
+def row_count(n):
+    """The rows of n elements a case has."""
+    return (ELEMENTS if n <= 1024 else LONG_ELEMENTS) // n
 
 
 def calls(n, threads):
     """name -> Timed for rows of n elements: ours and torch's forward and backward."""
     rng = np.random.default_rng(n)
-    x = rng.standard_normal((ELEMENTS // n, n)).astype(np.float32)
+    x = rng.standard_normal((row_count(n), n)).astype(np.float32)
     dy = rng.standard_normal(x.shape).astype(np.float32)
     weight = rng.uniform(0.5, 1.5, n).astype(np.float32)
     bias = rng.standard_normal(n).astype(np.float32)
@@ -97,7 +105,8 @@ def report(results, quick, loads):
         f"- versions: numpy {np.__version__}, torch {peers.torch_version() or 'not installed'},"
         f" layernorm {layernorm.__version__}",
         f"- load average: {load_average_text(loads[0])} before, {load_average_text(loads[1])} after",
-        f"- float32 rows of n elements, {ELEMENTS} elements in all, weight and bias, the same arrays every"
+        f"- float32 rows of n elements, {ELEMENTS} elements in all ({LONG_ELEMENTS} for rows longer than 1024),"
+        " weight and bias, the same arrays every"
         f" call; {'quick run' if quick else 'best of interleaved turns'} at {thread_counts_text(list(results))}"
         " threads",
         f"- {datetime.date.today().isoformat()}",
@@ -105,11 +114,10 @@ def report(results, quick, loads):
     for threads, by_length in results.items():
         rows = []
         for n, times in by_length.items():
-            row_count = ELEMENTS // n
             cells = [str(n)]
             for direction in ("fwd", "bwd"):
                 ours, theirs = times[f"ours {direction}"], times.get(f"torch {direction}")
-                cells += [f"{ours * 1e6:.1f}", f"{ours / row_count * 1e9:.1f}",
+                cells += [f"{ours * 1e6:.1f}", f"{ours / row_count(n) * 1e9:.1f}",
                           f"{ours / theirs:.2f}" if theirs else "n/a"]
             rows.append(cells)
         lines += [""] + table_lines(

@@ -53,12 +53,15 @@ def test_pool_wake_quick_run_reports_both_columns():
     assert "| 128x768 float32 |" in proc.stdout and "after idle / back to back" in proc.stdout
 
 
-def test_row_lengths_quick_run_reports_each_row_length():
+def test_row_lengths_quick_run_reports_each_row_length(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPOSITORY))
+    from benchmarks import row_lengths
+
     proc = subprocess.run([sys.executable, "-m", "benchmarks.row_lengths", "--quick", "--threads", "1"],
                           cwd=REPOSITORY, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     table = proc.stdout.split("## 1 thread")[1]
-    for n in (8, 32, 256):
+    for n in row_lengths.QUICK_ROW_LENGTHS:
         assert f"\n| {n} | " in table
 
 
