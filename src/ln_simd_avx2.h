@@ -21,8 +21,28 @@ typedef float ln_vf __attribute__((vector_size(32)));   /* __m256 */
 #define LN_AFFINE_LOOP_APART 1
 #define LN_ROWS8_F32_TRANSPOSE 0
 #define LN_BF16_PAIR_STORE 0
+#define LN_LANE_REDUCTIONS 1  /* gd_sum_lanes and gf_largest_lane, below */
 
 #include "ln_simd_group.h"
+
+/* ln_sum_lanes' order by halving, as the avx512 level's: lanes k + (k + 8) are vectors 0 + 2
+   and 1 + 3, whose sum holds lanes k + (k + 4). */
+static LN_ALWAYS_INLINE double gd_sum_lanes(gd a)
+{
+    const __m256d quarters = _mm256_add_pd(_mm256_add_pd((__m256d)a.v[0], (__m256d)a.v[2]),
+                                           _mm256_add_pd((__m256d)a.v[1], (__m256d)a.v[3]));
+    const __m128d halves = _mm_add_pd(_mm256_castpd256_pd128(quarters), _mm256_extractf128_pd(quarters, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(halves, _mm_unpackhi_pd(halves, halves)));
+}
+
+static LN_ALWAYS_INLINE float gf_largest_lane(gf top)
+{
+    const __m256 eighths = _mm256_max_ps((__m256)top.v[0], (__m256)top.v[1]);
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(eighths), _mm256_extractf128_ps(eighths, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+    return _mm_cvtss_f32(m);
+}
 
 static LN_ALWAYS_INLINE gd gd_load_f32(const float *p)
 {

@@ -24,6 +24,7 @@ typedef float ln_vf __attribute__((vector_size(64)));   /* __m512 */
 
 #define LN_GD_ALL_WITHIN 1  /* gd_all_within, below */
 #define LN_LOAD_PART 1      /* gf_load_part, its 16-bit forms and gd_load_part, below */
+#define LN_LANE_REDUCTIONS 1  /* gd_sum_lanes and gf_largest_lane, below */
 
 #include "ln_simd_group.h"
 
@@ -35,6 +36,22 @@ static LN_ALWAYS_INLINE int gd_all_within(gd a, double low, double high)
                   _mm512_cmp_pd_mask((__m512d)a.v[k], _mm512_set1_pd(high), _CMP_LE_OQ);
     }
     return inside == 0xff;
+}
+
+/* ln_sum_lanes' order by halving: lanes k + (k + 8) in one vector, then its halves (k + (k +
+   4)), then theirs ((0 + 2), (1 + 3)), then those two.  A row's backward takes two of these
+   and two of gf_largest_lane; lane by lane they were a fifth of the time of rows of 16. */
+static LN_ALWAYS_INLINE double gd_sum_lanes(gd a)
+{
+    const __m512d eighths = _mm512_add_pd((__m512d)a.v[0], (__m512d)a.v[1]);
+    const __m256d quarters = _mm256_add_pd(_mm512_castpd512_pd256(eighths), _mm512_extractf64x4_pd(eighths, 1));
+    const __m128d halves = _mm_add_pd(_mm256_castpd256_pd128(quarters), _mm256_extractf128_pd(quarters, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(halves, _mm_unpackhi_pd(halves, halves)));
+}
+
+static LN_ALWAYS_INLINE float gf_largest_lane(gf top)
+{
+    return _mm512_reduce_max_ps((__m512)top.v[0]);
 }
 
 static LN_ALWAYS_INLINE gd gd_load_f32(const float *p)

@@ -82,8 +82,10 @@ static LN_ALWAYS_INLINE gd gd_quiet_nans(gd a)
 
 /* The sum of a's 16 lanes in ln_sum_lanes' order (lanes k and k + 8, those sums k and k + 4,
    then (0 + 2) + (1 + 3)), in registers: a group stored and read back lane by lane waits for
-   the store to reach the cache before the loads can take it. */
-#if LN_VD_LANES > 1
+   the store to reach the cache before the loads can take it.  A level with wide vectors
+   defines its own, halving its vectors (LN_LANE_REDUCTIONS). */
+#if defined(LN_LANE_REDUCTIONS)
+#elif LN_VD_LANES > 1
 static LN_ALWAYS_INLINE double gd_sum_lanes(gd a)
 {
     const int half = LN_VD_PER_GROUP / 2;
@@ -201,7 +203,9 @@ static LN_ALWAYS_INLINE gd gd_first_lanes(gd a, int count)
 
 /* The largest lane of top, magnitudes none of which is NaN (gf_max_magnitude's), in
    registers: any order of compares gives it, so the level's vectors are folded lane by
-   lane and then one vector's lanes. */
+   lane and then one vector's lanes (or halved, where the level defines its own:
+   LN_LANE_REDUCTIONS). */
+#if !defined(LN_LANE_REDUCTIONS)
 static LN_ALWAYS_INLINE float gf_largest_lane(gf top)
 {
     float largest = 0.0f;
@@ -219,5 +223,6 @@ static LN_ALWAYS_INLINE float gf_largest_lane(gf top)
 #endif
     return largest;
 }
+#endif
 
 #endif
