@@ -269,8 +269,6 @@ static int ln_forward_huge_rows(ln_forward_job *job, int parallel)
     if (!scanned) {
         job->bounds = ln_rstd_bounds_of_call(a);
     }
-    /* the bounds of no weight and bias, which every call's lie within */
-    const ln_rstd_bounds widest = ln_rstd_bounds_of(a->dtype, n, (ln_param_magnitudes){1.0, 1.0, 0.0});
     for (ptrdiff_t r = 0; r < rows; r++) {
         job->row_x = ln_row_address(&a->input, &a->extent, r);
         job->row_residual = a->residual.data ? ln_row_address(&a->residual, &a->extent, r) : NULL;
@@ -284,9 +282,8 @@ static int ln_forward_huge_rows(ln_forward_job *job, int parallel)
         }
         job->mean = m.mean;
         job->rstd = ln_rstd_of(m, a->eps);
-        if (scanned && ln_row_needs_exact(job->rstd, &widest)) {
-            /* outside every call's bounds: the row goes by the exact path whatever the weight
-               and bias, and the normalize's float32 constants could not even hold its rstd */
+        if (scanned && !(job->rstd > 0.0 && isfinite(job->rstd))) {
+            /* outside any bounds: the row goes by the exact path whatever they are */
             job->bounds = ln_rstd_bounds_of_call(a);
             free(scanned);
             scanned = NULL;
