@@ -1,7 +1,7 @@
 /*
  * ln_forward.c -- the forward driver: splits a call into row ranges (contiguous route) or
- * tiles (strided route), or a few huge rows into chunks, across the threads, and runs the
- * level's kernels on them.
+ * tiles (strided route) across the threads, or a few huge rows into chunks (across the threads
+ * where there are several), and runs the level's kernels on them.
  *
  * With a residual, the rows normalized are `sum`'s, so the route is chosen by sum's and the
  * output's walks alone: a call with a residual gives what a call on its sum gives, bit for
@@ -42,6 +42,8 @@ typedef struct {
     ln_moments *chunk_moments;              /* one per LN_CHUNK-element chunk of the row */
     double mean, rstd;
     ln_rstd_bounds bounds;                  /* the call's, from its weight and bias */
+    ln_span_scan *scanned;                  /* huge rows, the bounds not known yet: each normalize
+                                               task's scan, at its first chunk (else NULL) */
 } ln_forward_job;
 
 /* Debug builds' check of what ln_kernels.h promises the kernels. */
@@ -204,16 +206,124 @@ static void ln_forward_huge_row_moments(void *ctx, ptrdiff_t begin, ptrdiff_t en
     }
 }
 
-/* Tasks [begin, end): those chunks of the huge row normalized. */
+/* Tasks [begin, end): those chunks of the huge row normalized (and, while the bounds are
+   not known, their weight and bias scanned as they go). */
 static void ln_forward_huge_row_normalize(void *ctx, ptrdiff_t begin, ptrdiff_t end)
 {
     const ln_forward_job *job = ctx;
     const ln_forward_args *a = job->args;
     const ptrdiff_t stop = end * LN_CHUNK < a->extent.row_len ? end * LN_CHUNK : a->extent.row_len;
+    const void *bias = a->kind == LN_NORM_LAYER ? a->bias : NULL;
     ln_normalize_spans_backwards(ln_forward_streams(a) ? job->kernels->normalize_row_streaming
                                                        : job->kernels->normalize_row,
                                  a->dtype, job->row_in, job->row_out, begin * LN_CHUNK, stop, job->mean,
-                                 job->rstd, a->weight, a->bias);
+                                 job->rstd, a->weight, bias, job->scanned ? job->scanned + begin : NULL);
+}
+
+/* Whether normalizing row r of `source` into the output leaves its elements as they were
+   (the row's output is elsewhere: not an in-place call), so that a row found to need
+   ln_forward_exact_row afterwards can still take it.  Rows of adjacent elements. */
+static int ln_row_survives_output(const ln_forward_args *a, const ln_array *source, ptrdiff_t r)
+{
+    const ptrdiff_t bytes = a->extent.row_len * (ptrdiff_t)ln_dtype_size(a->dtype);
+    const char *in = ln_row_address(source, &a->extent, r), *out = ln_row_address(&a->output, &a->extent, r);
+    return out + bytes <= in || in + bytes <= out;
+}
+
+/* fn over [0, n): split across the threads where the call is parallel. */
+static void ln_run(int parallel, ptrdiff_t n, ptrdiff_t min_per_part, ln_range_fn fn, void *ctx)
+{
+    if (parallel) {
+        ln_parallel_for(n, min_per_part, fn, ctx);
+    }
+    else {
+        fn(ctx, 0, n);
+    }
+}
+
+/* A few huge rows, each split into its chunks (across the threads where the call is
+   parallel): the chunks' moments, merged in order, then the chunks normalized.  Where the
+   call's first row survives its output, the rstd bounds are not taken before it: its
+   normalize scans the weight and bias span by span as it reads them (so a call of one row
+   reads them once, not twice), and the row goes again by ln_forward_exact_row if its rstd
+   turns out to be outside the bounds, which the rows after it know beforehand. */
+static int ln_forward_huge_rows(ln_forward_job *job, int parallel)
+{
+    const ln_forward_args *a = job->args;
+    const ptrdiff_t rows = ln_rows_of(&a->extent), n = a->extent.row_len;
+    const ptrdiff_t chunks = (n + LN_CHUNK - 1) / LN_CHUNK;
+    const ln_array *source = a->sum.data ? &a->sum : &a->input;
+    /* a sum is read just after it is written, from cache */
+    job->read_ahead = a->sum.data ? 0 : ln_read_ahead(a, &a->input);
+    assert(rows >= 1);
+    job->chunk_moments = malloc((size_t)chunks * sizeof(ln_moments));
+    if (!job->chunk_moments) {
+        return -1;
+    }
+    /* without memory for the scan, the bounds first */
+    ln_span_scan *scanned = ln_row_survives_output(a, source, 0) ? malloc((size_t)chunks * sizeof *scanned) : NULL;
+    if (!scanned) {
+        job->bounds = ln_rstd_bounds_of_call(a);
+    }
+    /* the bounds of no weight and bias, which every call's lie within */
+    const ln_rstd_bounds widest = ln_rstd_bounds_of(a->dtype, n, (ln_param_magnitudes){1.0, 1.0, 0.0});
+    for (ptrdiff_t r = 0; r < rows; r++) {
+        job->row_x = ln_row_address(&a->input, &a->extent, r);
+        job->row_residual = a->residual.data ? ln_row_address(&a->residual, &a->extent, r) : NULL;
+        job->row_sum = a->sum.data ? ln_row_address(&a->sum, &a->extent, r) : NULL;
+        job->row_in = job->row_sum ? job->row_sum : job->row_x;
+        job->row_out = ln_row_address(&a->output, &a->extent, r);
+        ln_run(parallel, chunks, 4, ln_forward_huge_row_moments, job);
+        ln_moments m = job->chunk_moments[0];
+        for (ptrdiff_t c = 1; c < chunks; c++) {
+            m = ln_merge(m, job->chunk_moments[c]);
+        }
+        job->mean = m.mean;
+        job->rstd = ln_rstd_of(m, a->eps);
+        if (scanned && ln_row_needs_exact(job->rstd, &widest)) {
+            /* outside every call's bounds: the row goes by the exact path whatever the weight
+               and bias, and the normalize's float32 constants could not even hold its rstd */
+            job->bounds = ln_rstd_bounds_of_call(a);
+            free(scanned);
+            scanned = NULL;
+        }
+        if (!scanned && ln_row_needs_exact(job->rstd, &job->bounds)) {
+            ln_forward_exact_row(a, source, r);
+            continue;
+        }
+        ln_store_stats(a, r, job->mean, job->rstd);
+        if (scanned) {
+            for (ptrdiff_t c = 0; c < chunks; c++) {
+                scanned[c] = (ln_span_scan){job->dtype_kernels->param_magnitudes, a->dtype, n,
+                                            ln_no_param_magnitudes(), 1};
+            }
+            job->scanned = scanned;
+        }
+        ln_run(parallel, chunks, 4, ln_forward_huge_row_normalize, job);
+        if (scanned) {
+            ln_param_magnitudes params = scanned[0].seen;
+            int complete = scanned[0].complete;
+            for (ptrdiff_t c = 1; c < chunks; c++) {
+                params = ln_merge_param_magnitudes(params, scanned[c].seen);
+                complete &= scanned[c].complete;
+            }
+            job->bounds = ln_rstd_bounds_of(a->dtype, n, params);
+            job->scanned = NULL;
+            free(scanned);
+            scanned = NULL;
+            if (ln_row_needs_exact(job->rstd, &job->bounds)) {
+                ln_forward_exact_row(a, source, r);
+            }
+            else if (!complete) {
+                /* a span whose own weights did not allow the rstd that the whole row's do (one
+                   whose weights are all below the normal range): the row by the bounds */
+                ln_run(parallel, chunks, 4, ln_forward_huge_row_normalize, job);
+            }
+        }
+    }
+    free(scanned);
+    free(job->chunk_moments);
+    return 0;
 }
 
 int ln_forward(const ln_forward_args *a)
@@ -232,34 +342,31 @@ int ln_forward(const ln_forward_args *a)
         }
         return 0;
     }
-    job.bounds = dtype_kernels->rstd_bounds(a);
     const int threads = ln_threads_get();
     const int parallel = threads > 1 && (double)rows * (double)n >= LN_PARALLEL_MIN_ELEMENTS;
     const ptrdiff_t min_rows = LN_PARALLEL_MIN_ELEMENTS / 4 / n;
     const ln_array *normalized = a->residual.data ? &a->sum : a->copy.data ? &a->copy : &a->input;
     const int contiguous = ln_elements_adjacent(normalized, a->dtype) && ln_elements_adjacent(&a->output, a->dtype);
-    const int huge_rows = parallel && n >= LN_SPLIT_ROW_MIN && rows < 4 * (ptrdiff_t)threads;
+    /* one thread takes a residual or a copy with its rows (forward_sum_rows, ln_copies_in_rows),
+       and pipelines rows that stay in cache where there are several (3x20000 float32: 7.7 us
+       pipelined, 8.6 us here) */
+    const int huge_rows = n >= LN_SPLIT_ROW_MIN && rows < 4 * (ptrdiff_t)threads &&
+                          (parallel || (!a->residual.data && !a->copy.data && (rows == 1 || !ln_rows_pipelined(a))));
     if (a->copy.data && (!contiguous || huge_rows)) {
         /* routes that do not stage rows: the copy made first, then normalized */
-        if (parallel) {
-            ln_parallel_for(rows, min_rows > 1 ? min_rows : 1, ln_forward_copy_rows, &job);
-        }
-        else {
-            ln_forward_copy_rows(&job, 0, rows);
-        }
+        ln_run(parallel, rows, min_rows > 1 ? min_rows : 1, ln_forward_copy_rows, &job);
         ln_forward_args of_copy = *a;
         of_copy.input = a->copy;
         of_copy.copy = (ln_array){0};
         return ln_forward(&of_copy);
     }
+    if (contiguous && huge_rows) {
+        return ln_forward_huge_rows(&job, parallel);
+    }
+    job.bounds = ln_rstd_bounds_of_call(a);
     if (!contiguous) {
         const ptrdiff_t tiles = ln_tiles_of(&a->extent), min_tiles = min_rows / LN_TILE_ROWS;
-        if (parallel) {
-            ln_parallel_for(tiles, min_tiles > 1 ? min_tiles : 1, ln_forward_tiles, &job);
-        }
-        else {
-            ln_forward_tiles(&job, 0, tiles);
-        }
+        ln_run(parallel, tiles, min_tiles > 1 ? min_tiles : 1, ln_forward_tiles, &job);
         return 0;
     }
     if (a->residual.data || a->copy.data) {
@@ -272,42 +379,6 @@ int ln_forward(const ln_forward_args *a)
         job.fused = a->residual.data && n >= 16 && ln_elements_adjacent(&a->input, a->dtype) &&
                     ln_elements_adjacent(&a->residual, a->dtype);
     }
-    if (!parallel) {
-        ln_forward_rows(&job, 0, rows);
-        return 0;
-    }
-    if (!huge_rows) {
-        ln_parallel_for(rows, min_rows > 1 ? min_rows : 1, ln_forward_rows, &job);
-        return 0;
-    }
-    /* A few huge rows: split each row into its chunks across the threads. */
-    const ptrdiff_t chunks = (n + LN_CHUNK - 1) / LN_CHUNK;
-    /* a sum is read just after it is written, from cache */
-    job.read_ahead = a->sum.data ? 0 : ln_read_ahead(a, &a->input);
-    job.chunk_moments = malloc((size_t)chunks * sizeof(ln_moments));
-    if (!job.chunk_moments) {
-        return -1;
-    }
-    for (ptrdiff_t r = 0; r < rows; r++) {
-        job.row_x = ln_row_address(&a->input, &a->extent, r);
-        job.row_residual = a->residual.data ? ln_row_address(&a->residual, &a->extent, r) : NULL;
-        job.row_sum = a->sum.data ? ln_row_address(&a->sum, &a->extent, r) : NULL;
-        job.row_in = job.row_sum ? job.row_sum : job.row_x;
-        job.row_out = ln_row_address(&a->output, &a->extent, r);
-        ln_parallel_for(chunks, 4, ln_forward_huge_row_moments, &job);
-        ln_moments m = job.chunk_moments[0];
-        for (ptrdiff_t c = 1; c < chunks; c++) {
-            m = ln_merge(m, job.chunk_moments[c]);
-        }
-        job.mean = m.mean;
-        job.rstd = ln_rstd_of(m, a->eps);
-        if (ln_row_needs_exact(job.rstd, &job.bounds)) {
-            ln_forward_exact_row(a, a->sum.data ? &a->sum : &a->input, r);
-            continue;
-        }
-        ln_store_stats(a, r, job.mean, job.rstd);
-        ln_parallel_for(chunks, 4, ln_forward_huge_row_normalize, &job);
-    }
-    free(job.chunk_moments);
+    ln_run(parallel, rows, min_rows > 1 ? min_rows : 1, ln_forward_rows, &job);
     return 0;
 }

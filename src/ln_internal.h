@@ -71,10 +71,20 @@ typedef void (*ln_normalize_fn)(const void *x, void *y, ptrdiff_t n, double mean
    float(rstd) * w_j in float32, so rstd outside [low, high] leaves float32's normal range
    for some normal weight or the largest, float64 rows the same in float64; low > 0, so a row whose squares
    overflowed (rstd 0) or whose moments are not finite (rstd NaN) is outside.  One call's,
-   from its weight and bias (the levels' rstd_bounds); empty where those hold NaN or Inf. */
+   from its weight and bias (ln_rstd_bounds_of); empty where those hold NaN or Inf. */
 typedef struct {
     double low, high;
 } ln_rstd_bounds;
+
+/* What a call's rstd bounds depend on, over some columns of its weight and bias (the levels'
+   param_magnitudes): the smallest normal |w_j| (Inf when none is normal; of no use where the
+   largest is NaN) and the largest |w_j| and |b_j| (NaN when one is NaN); 1.0 and 1.0 without
+   a weight, 0.0 without a bias. */
+typedef struct {
+    double weight_smallest_normal, weight_largest, bias_largest;
+} ln_param_magnitudes;
+
+typedef ln_param_magnitudes (*ln_param_magnitudes_fn)(const void *weight, const void *bias, ptrdiff_t n);
 
 /* The rows that make backward pass 2 together, at one span's first column. */
 typedef struct {
@@ -143,8 +153,8 @@ typedef struct {
        elements x_step and residual_step bytes apart */
     void (*add_row)(const void *x, ptrdiff_t x_step, const void *residual, ptrdiff_t residual_step, void *sum,
                     ptrdiff_t n);
-    /* the call's rstd bounds, from its weight and bias */
-    ln_rstd_bounds (*rstd_bounds)(const ln_forward_args *a);
+    /* the magnitudes of weight[0 .. n) and bias[0 .. n) (either may be NULL) */
+    ln_param_magnitudes_fn param_magnitudes;
     /* params[0 .. n) = sums in the parameters' dtype (float32; float64 for float64 data), a NaN
        as the one quiet NaN */
     void (*store_params)(void *params, const double *sums, ptrdiff_t n);
@@ -244,6 +254,58 @@ static inline double ln_rstd_of(ln_moments m, double eps)
     }
     const double var = m.m2 > 0.0 ? m.m2 / m.n : 0.0;
     return 1.0 / sqrt(var + eps);
+}
+
+/* The magnitudes of columns a and b together: the order they are taken in does not matter. */
+static inline ln_param_magnitudes ln_merge_param_magnitudes(ln_param_magnitudes a, ln_param_magnitudes b)
+{
+    return (ln_param_magnitudes){
+        a.weight_smallest_normal < b.weight_smallest_normal ? a.weight_smallest_normal : b.weight_smallest_normal,
+        isnan(a.weight_largest) || a.weight_largest > b.weight_largest ? a.weight_largest : b.weight_largest,
+        isnan(a.bias_largest) || a.bias_largest > b.bias_largest ? a.bias_largest : b.bias_largest,
+    };
+}
+
+/* ... and of no columns, which every merge leaves as the other. */
+static inline ln_param_magnitudes ln_no_param_magnitudes(void)
+{
+    return (ln_param_magnitudes){INFINITY, 0.0, 0.0};
+}
+
+/* The rstd bounds of a call with rows of n elements whose weight and bias have these
+   magnitudes: float16/bfloat16/float32 rows need float(rstd) and float(rstd) * w_j normal and
+   finite for every normal w_j, float64 rows rstd * w_j; a weight below the normal range needs
+   only rstd * max|w| normal: its a_j = rstd * w_j, off by at most half the smallest subnormal,
+   puts an error of |x - mean| times that into y_j, below the precision of the row's largest
+   term |xhat| max|w| (so one subnormal weight sends no row to the exact path, where it sent
+   every row of std below ~1e-38 / w_j).  A NaN or Inf weight or bias sends every row to
+   ln_forward_exact_row, so that its NaNs are the one quiet NaN. */
+static inline ln_rstd_bounds ln_rstd_bounds_of(ln_dtype dtype, ptrdiff_t n, ln_param_magnitudes params)
+{
+    if (!isfinite(params.weight_largest) || !isfinite(params.bias_largest)) {
+        return (ln_rstd_bounds){INFINITY, 0.0};
+    }
+    /* the nonzero magnitudes that rstd * w must keep normal, and 1 */
+    const double kept = params.weight_smallest_normal <= params.weight_largest ? params.weight_smallest_normal
+                      : params.weight_largest > 0.0                         ? params.weight_largest
+                                                                            : 1.0;
+    const double smallest = kept < 1.0 ? kept : 1.0;
+    const double largest = params.weight_largest > 1.0 ? params.weight_largest : 1.0;
+    if (dtype == LN_F64) {
+        return (ln_rstd_bounds){DBL_MIN / smallest, DBL_MAX / largest};
+    }
+    /* float32 arithmetic also needs x - mean finite: |x - mean| <= sqrt(m2) <= sqrt(n) / rstd,
+       at most FLT_MAX / 2 once rstd >= 2 sqrt(n) / FLT_MAX (rows of std above ~1e37). */
+    const double low = fmax((double)FLT_MIN / smallest, 2.0 * sqrt((double)n) / (double)FLT_MAX);
+    return (ln_rstd_bounds){low, (double)FLT_MAX / largest};
+}
+
+/* The rstd bounds of a call (its kind says whether its bias counts). */
+static inline ln_rstd_bounds ln_rstd_bounds_of_call(const ln_forward_args *a)
+{
+    const ptrdiff_t n = a->extent.row_len;
+    const void *bias = a->kind == LN_NORM_LAYER ? a->bias : NULL;
+    return ln_rstd_bounds_of(a->dtype, n, ln_dtype_kernels_in_use(a->dtype)->param_magnitudes(a->weight, bias, n));
 }
 
 /* Whether a row needs ln_forward_exact_row: its rstd is outside the call's bounds, which
@@ -580,19 +642,43 @@ static inline void ln_store_stats(const ln_forward_args *a, ptrdiff_t r, double 
     }
 }
 
+/* A normalize that learns the call's rstd bounds as it goes (ln_normalize_spans_backwards):
+   each span's weight and bias magnitudes are merged into `seen` before the span is
+   normalized, and the span is normalized only if they allow the row's rstd, the normalize's
+   premise; from the first span that does not, none is (complete = 0). */
+typedef struct {
+    ln_param_magnitudes_fn param_magnitudes;  /* the level's */
+    ln_dtype dtype;
+    ptrdiff_t row_len;                        /* the whole row's, for the bounds */
+    ln_param_magnitudes seen;
+    int complete;
+} ln_span_scan;
+
 /* normalize() over elements [begin, end) of a row, LN_NORMALIZE_SPAN at a time from the end
-   back (see LN_NORMALIZE_SPAN). */
+   back (see LN_NORMALIZE_SPAN).  With `scan`, each span's weight and bias are scanned first
+   (ln_span_scan), and the normalize then reads them from cache: a call that learns its rstd
+   bounds this way reads its parameters once. */
 static inline void ln_normalize_spans_backwards(ln_normalize_fn normalize, ln_dtype dtype, const void *x,
                                                 void *y, ptrdiff_t begin, ptrdiff_t end, double mean,
-                                                double rstd, const void *weight, const void *bias)
+                                                double rstd, const void *weight, const void *bias,
+                                                ln_span_scan *scan)
 {
     const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(dtype), param_elsize = (ptrdiff_t)ln_param_size(dtype);
     assert(normalize && x && y && 0 <= begin && begin <= end);
     for (ptrdiff_t stop = end; stop > begin;) {
         const ptrdiff_t start = stop - begin > LN_NORMALIZE_SPAN ? stop - LN_NORMALIZE_SPAN : begin;
-        normalize((const char *)x + start * elsize, (char *)y + start * elsize, stop - start, mean, rstd,
-                  weight ? (const char *)weight + start * param_elsize : NULL,
-                  bias ? (const char *)bias + start * param_elsize : NULL);
+        const void *span_weight = weight ? (const char *)weight + start * param_elsize : NULL;
+        const void *span_bias = bias ? (const char *)bias + start * param_elsize : NULL;
+        if (scan) {
+            const ln_param_magnitudes span = scan->param_magnitudes(span_weight, span_bias, stop - start);
+            const ln_rstd_bounds allowed = ln_rstd_bounds_of(scan->dtype, scan->row_len, span);
+            scan->seen = ln_merge_param_magnitudes(scan->seen, span);
+            scan->complete &= !ln_row_needs_exact(rstd, &allowed);
+        }
+        if (!scan || scan->complete) {
+            normalize((const char *)x + start * elsize, (char *)y + start * elsize, stop - start, mean, rstd,
+                      span_weight, span_bias);
+        }
         stop = start;
     }
 }

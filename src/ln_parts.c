@@ -296,12 +296,11 @@ int ln_part_normalize(const ln_part_normalize_args *a)
     job.normalize = a;
     job.streams = ln_output_streams(a->dtype, &a->extent);
     /* the bounds of the part's parameters, and of the whole row's length (float32's x - mean) */
-    const ln_dtype_kernels *kernels = ln_dtype_kernels_in_use(a->dtype);
     const ln_forward_args part = {.kind = a->kind, .dtype = a->dtype, .extent = a->extent, .weight = a->weight,
                                   .bias = a->bias};
     const ln_forward_args row = {.kind = a->kind, .dtype = a->dtype,
                                  .extent = {.blocks = 1, .rows = 1, .row_len = a->row_len}};
-    const ln_rstd_bounds of_part = kernels->rstd_bounds(&part), of_row = kernels->rstd_bounds(&row);
+    const ln_rstd_bounds of_part = ln_rstd_bounds_of_call(&part), of_row = ln_rstd_bounds_of_call(&row);
     job.bounds = (ln_rstd_bounds){fmax(of_part.low, of_row.low), fmin(of_part.high, of_row.high)};
     ln_part_run(&job, ln_part_normalize_tasks);
     return 0;

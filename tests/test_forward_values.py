@@ -477,6 +477,43 @@ def test_long_rows_same_bits_in_small_and_large_calls(dtype, n, restore_runtime)
         assert_matches_reference(small, x[part], (n,), weight, bias)
 
 
+# A few huge rows (16384 elements and more, fewer than four a thread) go split into chunks.
+# Where a row's output leaves its input as it was, the call learns the range of its weight and
+# bias as the first row's normalize reads them, and takes that row again by the exact path if
+# its rstd is outside what they allow.  The rows' bits are those of the same rows in a call of
+# many rows, which learns that range first: a wide row next to one small weight (rstd * w below
+# the normal range), a NaN weight or bias, and in place, where the range is learnt first.
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("rows", [1, 2])
+@pytest.mark.parametrize("case", ["ordinary", "small-weight", "nan-weight", "nan-bias", "in-place"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("kind", KINDS, ids=str)
+def test_few_huge_rows_same_bits_as_many(kind, dtype, case, rows, threads, restore_runtime):
+    if case == "nan-bias" and not kind.centred:
+        pytest.skip("RMSNorm has no bias")
+    layernorm.set_num_threads(threads)
+    n = 70000
+    x = make_input((8, n), dtype, seed=n, offset=3.0)
+    weight, bias = make_params((n,), param_dtype(dtype), "weight+bias")
+    bias = bias if kind.centred else None
+    x[0, ::2], x[0, 1::2] = 1e4, -1e4  # rstd ~1e-4
+    if case == "small-weight":
+        weight[n // 3] = 1e-306 if dtype == np.float64 else 1e-36  # normal, but not times 1e-4
+    elif case == "nan-weight":
+        weight[n // 3] = np.nan
+    elif case == "nan-bias":
+        bias[n // 3] = np.nan
+    many = kind.native(x, (n,), weight, bias)
+    if case == "in-place":
+        few = x[:rows].copy()
+        kind.forward(few, (n,), weight, bias, out=few)
+        assert same_bits(few, many[0][:rows])
+    else:
+        few = kind.native(x[:rows], (n,), weight, bias)
+        for got, want in zip(few, many):
+            assert same_bits(got, want[:rows])
+
+
 # Rows of 16 to 256 elements go 16 rows at a time, the ends of their statistics in lanes (each
 # row's arithmetic as the row route's, a row per lane), the elements past a row's last whole
 # group as one group ending at the row's end, computed before the row's stores.  A row's bits
