@@ -88,6 +88,40 @@ static void ln_backward_blocks(void *ctx, ptrdiff_t begin, ptrdiff_t end)
     }
 }
 
+/* Columns [first, first + len) of one parameter gradient: block 0's sums (`of_block`'s)
+   take the other blocks' in block order, then go out in the parameters' dtype. */
+static void ln_backward_param_columns(const ln_backward_job *job, double *(*of_block)(const ln_backward_job *, ptrdiff_t),
+                                      void *param, ptrdiff_t first, ptrdiff_t len)
+{
+    double *const sums = of_block(job, 0) + first;
+    for (ptrdiff_t block = 1; block < job->grad_blocks; block++) {
+        const double *const block_sums = of_block(job, block) + first;
+        for (ptrdiff_t j = 0; j < len; j++) {
+            sums[j] += block_sums[j];
+        }
+    }
+    ln_dtype_kernels_in_use(job->args->dtype)->store_params((char *)param + first * job->param_elsize, sums, len);
+}
+
+/* Tasks [begin, end): LN_CHUNK-column chunks of dweight and dbias, taken as one run of
+   columns, each column's block sums added in block order (that order alone sets the bits,
+   so the columns may go to any thread).  A block's run is read whole before the next
+   block's: runs of a chunk each, the blocks' sums row_len apart, left the prefetchers no
+   stream to follow (rows of 65536, 16 blocks, one thread: 2.2 -> 2.6 ms for the call). */
+static void ln_backward_param_chunks(void *ctx, ptrdiff_t begin, ptrdiff_t end)
+{
+    const ln_backward_job *job = ctx;
+    const ln_backward_args *a = job->args;
+    const ptrdiff_t n = a->extent.row_len, first = begin * LN_CHUNK;
+    const ptrdiff_t len = (end * LN_CHUNK < n ? end * LN_CHUNK : n) - first;
+    if (a->grad_weight) {
+        ln_backward_param_columns(job, ln_block_dweight, a->grad_weight, first, len);
+    }
+    if (a->grad_bias) {
+        ln_backward_param_columns(job, ln_block_dbias, a->grad_bias, first, len);
+    }
+}
+
 /* Column j's 16 lanes at sums[16 j ..] added by the fixed tree into sums[j], in place: the
    lanes of the columns before j are spent by then. */
 static void ln_sum_column_lanes(double *sums, ptrdiff_t row_len)
@@ -281,25 +315,13 @@ int ln_backward(const ln_backward_args *a)
         }
     }
     if (want_params) {
-        /* Block 0's sums take the other blocks' in block order, column by column (contiguous,
-           so the compiler vectorizes it), then go out in the parameters' dtype. */
-        double *const dweight = ln_block_dweight(&job, 0), *const dbias = ln_block_dbias(&job, 0);
-        for (ptrdiff_t block = 1; block < job.grad_blocks; block++) {
-            const double *const block_dweight = ln_block_dweight(&job, block);
-            const double *const block_dbias = ln_block_dbias(&job, block);
-            for (ptrdiff_t j = 0; dweight && j < n; j++) {
-                dweight[j] += block_dweight[j];
-            }
-            for (ptrdiff_t j = 0; dbias && j < n; j++) {
-                dbias[j] += block_dbias[j];
-            }
+        const ptrdiff_t chunks = (n + LN_CHUNK - 1) / LN_CHUNK;
+        const int parallel = (double)job.grad_blocks * (double)n >= LN_PARALLEL_MIN_ELEMENTS;
+        if (parallel) {
+            ln_parallel_for(chunks, 1, ln_backward_param_chunks, &job);
         }
-        const ln_dtype_kernels *kernels = ln_dtype_kernels_in_use(a->dtype);
-        if (dweight) {
-            kernels->store_params(a->grad_weight, dweight, n);
-        }
-        if (dbias) {
-            kernels->store_params(a->grad_bias, dbias, n);
+        else {
+            ln_backward_param_chunks(&job, 0, chunks);
         }
     }
     status = 0;
