@@ -21,17 +21,19 @@ from setuptools.command.build_ext import build_ext
 compile_args = ["-std=c11", "-O3", "-ffp-contract=off", "-fno-math-errno", "-Wall", "-Wextra",
                 "-Wno-unused-parameter", "-Wno-psabi", "-Wno-missing-field-initializers"]
 link_args = []
-undef_macros = ["NDEBUG"] if os.environ.get("LAYERNORM_DEBUG") else []
-if os.environ.get("LAYERNORM_SANITIZE"):
+debug = bool(os.environ.get("LAYERNORM_DEBUG"))
+sanitize = bool(os.environ.get("LAYERNORM_SANITIZE"))
+undef_macros = ["NDEBUG"] if debug else []
+if sanitize:
     # -fno-wrapv undoes the -fwrapv of Python's own CFLAGS, so UBSan sees signed overflow;
     # -O1, as the sanitizers advise, builds in half the time of -O3 and checks the same accesses;
     # UBSan's object-size check, which ASan's bounds checks subsume, took a third of the build
     compile_args += ["-O1", "-fsanitize=address,undefined", "-fno-sanitize=object-size", "-fno-wrapv",
                      "-fno-omit-frame-pointer", "-g"]
     link_args += ["-fsanitize=address,undefined"]
-if os.environ.get("LAYERNORM_DEBUG"):
+if debug:
     compile_args += ["-O0", "-g"]  # after the sanitizers' -O1: both switches build at -O0
-release = not (os.environ.get("LAYERNORM_DEBUG") or os.environ.get("LAYERNORM_SANITIZE"))
+release = not (debug or sanitize)
 if release:
     # Release builds carry no debug info: Python's CFLAGS add -g (3.5 MB on a 0.8 MB extension).
     compile_args.append("-g0")
@@ -81,6 +83,25 @@ class BuildExt(build_ext):
     setuptools compiles one source after another; the SIMD levels are the slow ones and
     independent, so they go to a pool of os.cpu_count() threads (each runs a compiler process).
     """
+
+    def finalize_options(self):
+        super().finalize_options()
+        # A development build's objects and extension go to directories of their own: in the
+        # release build's, setuptools would take them for up to date, and a release build
+        # after a debug one linked the debug objects of every source it had not changed.
+        if not release:
+            variant = "-".join(name for name, on in (("debug", debug), ("sanitize", sanitize)) if on)
+            self.build_temp += "-" + variant
+            self.build_lib += "-" + variant
+
+    def copy_extensions_to_source(self):
+        # always: setuptools skips the copy where the package's extension is the newer, which
+        # it is when it is the other variant's
+        force, self.force = self.force, True
+        try:
+            super().copy_extensions_to_source()
+        finally:
+            self.force = force
 
     def build_extension(self, ext):
         compiler = self.compiler
