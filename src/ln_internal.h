@@ -130,9 +130,13 @@ typedef struct {
     ln_normalize_fn normalize_row;
     ln_normalize_fn normalize_row_streaming;
     /* contiguous route, backward over rows [begin, end), its float64 sums into dweight/dbias
-       (each may be NULL), whatever they held */
-    void (*backward_rows)(const ln_backward_args *a, ptrdiff_t begin, ptrdiff_t end,
-                          double *dweight, double *dbias);
+       (each may be NULL), whatever they held.  With `totals` (the sums of the blocks before
+       this one: NULL where dweight or dbias is), where the rows are one group of float32
+       sums (ln_rows_add_to_totals) and none goes by ln_backward_exact_row, their sums are
+       added to the totals, which gives the bits that adding dweight/dbias to them would,
+       dweight and dbias are left alone, and it returns 1; else 0. */
+    int (*backward_rows)(const ln_backward_args *a, ptrdiff_t begin, ptrdiff_t end, double *dweight,
+                         double *dbias, double *total_dweight, double *total_dbias);
     /* strided route, backward over tiles [begin, end), adding into float64 per-lane sums:
        column j's lanes at dweight_lanes[16 j .. 16 j + 16) (each may be NULL) */
     void (*backward_tiles)(const ln_backward_args *a, ptrdiff_t begin, ptrdiff_t end,
@@ -590,6 +594,17 @@ static inline int ln_dx_streams(ln_dtype dtype, const ln_extent *extent, const l
 static inline int ln_backward_streams_dx(const ln_backward_args *a)
 {
     return ln_dx_streams(a->dtype, &a->extent, &a->grad_input);
+}
+
+/* Whether backward_rows can add `rows` rows of n elements to the sums of the blocks before
+   them as it goes (ln_row_kernels): they make one pass-2 group, whose float32 sums s it
+   adds, widened, to the totals, where on its own it would write 0.0 + s.  totals + s and
+   totals + (0.0 + s) differ only for s = -0.0 and totals = -0.0, and the totals are never
+   -0.0 (they start as 0.0 + something, and a sum is -0.0 only where both terms are).
+   float64 rows add each row's terms to the sums one at a time, which would change bits. */
+static inline int ln_rows_add_to_totals(ln_dtype dtype, ptrdiff_t rows, ptrdiff_t n)
+{
+    return dtype != LN_F64 && 1 <= rows && rows <= LN_GRAD_ROWS && n >= 16;
 }
 
 /* The bytes of x and dy a backward reads, which say whether they come from memory (see

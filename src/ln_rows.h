@@ -2042,19 +2042,26 @@ static LN_ALWAYS_INLINE void grad_group_with_exact(const ln_row_kernels *kernels
 }
 
 /* Rows [begin, end): pass 1 row by row, pass 2 over groups of LN_GRAD_ROWS rows, each
-   group still in cache from pass 1. */
-static LN_ALWAYS_INLINE void backward_rows(ln_norm_kind kind, ln_dtype dtype, const ln_backward_args *args,
-                                           ptrdiff_t begin, ptrdiff_t end, double *dweight, double *dbias)
+   group still in cache from pass 1.  With totals, rows that ln_rows_add_to_totals allows
+   and that have no row for ln_backward_exact_row have their group's sums added to the
+   totals (returns 1; see ln_row_kernels). */
+static LN_ALWAYS_INLINE int backward_rows(ln_norm_kind kind, ln_dtype dtype, const ln_backward_args *args,
+                                          ptrdiff_t begin, ptrdiff_t end, double *dweight, double *dbias,
+                                          double *total_dweight, double *total_dbias)
 {
     const ln_backward_args copy = *args, *a = &copy;  /* see forward_rows */
     const ptrdiff_t n = a->extent.row_len;
     assert(a && a->grad_output.data && a->input.data && a->rstd.data && n >= 1);
     assert(0 <= begin && begin <= end && end <= ln_rows_of(&a->extent));
+    assert(!(total_dweight || total_dbias) || (!total_dweight == !dweight && !total_dbias == !dbias));
     dbias = kind == LN_NORM_LAYER ? dbias : NULL;
+    total_dbias = kind == LN_NORM_LAYER ? total_dbias : NULL;
+    const int may_add = (total_dweight || total_dbias) && ln_rows_add_to_totals(dtype, end - begin, n);
+    int added = 0;
     if (n < 16) {
         grad_params_zero(dweight, dbias, n);
         backward_short_rows(kind, dtype, a, begin, end, dweight, dbias);
-        return;
+        return 0;
     }
     int params_written = 0;  /* see grad_params_begin */
     const int stream_dx = ln_backward_streams_dx(a);
@@ -2079,6 +2086,13 @@ static LN_ALWAYS_INLINE void backward_rows(ln_norm_kind kind, ln_dtype dtype, co
             any_exact |= exact[k];
         }
         grad_params_begin(&group, any_exact, &params_written, dweight, dbias, n);
+        if (may_add && !any_exact) {
+            /* the group's float32 sums, widened, go to the totals as set_sums puts them to 0.0 */
+            group.set_sums = 0;
+            dweight = total_dweight;
+            dbias = total_dbias;
+            added = 1;
+        }
         for (int k = 0; ln_backward_prefetches(a) && k < group.count && first + LN_GRAD_ROWS + k < end; k++) {
             group.next_dy[k] = ln_row_address(&a->grad_output, &a->extent, first + LN_GRAD_ROWS + k);
             group.next_x[k] = ln_row_address(&a->input, &a->extent, first + LN_GRAD_ROWS + k);
@@ -2096,6 +2110,7 @@ static LN_ALWAYS_INLINE void backward_rows(ln_norm_kind kind, ln_dtype dtype, co
     if (stream_dx) {
         stream_fence();
     }
+    return added;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -2591,11 +2606,11 @@ static LN_ALWAYS_INLINE void backward_tiles(ln_norm_kind kind, ln_dtype dtype, c
     {                                                                                              \
         normalize_row(KIND, DTYPE, 1, x, y, n, mean, rstd, weight, bias);                          \
     }                                                                                              \
-    static void backward_rows_##kind_suffix##_##suffix(const ln_backward_args *a, ptrdiff_t begin, \
-                                                       ptrdiff_t end, double *dweight,             \
-                                                       double *dbias)                              \
+    static int backward_rows_##kind_suffix##_##suffix(const ln_backward_args *a, ptrdiff_t begin,  \
+                                                      ptrdiff_t end, double *dweight, double *dbias, \
+                                                      double *total_dweight, double *total_dbias)  \
     {                                                                                              \
-        backward_rows(KIND, DTYPE, a, begin, end, dweight, dbias);                                 \
+        return backward_rows(KIND, DTYPE, a, begin, end, dweight, dbias, total_dweight, total_dbias); \
     }                                                                                              \
     static void backward_tiles_##kind_suffix##_##suffix(const ln_backward_args *a,                 \
                                                         ptrdiff_t begin, ptrdiff_t end,            \

@@ -187,8 +187,25 @@ def test_threads_bit_identical(dtype, shape, threads, restore_runtime):
 
 
 # Backward takes one of three routes by shape: row blocks, 16 short rows per lane group, or
-# column spans for a few huge rows; each must give the same bits at every thread count.
-BACKWARD_THREAD_SHAPES = THREAD_SHAPES + [(3, 40000), (40, 140000), (40000, 17), (512, 1024)]
+# column spans for a few huge rows; each must give the same bits at every thread count.  Row
+# blocks of at most 4 rows (48x4096: 3 each, 20x5000: 1 or 2) are added to the first block's
+# sums as they are done by the thread that has block 0, and after, in parallel, by the others.
+BACKWARD_THREAD_SHAPES = THREAD_SHAPES + [(3, 40000), (40, 140000), (40000, 17), (512, 1024), (48, 4096),
+                                          (20, 5000)]
+
+
+def backward_same_at_one_and(threads, dy, x, w, b):
+    """LayerNorm's backward over x's last axis at one thread, checked bit for bit against the
+    same call at `threads`."""
+    n = x.shape[-1]
+    _, mean, rstd = layernorm.native_layer_norm(x, (n,), w, b, 1e-5)
+    layernorm.set_num_threads(1)
+    serial = layernorm.layer_norm_backward(dy, x, (n,), mean, rstd, w, b)
+    layernorm.set_num_threads(threads)
+    parallel = layernorm.layer_norm_backward(dy, x, (n,), mean, rstd, w, b)
+    for name, got, want in zip(("dx", "dweight", "dbias"), parallel, serial):
+        assert same_bits(got, want), name
+    return serial
 
 
 @pytest.mark.parametrize("threads", [2, 3, 4])
@@ -199,15 +216,27 @@ def test_backward_threads_bit_identical_and_correct(dtype, shape, threads, resto
     x = make_input(shape, dtype, seed=sum(shape), offset=10.0)
     dy = make_input(shape, dtype, seed=sum(shape) + 1)
     w, b = make_params((n,), param_dtype(dtype), "weight+bias")
-    _, mean, rstd = layernorm.native_layer_norm(x, (n,), w, b, 1e-5)
-    layernorm.set_num_threads(1)
-    serial = layernorm.layer_norm_backward(dy, x, (n,), mean, rstd, w, b)
-    layernorm.set_num_threads(threads)
-    parallel = layernorm.layer_norm_backward(dy, x, (n,), mean, rstd, w, b)
-    for name, got, want in zip(("dx", "dweight", "dbias"), parallel, serial):
-        assert same_bits(got, want), name
+    grads = backward_same_at_one_and(threads, dy, x, w, b)
     if threads == 2:
-        assert_backward_matches_reference(parallel, dy, x, n, w, dtype)
+        assert_backward_matches_reference(grads, dy, x, n, w, dtype)
+
+
+# A block of rows added to the first block's sums as it is done, but with a row for the exact
+# path (rstd**2 below float32's range), is added after the kernel wrote its own sums: the
+# bits are still those of every thread count, where other threads add it at the end.
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("exact_row", [0, 4, 47])
+def test_backward_block_with_an_exact_row_adds_as_the_others(exact_row, threads, restore_runtime):
+    shape, dtype = (48, 4096), np.float32
+    n = shape[-1]
+    x = make_input(shape, dtype, seed=11, offset=10.0)
+    x[exact_row] *= 1e25
+    dy = make_input(shape, dtype, seed=12)
+    w, b = make_params((n,), np.float32, "weight+bias")
+    rstd = layernorm.native_layer_norm(x, (n,), w, b, 1e-5)[2]
+    assert float(rstd[exact_row, 0]) ** 2 < np.finfo(np.float32).tiny  # the exact path's row
+    grads = backward_same_at_one_and(threads, dy, x, w, b)
+    assert_backward_matches_reference(grads, dy, x, n, w, dtype)
 
 
 # Rows of over a million elements need more than 16 MiB of float64 column sums, which come
