@@ -324,11 +324,12 @@ int ln_backward(const ln_backward_args *a)
     if (by_column_spans) {
         job.grad_blocks = 1;
     }
-    job.adds_as_it_goes = contiguous && want_params &&
+    job.adds_as_it_goes = contiguous && !by_column_spans && want_params && job.grad_blocks > 1 &&
                           ln_rows_add_to_totals(a->dtype, (rows + job.grad_blocks - 1) / job.grad_blocks, n);
     if (want_params) {
         /* +1 so that row_len == 0 still allocates; backward_rows writes its block's sums
-           before it adds to them, the other routes add into zeros */
+           before it adds to them (or adds them to block 0's, leaving its own unwritten and
+           unread), the other routes add into zeros */
         const int rows_write_sums = contiguous && !by_column_spans;
         job.dparams = ln_scratch_take((size_t)(2 * job.grad_blocks * job.lanes * n + 1), !rows_write_sums,
                                       &dparams_source);
@@ -347,14 +348,10 @@ int ln_backward(const ln_backward_args *a)
         }
     }
     if (want_params) {
-        const ptrdiff_t chunks = (n + LN_CHUNK - 1) / LN_CHUNK;
-        const int parallel = (double)job.grad_blocks * (double)n >= LN_PARALLEL_MIN_ELEMENTS;
-        if (parallel) {
-            ln_parallel_for(chunks, 1, ln_backward_param_chunks, &job);
-        }
-        else {
-            ln_backward_param_chunks(&job, 0, chunks);
-        }
+        /* the blocks left to add, and block 0's sums to store */
+        const double sums_left = (double)(job.grad_blocks - job.blocks_added + 1) * (double)n;
+        ln_run(sums_left >= LN_PARALLEL_MIN_ELEMENTS, (n + LN_CHUNK - 1) / LN_CHUNK, 1, ln_backward_param_chunks,
+               &job);
     }
     status = 0;
 done:

@@ -33,7 +33,7 @@ typedef struct {
     int stream_copy;                        /* the copy by non-temporal stores (see
                                                LN_STREAM_COPY_MIN_BYTES) */
     int fused;                              /* with a residual: by forward_sum_rows, unstaged */
-    /* for one huge row split across threads: */
+    /* for a few huge rows, each split into chunks (ln_forward_huge_rows): */
     const char *row_x, *row_residual;       /* the row's input and residual (or NULL) */
     char *row_sum;                          /* ... and its sum (or NULL) */
     const char *row_in;                     /* the row normalized: row_sum, or row_x */
@@ -41,7 +41,8 @@ typedef struct {
     char *row_out;
     ln_moments *chunk_moments;              /* one per LN_CHUNK-element chunk of the row */
     double mean, rstd;
-    ln_rstd_bounds bounds;                  /* the call's, from its weight and bias */
+    ln_rstd_bounds bounds;                  /* the call's, from its weight and bias (huge rows:
+                                               once the first row's scan has learnt them) */
     ln_span_scan *scanned;                  /* huge rows, the bounds not known yet: each normalize
                                                task's scan, at its first chunk (else NULL) */
 } ln_forward_job;
@@ -213,7 +214,7 @@ static void ln_forward_huge_row_normalize(void *ctx, ptrdiff_t begin, ptrdiff_t 
     const ln_forward_job *job = ctx;
     const ln_forward_args *a = job->args;
     const ptrdiff_t stop = end * LN_CHUNK < a->extent.row_len ? end * LN_CHUNK : a->extent.row_len;
-    const void *bias = a->kind == LN_NORM_LAYER ? a->bias : NULL;
+    const void *bias = a->kind == LN_NORM_LAYER ? a->bias : NULL;  /* the scan's: RMSNorm has none */
     ln_normalize_spans_backwards(ln_forward_streams(a) ? job->kernels->normalize_row_streaming
                                                        : job->kernels->normalize_row,
                                  a->dtype, job->row_in, job->row_out, begin * LN_CHUNK, stop, job->mean,
@@ -226,19 +227,9 @@ static void ln_forward_huge_row_normalize(void *ctx, ptrdiff_t begin, ptrdiff_t 
 static int ln_row_survives_output(const ln_forward_args *a, const ln_array *source, ptrdiff_t r)
 {
     const ptrdiff_t bytes = a->extent.row_len * (ptrdiff_t)ln_dtype_size(a->dtype);
-    const char *in = ln_row_address(source, &a->extent, r), *out = ln_row_address(&a->output, &a->extent, r);
-    return out + bytes <= in || in + bytes <= out;
-}
-
-/* fn over [0, n): split across the threads where the call is parallel. */
-static void ln_run(int parallel, ptrdiff_t n, ptrdiff_t min_per_part, ln_range_fn fn, void *ctx)
-{
-    if (parallel) {
-        ln_parallel_for(n, min_per_part, fn, ctx);
-    }
-    else {
-        fn(ctx, 0, n);
-    }
+    const uintptr_t in = (uintptr_t)ln_row_address(source, &a->extent, r);
+    const uintptr_t out = (uintptr_t)ln_row_address(&a->output, &a->extent, r);
+    return out + (uintptr_t)bytes <= in || in + (uintptr_t)bytes <= out;
 }
 
 /* A few huge rows, each split into its chunks (across the threads where the call is
@@ -266,7 +257,7 @@ static int ln_forward_huge_rows(ln_forward_job *job, int parallel)
         job->bounds = ln_rstd_bounds_of_call(a);
     }
     /* the bounds of no weight and bias, which every call's lie within */
-    const ln_rstd_bounds widest = ln_rstd_bounds_of(a->dtype, n, (ln_param_magnitudes){1.0, 1.0, 0.0});
+    const ln_rstd_bounds widest = ln_rstd_bounds_of(a->dtype, n, ln_magnitudes_without_params());
     for (ptrdiff_t r = 0; r < rows; r++) {
         job->row_x = ln_row_address(&a->input, &a->extent, r);
         job->row_residual = a->residual.data ? ln_row_address(&a->residual, &a->extent, r) : NULL;

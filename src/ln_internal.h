@@ -195,6 +195,17 @@ typedef void (*ln_range_fn)(void *ctx, ptrdiff_t begin, ptrdiff_t end);
    LN_POOL_PIECES contiguous pieces (any of which may be smaller, or empty and skipped). */
 void ln_parallel_for(ptrdiff_t n, ptrdiff_t min_per_part, ln_range_fn fn, void *ctx);
 
+/* fn over [0, n): across the threads where `parallel`, else on the calling thread. */
+static inline void ln_run(int parallel, ptrdiff_t n, ptrdiff_t min_per_part, ln_range_fn fn, void *ctx)
+{
+    if (parallel) {
+        ln_parallel_for(n, min_per_part, fn, ctx);
+    }
+    else {
+        fn(ctx, 0, n);
+    }
+}
+
 /* Part `part` of [0, n) cut into `parts` contiguous parts. */
 void ln_range_of_part(ptrdiff_t n, int parts, int part, ptrdiff_t *begin, ptrdiff_t *end);
 
@@ -274,6 +285,12 @@ static inline ln_param_magnitudes ln_merge_param_magnitudes(ln_param_magnitudes 
 static inline ln_param_magnitudes ln_no_param_magnitudes(void)
 {
     return (ln_param_magnitudes){INFINITY, 0.0, 0.0};
+}
+
+/* ... and of a call without weight and bias: their bounds hold every call's. */
+static inline ln_param_magnitudes ln_magnitudes_without_params(void)
+{
+    return (ln_param_magnitudes){1.0, 1.0, 0.0};
 }
 
 /* The rstd bounds of a call with rows of n elements whose weight and bias have these
@@ -600,7 +617,8 @@ static inline int ln_backward_streams_dx(const ln_backward_args *a)
    them as it goes (ln_row_kernels): they make one pass-2 group, whose float32 sums s it
    adds, widened, to the totals, where on its own it would write 0.0 + s.  totals + s and
    totals + (0.0 + s) differ only for s = -0.0 and totals = -0.0, and the totals are never
-   -0.0 (they start as 0.0 + something, and a sum is -0.0 only where both terms are).
+   -0.0: the first block's start as 0.0 + its first group's sums, or as zeros that its rows
+   are added to, and a sum is -0.0 only where both terms are.
    float64 rows add each row's terms to the sums one at a time, which would change bits. */
 static inline int ln_rows_add_to_totals(ln_dtype dtype, ptrdiff_t rows, ptrdiff_t n)
 {

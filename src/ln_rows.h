@@ -842,7 +842,7 @@ static LN_ALWAYS_INLINE ln_param_magnitudes param_magnitudes_of(ln_dtype dtype, 
     if (bias) {
         return f64 ? param_magnitudes_64bit(NULL, bias, 0, 1, n) : param_magnitudes_32bit(NULL, bias, 0, 1, n);
     }
-    return (ln_param_magnitudes){1.0, 1.0, 0.0};
+    return ln_magnitudes_without_params();
 }
 
 /* Whether rows of n elements get their output in float64 arithmetic: float64 data, and
@@ -2086,11 +2086,14 @@ static LN_ALWAYS_INLINE int backward_rows(ln_norm_kind kind, ln_dtype dtype, con
             any_exact |= exact[k];
         }
         grad_params_begin(&group, any_exact, &params_written, dweight, dbias, n);
+        double *into_dweight = dweight, *into_dbias = dbias;
         if (may_add && !any_exact) {
-            /* the group's float32 sums, widened, go to the totals as set_sums puts them to 0.0 */
+            /* the group's float32 sums, widened, go to the totals as set_sums puts them to 0.0
+               (the block's only group: may_add) */
+            assert(first == begin && end - begin <= LN_GRAD_ROWS);
             group.set_sums = 0;
-            dweight = total_dweight;
-            dbias = total_dbias;
+            into_dweight = total_dweight;
+            into_dbias = total_dbias;
             added = 1;
         }
         for (int k = 0; ln_backward_prefetches(a) && k < group.count && first + LN_GRAD_ROWS + k < end; k++) {
@@ -2101,7 +2104,7 @@ static LN_ALWAYS_INLINE int backward_rows(ln_norm_kind kind, ln_dtype dtype, con
             grad_group_with_exact(kernels, a, &group, exact, first, dweight, dbias);
         }
         else {
-            kernels->grad_apply(&group, a->weight, n, dweight, dbias);
+            kernels->grad_apply(&group, a->weight, n, into_dweight, into_dbias);
         }
     }
     if (!params_written) {  /* no rows */

@@ -482,10 +482,12 @@ def test_long_rows_same_bits_in_small_and_large_calls(dtype, n, restore_runtime)
 # bias as the first row's normalize reads them, and takes that row again by the exact path if
 # its rstd is outside what they allow.  The rows' bits are those of the same rows in a call of
 # many rows, which learns that range first: a wide row next to one small weight (rstd * w below
-# the normal range), a NaN weight or bias, and in place, where the range is learnt first.
+# the normal range), a NaN weight or bias, a first span of only subnormal weights (whose own
+# range refuses the rstd that the whole row's allows: the row is normalized again), and in
+# place, where the range is learnt first.
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("rows", [1, 2])
-@pytest.mark.parametrize("case", ["ordinary", "small-weight", "nan-weight", "nan-bias", "in-place"])
+@pytest.mark.parametrize("case", ["ordinary", "small-weight", "subnormal-span", "nan-weight", "nan-bias", "in-place"])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("kind", KINDS, ids=str)
 def test_few_huge_rows_same_bits_as_many(kind, dtype, case, rows, threads, restore_runtime):
@@ -499,6 +501,9 @@ def test_few_huge_rows_same_bits_as_many(kind, dtype, case, rows, threads, resto
     x[0, ::2], x[0, 1::2] = 1e4, -1e4  # rstd ~1e-4
     if case == "small-weight":
         weight[n // 3] = 1e-306 if dtype == np.float64 else 1e-36  # normal, but not times 1e-4
+    elif case == "subnormal-span":
+        # the row's first span of those normalized from its end back, 16384 elements each
+        weight[: n % 16384] = 1e-310 if dtype == np.float64 else 1e-40
     elif case == "nan-weight":
         weight[n // 3] = np.nan
     elif case == "nan-bias":

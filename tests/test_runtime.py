@@ -221,6 +221,28 @@ def test_backward_threads_bit_identical_and_correct(dtype, shape, threads, resto
         assert_backward_matches_reference(grads, dy, x, n, w, dtype)
 
 
+# The blocks added as they go give each gradient the bits it has when all three are asked
+# for, whichever the call asks for, at any thread count.
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("mask", [(False, True, False), (False, False, True), (True, True, False), (True, False, True)],
+                         ids=lambda m: "".join("xwb"[i] for i in range(3) if m[i]))
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_backward_blocks_added_as_they_go_for_each_mask(dtype, mask, threads, restore_runtime):
+    shape = (48, 4096)
+    n = shape[-1]
+    x = make_input(shape, dtype, seed=21, offset=10.0)
+    dy = make_input(shape, dtype, seed=22)
+    w, b = make_params((n,), param_dtype(dtype), "weight+bias")
+    _, mean, rstd = layernorm.native_layer_norm(x, (n,), w, b, 1e-5)
+    layernorm.set_num_threads(1)
+    every = layernorm.layer_norm_backward(dy, x, (n,), mean, rstd, w, b)
+    layernorm.set_num_threads(threads)
+    some = layernorm.layer_norm_backward(dy, x, (n,), mean, rstd, w, b, mask)
+    for name, asked, got, want in zip(("dx", "dweight", "dbias"), mask, some, every):
+        assert (got is None) != asked, name
+        assert got is None or same_bits(got, want), name
+
+
 # A block of rows added to the first block's sums as it is done, but with a row for the exact
 # path (rstd**2 below float32's range), is added after the kernel wrote its own sums: the
 # bits are still those of every thread count, where other threads add it at the end.
@@ -348,6 +370,7 @@ LEVEL_ROUTES = {
 # Large enough for the threads to split the work (as THREAD_SHAPES)
 THREAD_ROUTES = {
     "rms-4096x256": Route(RMS_NORM, (4096, 256), (256,), None, False),
+    "rms-48x4096": Route(RMS_NORM, (48, 4096), (4096,), None, False),
     "rms-2x300000": Route(RMS_NORM, (2, 300000), (300000,), None, False),
     "layer-nchw-axis1": Route(LAYER_NORM, (8, 64, 28, 28), (64,), 1, False),
     "rms-nchw-axis1": Route(RMS_NORM, (8, 64, 28, 28), (64,), 1, False),
