@@ -2133,8 +2133,11 @@ static LN_ALWAYS_INLINE int backward_rows(ln_norm_kind kind, ln_dtype dtype, con
  *     element K (0 for RMSNorm), the chunks merged by ln_merge, as chunk_moments does:
  *     a two-pass mean would read the tile a third time for no accuracy that matters here
  *     output: normalize_one's formulas, with each lane's own mean and rstd
- *     backward: backward_short_rows' formulas, in float64; dweight and dbias added into
- *     per-lane column sums over the tiles, whose lanes ln_backward.c adds by ln_sum_lanes
+ *     backward: float16/bfloat16/float32 data the contiguous route's float32 arithmetic
+ *     (backward_tile_f32), but for tiles with a row that route would send to
+ *     ln_backward_exact_row, which go as float64 data goes: backward_short_rows' formulas,
+ *     in float64; dweight and dbias added into per-lane column sums over the tiles, whose
+ *     lanes ln_backward.c adds by ln_sum_lanes
  *
  * A tile is read twice, for the statistics and then for the output (or for the backward's
  * two passes): 16 rows of up to a few thousand elements are still in cache the second time,
@@ -2512,6 +2515,143 @@ static LN_ALWAYS_INLINE void backward_tile_from_views(ln_norm_kind kind, ln_dtyp
     }
 }
 
+/* A float32 tile's pass 1 term at element j into the even or odd accumulators (see
+   backward_tile_f32). */
+static LN_ALWAYS_INLINE void tile_grad_sums_term(ln_norm_kind kind, ln_dtype dtype, const tile_view *dy,
+                                                 const tile_view *x, int count, ptrdiff_t j, const float *weight,
+                                                 double *dy_lanes, double *x_lanes, int adjacent, gf mean_v,
+                                                 gf *sum_g, gf *sum_gc, gf *g_top, gf *dy_top)
+{
+    const gf dy_v = load_as_f32(dtype, tile_load(dtype, dy, count, j, dy_lanes, adjacent), 0);
+    const gf g = weight ? gf_mul(dy_v, gf_splat(weight[j])) : dy_v;
+    *g_top = gf_max_magnitude(*g_top, g);
+    *dy_top = weight ? gf_max_magnitude(*dy_top, dy_v) : *g_top;
+    const gf value_x = load_as_f32(dtype, tile_load(dtype, x, count, j, x_lanes, adjacent), 0);
+    if (kind == LN_NORM_LAYER) {
+        *sum_g = gf_add(*sum_g, g);
+        *sum_gc = gf_fma(g, gf_sub(value_x, mean_v), *sum_gc);
+    }
+    else {
+        *sum_gc = gf_fma(g, value_x, *sum_gc);
+    }
+}
+
+/* a with its lanes from count on set to 1.0, a value every test of backward_tile_f32 passes. */
+static LN_ALWAYS_INLINE gd tile_lanes_padded(gd a, int count)
+{
+    const gd one = gd_splat(1.0);
+    return gd_add(gd_first_lanes(a, count), gd_sub(one, gd_first_lanes(one, count)));
+}
+
+/* Tile backward in float32, for float16/bfloat16/float32 data: per lane, the contiguous
+   route's arithmetic (pass 1 and grad_apply_columns' dx), with the lane's row in place of
+   a vector over it:
+       pass 1: g = dy * w and g * (x - mean) (x - mean in float32, as grad_sums_group), summed
+               in float32 over 16 elements (even and odd ones apart, so no add waits on the
+               one before), those sums added in float64
+       pass 2: dx = fma(rstd, g, fma(-rstd^2 * gx_mean, x - mean, -rstd * g_mean)),
+               dweight's term (dy * (x - mean)) * rstd, both in float32; the terms of dweight
+               and dbias added, widened, into the per-lane column sums
+   Returns 0, having written nothing, where a lane fails the test that sends a contiguous row
+   to ln_backward_exact_row in its common form (ln_grad_row_needs_exact: the per-lane factors
+   in float32's normal range, max |g| and max |dy| clear of its subnormals by the margin of
+   1 / rstd), or a factor with a zero operand (a row whose dy is all 0.0): the tile then goes
+   in float64.  Which way a tile goes depends on dy, x, the weight and the statistics, not on
+   which gradients are asked for, so neither do dweight's bits (dbias' are the same both ways).
+   One vector op over a group of 16 float32 lanes where float64 takes two: 8x64x56x56 float32
+   over axis=1, A/B in alternating processes, 627-647 -> 498-519 us at one thread, 321-323 ->
+   252-258 us at two. */
+static LN_ALWAYS_INLINE int backward_tile_f32(ln_norm_kind kind, ln_dtype dtype, const ln_backward_args *a,
+                                              const tile_view *dy, const tile_view *x, const tile_view *dx,
+                                              int count, const double means[16], const double rstds[16],
+                                              int adjacent, double *dweight_lanes, double *dbias_lanes)
+{
+    const ptrdiff_t n = a->extent.row_len;
+    const int has_mean = kind == LN_NORM_LAYER, want_dx = dx->first != NULL;
+    const float *weight = a->weight;
+    double dy_lanes[16], x_lanes[16], dx_lanes[16];  /* 16 elements of any type, for tile_load */
+    if (!adjacent) {
+        memset(dy_lanes, 0, sizeof dy_lanes);
+        memset(x_lanes, 0, sizeof x_lanes);
+        memset(dx_lanes, 0, sizeof dx_lanes);
+    }
+    float mean_f[16], rstd_f[16], xc_scale_f[16] = {0}, offset_f[16] = {0};
+    for (int k = 0; k < 16; k++) {
+        mean_f[k] = (float)means[k];
+        rstd_f[k] = (float)rstds[k];
+    }
+    const gf mean_v = gf_load(mean_f), rstd_v = gf_load(rstd_f), zero_f = gf_splat(0.0f);
+    if (want_dx || dweight_lanes) {
+        gd g_sum = gd_splat(0.0), gc_sum = g_sum;
+        gf g_top = zero_f, dy_top = zero_f;
+        for (ptrdiff_t block = 0; block < n; block += 16) {
+            const ptrdiff_t block_end = n - block < 16 ? n : block + 16;
+            gf even_g = zero_f, even_gc = zero_f, odd_g = zero_f, odd_gc = zero_f;
+            ptrdiff_t j = block;
+            for (; j + 2 <= block_end; j += 2) {
+                tile_grad_sums_term(kind, dtype, dy, x, count, j, weight, dy_lanes, x_lanes, adjacent, mean_v,
+                                    &even_g, &even_gc, &g_top, &dy_top);
+                tile_grad_sums_term(kind, dtype, dy, x, count, j + 1, weight, dy_lanes, x_lanes, adjacent, mean_v,
+                                    &odd_g, &odd_gc, &g_top, &dy_top);
+            }
+            if (j < block_end) {
+                tile_grad_sums_term(kind, dtype, dy, x, count, j, weight, dy_lanes, x_lanes, adjacent, mean_v,
+                                    &even_g, &even_gc, &g_top, &dy_top);
+            }
+            g_sum = gd_add(g_sum, gf_widen(gf_add(even_g, odd_g)));
+            gc_sum = gd_add(gc_sum, gf_widen(gf_add(even_gc, odd_gc)));
+        }
+        const gd n_v = gd_splat((double)n), rstd = gd_load(rstds), neg_rstd = gd_sub(gd_splat(0.0), rstd);
+        const gd g_mean = gd_div(g_sum, n_v), gx_mean = gd_div(gd_mul(gc_sum, rstd), n_v);
+        const gd xc_scale = gd_mul(gd_mul(neg_rstd, rstd), gx_mean), offset = gd_mul(neg_rstd, g_mean);
+        /* ln_grad_row_needs_exact's common rows: largest >= max(precise_min, 2 * precise_min * rstd)
+           as largest - that >= 0 */
+        const double precise_min = (double)FLT_MIN / (double)FLT_EPSILON;
+        const gd least = gd_max_magnitude(gd_splat(precise_min), gd_mul(gd_splat(2.0 * precise_min), rstd));
+        const gd zero_d = gd_splat(0.0);
+        int common = gd_all_within(tile_lanes_padded(rstd, count), (double)FLT_MIN, (double)FLT_MAX);
+        common &= gd_all_within(tile_lanes_padded(gd_max_magnitude(zero_d, xc_scale), count), (double)FLT_MIN,
+                                (double)FLT_MAX);
+        if (has_mean) {
+            common &= gd_all_within(tile_lanes_padded(gd_max_magnitude(zero_d, offset), count), (double)FLT_MIN,
+                                    (double)FLT_MAX);
+        }
+        common &= gd_all_within(tile_lanes_padded(gd_sub(gf_widen(g_top), least), count), 0.0, INFINITY);
+        common &= gd_all_within(tile_lanes_padded(gd_sub(gf_widen(dy_top), least), count), 0.0, INFINITY);
+        if (!common) {
+            return 0;
+        }
+        double factors[2][16];
+        gd_store(factors[0], xc_scale);
+        gd_store(factors[1], offset);
+        for (int k = 0; k < 16; k++) {
+            xc_scale_f[k] = (float)factors[0][k];
+            offset_f[k] = (float)factors[1][k];
+        }
+    }
+    const gf xc_scale_v = gf_load(xc_scale_f), offset_v = gf_load(offset_f);
+    for (ptrdiff_t j = 0; j < n; j++) {
+        const gf dy_v = load_as_f32(dtype, tile_load(dtype, dy, count, j, dy_lanes, adjacent), 0);
+        const gf value_x = load_as_f32(dtype, tile_load(dtype, x, count, j, x_lanes, adjacent), 0);
+        const gf xc = has_mean ? gf_sub(value_x, mean_v) : value_x;
+        if (want_dx) {
+            const gf g = weight ? gf_mul(dy_v, gf_splat(weight[j])) : dy_v;
+            const gf inner = has_mean ? gf_fma(xc_scale_v, xc, offset_v) : gf_mul(xc_scale_v, xc);
+            void *target = tile_target(dtype, dx, j, dx_lanes, adjacent);
+            store_from_f32(dtype, target, 0, gf_fma(rstd_v, g, inner), 1);
+            tile_scatter(dtype, dx, count, j, target, adjacent);
+        }
+        if (dweight_lanes) {
+            const gd term = gf_widen(gf_mul(gf_mul(dy_v, xc), rstd_v));
+            gd_store(dweight_lanes + 16 * j, gd_add(gd_load(dweight_lanes + 16 * j), term));
+        }
+        if (dbias_lanes) {
+            gd_store(dbias_lanes + 16 * j, gd_add(gd_load(dbias_lanes + 16 * j), gf_widen(dy_v)));
+        }
+    }
+    return 1;
+}
+
 /* Tile `tile` backward, all in float64: pass 1 the lanes' sums of g and g * xhat (when dx is
    wanted), pass 2 dx and the parameter gradients' terms, added into the per-lane column
    sums dweight_lanes and dbias_lanes (each may be NULL).  Lanes past count hold zeros,
@@ -2535,9 +2675,14 @@ static LN_ALWAYS_INLINE void backward_tile(ln_norm_kind kind, ln_dtype dtype, co
         rstds[k] = ln_load1_param_as_f64(dtype, rstd_in.first + k * rstd_in.row_step, 0);
     }
     if (dy.adjacent && x.adjacent && (!dx.first || dx.adjacent)) {
-        backward_tile_from_views(kind, dtype, a, &dy, &x, &dx, count, means, rstds, 1, dweight_lanes, dbias_lanes);
+        if (dtype == LN_F64 || !backward_tile_f32(kind, dtype, a, &dy, &x, &dx, count, means, rstds, 1,
+                                                  dweight_lanes, dbias_lanes)) {
+            backward_tile_from_views(kind, dtype, a, &dy, &x, &dx, count, means, rstds, 1, dweight_lanes,
+                                     dbias_lanes);
+        }
     }
-    else {
+    else if (dtype == LN_F64 || !backward_tile_f32(kind, dtype, a, &dy, &x, &dx, count, means, rstds, 0,
+                                                   dweight_lanes, dbias_lanes)) {
         backward_tile_from_views(kind, dtype, a, &dy, &x, &dx, count, means, rstds, 0, dweight_lanes, dbias_lanes);
     }
 }

@@ -184,15 +184,23 @@ def _backward_extreme(kind, row_len):
     raise AssertionError(kind)
 
 
+@pytest.mark.parametrize("route", ["rows", "axis"])
 @pytest.mark.parametrize("row_len", ROW_LENGTHS)
 @pytest.mark.parametrize("kind", ["float32-products-overflow", "float64-rstd-squared-overflows",
                                   "float32-tiny-values-eps-0"])
-def test_an_extreme_row_gets_the_reference_gradients(kind, row_len):
+def test_an_extreme_row_gets_the_reference_gradients(kind, row_len, route):
+    """axis: the rows one lane each of a tile (the strided route), whose float32 path must hand
+    such a tile to float64 as the contiguous route hands the row to ln_backward_exact_row."""
     x, dy, eps = _backward_extreme(kind, row_len)
     pdt = np.float64 if x.dtype == np.float64 else np.float32
     weight, bias = np.full(row_len, 0.5, pdt), np.zeros(row_len, pdt)
     _, mean, rstd = layernorm.native_layer_norm(x, (row_len,), weight, bias, eps)
-    got = layernorm.layer_norm_backward(dy, x, (row_len,), mean, rstd, weight, bias)
+    if route == "axis":
+        got = layernorm.layer_norm_backward(dy.T.copy(), x.T.copy(), (row_len,), mean.T.copy(), rstd.T.copy(),
+                                            weight, bias, axis=0)
+        got = (got[0].T,) + tuple(got[1:])
+    else:
+        got = layernorm.layer_norm_backward(dy, x, (row_len,), mean, rstd, weight, bias)
     want = _reference.layer_norm_backward_given_stats(dy, x, (row_len,), mean, rstd, weight)
     # grad_input's terms are rstd * dy * w per row: its tolerance is theirs
     terms = np.asarray(rstd, np.float64) * np.abs(dy * weight.astype(np.float64)).max(axis=-1, keepdims=True)
