@@ -345,7 +345,8 @@ static inline int ln_row_needs_exact(double rstd, const ln_rstd_bounds *bounds)
    type's precision of its subnormals, where they would lose bits or vanish (x ~ 1e-30,
    dy ~ 1e-20 in float32).  So it is where pass 1's products overflowed or underflowed,
    rstd**2 overflows or underflows (to 0 in float64 too, as for float64 rows of 1e300), or
-   the row, its dy or its statistics hold NaN or Inf. */
+   the row, its dy or its statistics hold NaN or Inf.  The strided route's float32 tiles test
+   the common rows below in vectors (backward_tile_f32), the others by this function. */
 static inline int ln_grad_row_needs_exact(ln_dtype dtype, double rstd, double g_mean, double gx_mean,
                                           const double largest[2])
 {

@@ -1399,19 +1399,17 @@ static LN_ALWAYS_INLINE double largest_of_lanes(double tops[16])
     return tops[0];
 }
 
-/* grad_sums_block's terms of the group at element i: g and g * (x - mean) added into sum_g
-   and sum_gc, and the magnitudes of g and dy into their running maxima (when has_largest). */
-static LN_ALWAYS_INLINE void grad_sums_group(ln_norm_kind kind, ln_dtype dtype, const void *dy, const void *x,
-                                             const float *weight, int has_weight, int has_largest, ptrdiff_t i,
-                                             gf mean_v, gf *sum_g, gf *sum_gc, gf *g_top, gf *dy_top)
+/* Pass 1's terms of 16 elements, given dy, g = dy * weight and x: g and g * (x - mean) added
+   into sum_g and sum_gc, and the magnitudes of g and dy into their running maxima (when
+   has_largest). */
+static LN_ALWAYS_INLINE void grad_sums_terms(ln_norm_kind kind, gf dy_v, gf g, gf value_x, int has_weight,
+                                             int has_largest, gf mean_v, gf *sum_g, gf *sum_gc, gf *g_top,
+                                             gf *dy_top)
 {
-    const gf dy_v = load_as_f32(dtype, dy, i);
-    const gf g = has_weight ? gf_mul(dy_v, gf_load(weight + i)) : dy_v;
     if (has_largest) {
         *g_top = gf_max_magnitude(*g_top, g);
         *dy_top = has_weight ? gf_max_magnitude(*dy_top, dy_v) : *g_top;
     }
-    const gf value_x = load_as_f32(dtype, x, i);
     if (kind == LN_NORM_LAYER) {
         *sum_g = gf_add(*sum_g, g);
         *sum_gc = gf_fma(g, gf_sub(value_x, mean_v), *sum_gc);
@@ -1419,6 +1417,17 @@ static LN_ALWAYS_INLINE void grad_sums_group(ln_norm_kind kind, ln_dtype dtype, 
     else {
         *sum_gc = gf_fma(g, value_x, *sum_gc);
     }
+}
+
+/* grad_sums_block's terms of the group at element i. */
+static LN_ALWAYS_INLINE void grad_sums_group(ln_norm_kind kind, ln_dtype dtype, const void *dy, const void *x,
+                                             const float *weight, int has_weight, int has_largest, ptrdiff_t i,
+                                             gf mean_v, gf *sum_g, gf *sum_gc, gf *g_top, gf *dy_top)
+{
+    const gf dy_v = load_as_f32(dtype, dy, i);
+    const gf g = has_weight ? gf_mul(dy_v, gf_load(weight + i)) : dy_v;
+    grad_sums_terms(kind, dy_v, g, load_as_f32(dtype, x, i), has_weight, has_largest, mean_v, sum_g, sum_gc, g_top,
+                    dy_top);
 }
 
 /* Pass 1 over a span of n elements of one row, for float16/float32 data:
@@ -1629,6 +1638,14 @@ static LN_ALWAYS_INLINE ln_store grad_dx_store(const ln_grad_rows *group)
    writes them: set_sums, so nobody zeroes them first).  RMSNorm: xc = x and
    g_mean = 0, so the inner fma's addend is -0 and it is the product alone (same bits). */
 
+/* dx of 16 elements from g and xc = x - mean (x for RMSNorm), given their rows' per-row
+   factors rstd, -rstd^2 * gx_mean (xc_scale) and -rstd * g_mean (offset). */
+static LN_ALWAYS_INLINE gf grad_dx(ln_norm_kind kind, gf g, gf xc, gf rstd_v, gf xc_scale_v, gf offset_v)
+{
+    const gf inner = kind == LN_NORM_LAYER ? gf_fma(xc_scale_v, xc, offset_v) : gf_mul(xc_scale_v, xc);
+    return gf_fma(rstd_v, g, inner);
+}
+
 /* Asks for the lines of dy and x that hold a group of 16 elements (`bytes` from `offset`) of
    the next group's row, into L2: pass 2 works from cache, and without these requests memory
    would idle while it does (ln_backward_prefetches). */
@@ -1688,10 +1705,8 @@ static LN_ALWAYS_INLINE void grad_apply_columns(ln_norm_kind kind, ln_dtype dtyp
             const gf value_x = load_as_f32(dtype, rows->x[k], j);
             const gf xc = has_mean ? gf_sub(value_x, rows->mean_v[k]) : value_x;
             if (want_dx) {
-                const gf g = weight ? gf_mul(dy_v, w) : dy_v;
-                const gf inner = has_mean ? gf_fma(rows->xc_scale_v[k], xc, rows->offset_v[k])
-                                          : gf_mul(rows->xc_scale_v[k], xc);
-                const gf dx = gf_fma(rows->rstd_v[k], g, inner);
+                const gf dx = grad_dx(kind, weight ? gf_mul(dy_v, w) : dy_v, xc, rows->rstd_v[k],
+                                      rows->xc_scale_v[k], rows->offset_v[k]);
                 if (dtype == LN_F32 && rows->dx_store == LN_STREAM_LINES) {
                     gf_stream((float *)rows->dx[k] + j, dx);
                 }
@@ -1755,13 +1770,12 @@ static LN_ALWAYS_INLINE void grad_apply_part(ln_norm_kind kind, ln_dtype dtype, 
         const gf value_x = load_part_as_f32(dtype, rows->x[k], begin, columns);
         const gf xc = has_mean ? gf_sub(value_x, rows->mean_v[k]) : value_x;
         if (want_dx) {
-            const gf g = weight ? gf_mul(dy_v, w) : dy_v;
-            const gf inner = has_mean ? gf_fma(rows->xc_scale_v[k], xc, rows->offset_v[k])
-                                      : gf_mul(rows->xc_scale_v[k], xc);
+            const gf dx_v = grad_dx(kind, weight ? gf_mul(dy_v, w) : dy_v, xc, rows->rstd_v[k],
+                                    rows->xc_scale_v[k], rows->offset_v[k]);
             uint16_t halves[16];
             float floats[16];
             void *dx = ln_dtype_is_16bit(dtype) ? (void *)halves : (void *)floats;
-            store_from_f32(dtype, dx, 0, gf_fma(rows->rstd_v[k], g, inner), 1);
+            store_from_f32(dtype, dx, 0, dx_v, 1);
             part_store(rows->dx_store, rows->dx[k] + begin * size, dx, columns * size);
         }
         group_dweight = gf_fma(gf_mul(dy_v, xc), rows->rstd_v[k], group_dweight);
@@ -2520,20 +2534,13 @@ static LN_ALWAYS_INLINE void backward_tile_from_views(ln_norm_kind kind, ln_dtyp
 static LN_ALWAYS_INLINE void tile_grad_sums_term(ln_norm_kind kind, ln_dtype dtype, const tile_view *dy,
                                                  const tile_view *x, int count, ptrdiff_t j, const float *weight,
                                                  double *dy_lanes, double *x_lanes, int adjacent, gf mean_v,
-                                                 gf *sum_g, gf *sum_gc, gf *g_top, gf *dy_top)
+                                                 gf *sum_g, gf *sum_gc, gf *g_top, gf *dy_top, gf *xc_top)
 {
     const gf dy_v = load_as_f32(dtype, tile_load(dtype, dy, count, j, dy_lanes, adjacent), 0);
     const gf g = weight ? gf_mul(dy_v, gf_splat(weight[j])) : dy_v;
-    *g_top = gf_max_magnitude(*g_top, g);
-    *dy_top = weight ? gf_max_magnitude(*dy_top, dy_v) : *g_top;
     const gf value_x = load_as_f32(dtype, tile_load(dtype, x, count, j, x_lanes, adjacent), 0);
-    if (kind == LN_NORM_LAYER) {
-        *sum_g = gf_add(*sum_g, g);
-        *sum_gc = gf_fma(g, gf_sub(value_x, mean_v), *sum_gc);
-    }
-    else {
-        *sum_gc = gf_fma(g, value_x, *sum_gc);
-    }
+    grad_sums_terms(kind, dy_v, g, value_x, weight != NULL, 1, mean_v, sum_g, sum_gc, g_top, dy_top);
+    *xc_top = gf_max_magnitude(*xc_top, kind == LN_NORM_LAYER ? gf_sub(value_x, mean_v) : value_x);
 }
 
 /* a with its lanes from count on set to 1.0, a value every test of backward_tile_f32 passes. */
@@ -2541,6 +2548,28 @@ static LN_ALWAYS_INLINE gd tile_lanes_padded(gd a, int count)
 {
     const gd one = gd_splat(1.0);
     return gd_add(gd_first_lanes(a, count), gd_sub(one, gd_first_lanes(one, count)));
+}
+
+/* Whether a lane (of the first count) of a float32 tile would take ln_backward_exact_row as a
+   contiguous row: the scalar test, for the tiles whose lanes the vector test of the common
+   rows did not all pass (a row whose dy is all 0.0, or a factor with a zero operand, passes
+   this one). */
+static LN_ALWAYS_INLINE int tile_lanes_need_exact(ln_dtype dtype, int count, gd rstd, gd g_mean, gd gx_mean,
+                                                  gd g_tops, gd dy_tops)
+{
+    double lanes[5][16];
+    gd_store(lanes[0], rstd);
+    gd_store(lanes[1], g_mean);
+    gd_store(lanes[2], gx_mean);
+    gd_store(lanes[3], g_tops);
+    gd_store(lanes[4], dy_tops);
+    for (int k = 0; k < count; k++) {
+        const double largest[2] = {lanes[3][k], lanes[4][k]};
+        if (ln_grad_row_needs_exact(dtype, lanes[0][k], lanes[1][k], lanes[2][k], largest)) {
+            return 1;
+        }
+    }
+    return 0;
 }
 
 /* Tile backward in float32, for float16/bfloat16/float32 data: per lane, the contiguous
@@ -2552,11 +2581,9 @@ static LN_ALWAYS_INLINE gd tile_lanes_padded(gd a, int count)
        pass 2: dx = fma(rstd, g, fma(-rstd^2 * gx_mean, x - mean, -rstd * g_mean)),
                dweight's term (dy * (x - mean)) * rstd, both in float32; the terms of dweight
                and dbias added, widened, into the per-lane column sums
-   Returns 0, having written nothing, where a lane fails the test that sends a contiguous row
-   to ln_backward_exact_row in its common form (ln_grad_row_needs_exact: the per-lane factors
-   in float32's normal range, max |g| and max |dy| clear of its subnormals by the margin of
-   1 / rstd), or a factor with a zero operand (a row whose dy is all 0.0): the tile then goes
-   in float64.  Which way a tile goes depends on dy, x, the weight and the statistics, not on
+   Returns 0, having written nothing, where a lane's row would go by ln_backward_exact_row on
+   the contiguous route (ln_grad_row_needs_exact, its common rows tested in vectors), or where
+   dweight's float32 term could overflow: the tile then goes in float64.  Which way a tile goes depends on dy, x, the weight and the statistics, not on
    which gradients are asked for, so neither do dweight's bits (dbias' are the same both ways).
    One vector op over a group of 16 float32 lanes where float64 takes two: 8x64x56x56 float32
    over axis=1, A/B in alternating processes, 627-647 -> 498-519 us at one thread, 321-323 ->
@@ -2583,20 +2610,20 @@ static LN_ALWAYS_INLINE int backward_tile_f32(ln_norm_kind kind, ln_dtype dtype,
     const gf mean_v = gf_load(mean_f), rstd_v = gf_load(rstd_f), zero_f = gf_splat(0.0f);
     if (want_dx || dweight_lanes) {
         gd g_sum = gd_splat(0.0), gc_sum = g_sum;
-        gf g_top = zero_f, dy_top = zero_f;
+        gf g_top = zero_f, dy_top = zero_f, xc_top = zero_f;
         for (ptrdiff_t block = 0; block < n; block += 16) {
             const ptrdiff_t block_end = n - block < 16 ? n : block + 16;
             gf even_g = zero_f, even_gc = zero_f, odd_g = zero_f, odd_gc = zero_f;
             ptrdiff_t j = block;
             for (; j + 2 <= block_end; j += 2) {
                 tile_grad_sums_term(kind, dtype, dy, x, count, j, weight, dy_lanes, x_lanes, adjacent, mean_v,
-                                    &even_g, &even_gc, &g_top, &dy_top);
+                                    &even_g, &even_gc, &g_top, &dy_top, &xc_top);
                 tile_grad_sums_term(kind, dtype, dy, x, count, j + 1, weight, dy_lanes, x_lanes, adjacent, mean_v,
-                                    &odd_g, &odd_gc, &g_top, &dy_top);
+                                    &odd_g, &odd_gc, &g_top, &dy_top, &xc_top);
             }
             if (j < block_end) {
                 tile_grad_sums_term(kind, dtype, dy, x, count, j, weight, dy_lanes, x_lanes, adjacent, mean_v,
-                                    &even_g, &even_gc, &g_top, &dy_top);
+                                    &even_g, &even_gc, &g_top, &dy_top, &xc_top);
             }
             g_sum = gd_add(g_sum, gf_widen(gf_add(even_g, odd_g)));
             gc_sum = gd_add(gc_sum, gf_widen(gf_add(even_gc, odd_gc)));
@@ -2604,11 +2631,11 @@ static LN_ALWAYS_INLINE int backward_tile_f32(ln_norm_kind kind, ln_dtype dtype,
         const gd n_v = gd_splat((double)n), rstd = gd_load(rstds), neg_rstd = gd_sub(gd_splat(0.0), rstd);
         const gd g_mean = gd_div(g_sum, n_v), gx_mean = gd_div(gd_mul(gc_sum, rstd), n_v);
         const gd xc_scale = gd_mul(gd_mul(neg_rstd, rstd), gx_mean), offset = gd_mul(neg_rstd, g_mean);
-        /* ln_grad_row_needs_exact's common rows: largest >= max(precise_min, 2 * precise_min * rstd)
-           as largest - that >= 0 */
+        /* the common rows of ln_grad_row_needs_exact, in vectors: largest >= max(precise_min,
+           2 * precise_min * rstd) as largest - that >= 0, |factor| as max(|factor|, 0) */
         const double precise_min = (double)FLT_MIN / (double)FLT_EPSILON;
         const gd least = gd_max_magnitude(gd_splat(precise_min), gd_mul(gd_splat(2.0 * precise_min), rstd));
-        const gd zero_d = gd_splat(0.0);
+        const gd zero_d = gd_splat(0.0), g_tops = gf_widen(g_top), dy_tops = gf_widen(dy_top);
         int common = gd_all_within(tile_lanes_padded(rstd, count), (double)FLT_MIN, (double)FLT_MAX);
         common &= gd_all_within(tile_lanes_padded(gd_max_magnitude(zero_d, xc_scale), count), (double)FLT_MIN,
                                 (double)FLT_MAX);
@@ -2616,9 +2643,15 @@ static LN_ALWAYS_INLINE int backward_tile_f32(ln_norm_kind kind, ln_dtype dtype,
             common &= gd_all_within(tile_lanes_padded(gd_max_magnitude(zero_d, offset), count), (double)FLT_MIN,
                                     (double)FLT_MAX);
         }
-        common &= gd_all_within(tile_lanes_padded(gd_sub(gf_widen(g_top), least), count), 0.0, INFINITY);
-        common &= gd_all_within(tile_lanes_padded(gd_sub(gf_widen(dy_top), least), count), 0.0, INFINITY);
-        if (!common) {
+        common &= gd_all_within(tile_lanes_padded(gd_sub(g_tops, least), count), 0.0, INFINITY);
+        common &= gd_all_within(tile_lanes_padded(gd_sub(dy_tops, least), count), 0.0, INFINITY);
+        if (!common && tile_lanes_need_exact(dtype, count, rstd, g_mean, gx_mean, g_tops, dy_tops)) {
+            return 0;
+        }
+        /* dweight's term, dy * (x - mean) before rstd scales it, in float32's range (the
+           contiguous route's rows do not test this: a weight of 1e-20 lets dy reach 1e30
+           while g = dy * w and g * (x - mean) stay in range) */
+        if (!gd_all_within(tile_lanes_padded(gd_mul(dy_tops, gf_widen(xc_top)), count), 0.0, (double)FLT_MAX / 2)) {
             return 0;
         }
         double factors[2][16];
@@ -2636,9 +2669,8 @@ static LN_ALWAYS_INLINE int backward_tile_f32(ln_norm_kind kind, ln_dtype dtype,
         const gf xc = has_mean ? gf_sub(value_x, mean_v) : value_x;
         if (want_dx) {
             const gf g = weight ? gf_mul(dy_v, gf_splat(weight[j])) : dy_v;
-            const gf inner = has_mean ? gf_fma(xc_scale_v, xc, offset_v) : gf_mul(xc_scale_v, xc);
             void *target = tile_target(dtype, dx, j, dx_lanes, adjacent);
-            store_from_f32(dtype, target, 0, gf_fma(rstd_v, g, inner), 1);
+            store_from_f32(dtype, target, 0, grad_dx(kind, g, xc, rstd_v, xc_scale_v, offset_v), 1);
             tile_scatter(dtype, dx, count, j, target, adjacent);
         }
         if (dweight_lanes) {
@@ -2652,11 +2684,11 @@ static LN_ALWAYS_INLINE int backward_tile_f32(ln_norm_kind kind, ln_dtype dtype,
     return 1;
 }
 
-/* Tile `tile` backward, all in float64: pass 1 the lanes' sums of g and g * xhat (when dx is
-   wanted), pass 2 dx and the parameter gradients' terms, added into the per-lane column
-   sums dweight_lanes and dbias_lanes (each may be NULL).  Lanes past count hold zeros,
-   whose terms are zeros.  As forward_tile, the common case (dy, x and dx adjacent) runs in
-   an instance of its own. */
+/* Tile `tile` backward, in float32 (backward_tile_f32) or else in float64: pass 1 the lanes'
+   sums of g and g * xhat, pass 2 dx and the parameter gradients' terms, added into the
+   per-lane column sums dweight_lanes and dbias_lanes (each may be NULL).  Lanes past count
+   hold zeros, whose terms are zeros.  As forward_tile, the common case (dy, x and dx
+   adjacent) runs in an instance of its own. */
 static LN_ALWAYS_INLINE void backward_tile(ln_norm_kind kind, ln_dtype dtype, const ln_backward_args *a,
                                            ptrdiff_t tile, double *dweight_lanes, double *dbias_lanes)
 {

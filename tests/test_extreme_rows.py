@@ -184,6 +184,17 @@ def _backward_extreme(kind, row_len):
     raise AssertionError(kind)
 
 
+def _layer_norm_backward_by(route, dy, x, mean, rstd, weight, bias):
+    """layer_norm_backward over the last axis of 2-D rows: as they are ("rows", the contiguous
+    route), or transposed and normalized over axis 0 ("axis", the strided route: a row a lane)."""
+    ns = (x.shape[-1],)
+    if route == "rows":
+        return layernorm.layer_norm_backward(dy, x, ns, mean, rstd, weight, bias)
+    got = layernorm.layer_norm_backward(dy.T.copy(), x.T.copy(), ns, mean.T.copy(), rstd.T.copy(), weight, bias,
+                                        axis=0)
+    return (got[0].T,) + tuple(got[1:])
+
+
 @pytest.mark.parametrize("route", ["rows", "axis"])
 @pytest.mark.parametrize("row_len", ROW_LENGTHS)
 @pytest.mark.parametrize("kind", ["float32-products-overflow", "float64-rstd-squared-overflows",
@@ -195,12 +206,7 @@ def test_an_extreme_row_gets_the_reference_gradients(kind, row_len, route):
     pdt = np.float64 if x.dtype == np.float64 else np.float32
     weight, bias = np.full(row_len, 0.5, pdt), np.zeros(row_len, pdt)
     _, mean, rstd = layernorm.native_layer_norm(x, (row_len,), weight, bias, eps)
-    if route == "axis":
-        got = layernorm.layer_norm_backward(dy.T.copy(), x.T.copy(), (row_len,), mean.T.copy(), rstd.T.copy(),
-                                            weight, bias, axis=0)
-        got = (got[0].T,) + tuple(got[1:])
-    else:
-        got = layernorm.layer_norm_backward(dy, x, (row_len,), mean, rstd, weight, bias)
+    got = _layer_norm_backward_by(route, dy, x, mean, rstd, weight, bias)
     want = _reference.layer_norm_backward_given_stats(dy, x, (row_len,), mean, rstd, weight)
     # grad_input's terms are rstd * dy * w per row: its tolerance is theirs
     terms = np.asarray(rstd, np.float64) * np.abs(dy * weight.astype(np.float64)).max(axis=-1, keepdims=True)
@@ -208,6 +214,54 @@ def test_an_extreme_row_gets_the_reference_gradients(kind, row_len, route):
     for name, g, w, tol in zip(("grad_input", "grad_weight", "grad_bias"), got, want, tolerances):
         assert np.isfinite(g).all(), name
         assert_within(g, w, tol, name)
+
+
+@pytest.mark.parametrize("route", [
+    pytest.param("rows", marks=pytest.mark.xfail(strict=True, reason=(
+        "the contiguous route does not test dy * (x - mean) against float32's range: "
+        "its grad_weight overflows here"))),
+    "axis"])
+def test_a_tiny_weight_under_a_huge_dy_gets_the_reference_grad_weight(route):
+    """w = 1e-20 lets dy reach 1e30 while g = dy * w and g * (x - mean) stay in float32's range;
+    dweight's term dy * (x - mean), formed before rstd scales it, does not (1e40)."""
+    rng = np.random.default_rng(3)
+    n = 40
+    x = (rng.standard_normal((16, n)) * 1e10).astype(np.float32)
+    dy = (rng.standard_normal((16, n)) * 1e30).astype(np.float32)
+    weight, bias = np.full(n, 1e-20, np.float32), np.zeros(n, np.float32)
+    _, mean, rstd = layernorm.native_layer_norm(x, (n,), weight, bias, 1e-5)
+    got = _layer_norm_backward_by(route, dy, x, mean, rstd, weight, bias)
+    want = _reference.layer_norm_backward_given_stats(dy, x, (n,), mean, rstd, weight)
+    assert_within(got[1], want[1], 1e-5 * np.abs(want[1]).max(), "grad_weight")
+
+
+@pytest.mark.parametrize("zeroed", ["dy-row", "constant-x-row"])
+def test_a_zero_factor_row_keeps_its_tiles_float32_bits(zeroed):
+    """A row whose dy is all 0.0 (or whose x is constant: x - mean all 0.0) has a zero factor,
+    which the contiguous route's float32 arithmetic carries: on the strided route its tile of 16
+    rows stays in float32 too, so the other rows' gradients keep their bits."""
+    rng = np.random.default_rng(4)
+    n = 40
+    x, dy = rng.standard_normal((2, 16, n)).astype(np.float32)
+    weight, bias = rng.uniform(0.5, 2.0, (2, n)).astype(np.float32)
+
+    def grads(x, dy):
+        _, mean, rstd = layernorm.native_layer_norm(x, (n,), weight, bias, 1e-5)
+        dx = layernorm.layer_norm_backward(dy.T.copy(), x.T.copy(), (n,), mean.T.copy(), rstd.T.copy(),
+                                           weight, bias, axis=0)[0]
+        return dx.T
+
+    before = grads(x, dy)
+    if zeroed == "dy-row":
+        dy = dy.copy()
+        dy[5] = 0.0
+    else:
+        x = x.copy()
+        x[5] = 0.25
+    after = grads(x, dy)
+    others = [k for k in range(16) if k != 5]
+    assert after[others].tobytes() == before[others].tobytes()
+    assert np.isfinite(after[5]).all()
 
 
 # A negative rstd (statistics of the caller's own) is outside what the row kernels' float32
