@@ -2148,10 +2148,10 @@ static LN_ALWAYS_INLINE int backward_rows(ln_norm_kind kind, ln_dtype dtype, con
  *     a two-pass mean would read the tile a third time for no accuracy that matters here
  *     output: normalize_one's formulas, with each lane's own mean and rstd
  *     backward: float16/bfloat16/float32 data the contiguous route's float32 arithmetic
- *     (backward_tile_f32), but for tiles with a row that route would send to
- *     ln_backward_exact_row, which go as float64 data goes: backward_short_rows' formulas,
- *     in float64; dweight and dbias added into per-lane column sums over the tiles, whose
- *     lanes ln_backward.c adds by ln_sum_lanes
+ *     (backward_tile_f32), but for tiles with a row that fails that route's test for
+ *     ln_backward_exact_row or whose dweight terms could overflow float32, which go as
+ *     float64 data goes: backward_short_rows' formulas, in float64; dweight and dbias added
+ *     into per-lane column sums over the tiles, whose lanes ln_backward.c adds by ln_sum_lanes
  *
  * A tile is read twice, for the statistics and then for the output (or for the backward's
  * two passes): 16 rows of up to a few thousand elements are still in cache the second time,
@@ -2550,10 +2550,10 @@ static LN_ALWAYS_INLINE gd tile_lanes_padded(gd a, int count)
     return gd_add(gd_first_lanes(a, count), gd_sub(one, gd_first_lanes(one, count)));
 }
 
-/* Whether a lane (of the first count) of a float32 tile would take ln_backward_exact_row as a
-   contiguous row: the scalar test, for the tiles whose lanes the vector test of the common
-   rows did not all pass (a row whose dy is all 0.0, or a factor with a zero operand, passes
-   this one). */
+/* Whether a lane (of the first count) of a float32 tile fails ln_backward_exact_row's test,
+   applied to the tile's own sums (whose order differs from a contiguous row's): the scalar
+   test, for the tiles whose lanes the vector test of the common rows did not all pass (a
+   row whose dy is all 0.0, or a factor with a zero operand, passes this one). */
 static LN_ALWAYS_INLINE int tile_lanes_need_exact(ln_dtype dtype, int count, gd rstd, gd g_mean, gd gx_mean,
                                                   gd g_tops, gd dy_tops)
 {
@@ -2581,10 +2581,12 @@ static LN_ALWAYS_INLINE int tile_lanes_need_exact(ln_dtype dtype, int count, gd 
        pass 2: dx = fma(rstd, g, fma(-rstd^2 * gx_mean, x - mean, -rstd * g_mean)),
                dweight's term (dy * (x - mean)) * rstd, both in float32; the terms of dweight
                and dbias added, widened, into the per-lane column sums
-   Returns 0, having written nothing, where a lane's row would go by ln_backward_exact_row on
-   the contiguous route (ln_grad_row_needs_exact, its common rows tested in vectors), or where
-   dweight's float32 term could overflow: the tile then goes in float64.  Which way a tile goes depends on dy, x, the weight and the statistics, not on
-   which gradients are asked for, so neither do dweight's bits (dbias' are the same both ways).
+   Pass 1 also keeps each lane's max |x - mean| (xc_top).  Returns 0, having written nothing,
+   where a lane fails the test that sends a contiguous row to ln_backward_exact_row
+   (ln_grad_row_needs_exact on the tile's own sums, its common rows tested in vectors), or
+   where dweight's float32 term could overflow: the tile then goes in float64.  Which way a
+   tile goes depends on dy, x, the weight and the statistics, not on which gradients are
+   asked for, so neither do dweight's bits (dbias' are the same both ways).
    One vector op over a group of 16 float32 lanes where float64 takes two: 8x64x56x56 float32
    over axis=1, A/B in alternating processes, 627-647 -> 498-519 us at one thread, 321-323 ->
    252-258 us at two. */
@@ -2648,10 +2650,11 @@ static LN_ALWAYS_INLINE int backward_tile_f32(ln_norm_kind kind, ln_dtype dtype,
         if (!common && tile_lanes_need_exact(dtype, count, rstd, g_mean, gx_mean, g_tops, dy_tops)) {
             return 0;
         }
-        /* dweight's term, dy * (x - mean) before rstd scales it, in float32's range (the
-           contiguous route's rows do not test this: a weight of 1e-20 lets dy reach 1e30
-           while g = dy * w and g * (x - mean) stay in range) */
-        if (!gd_all_within(tile_lanes_padded(gd_mul(dy_tops, gf_widen(xc_top)), count), 0.0, (double)FLT_MAX / 2)) {
+        /* dweight's term (dy * (x - mean)) * rstd in float32's range, the product before rstd
+           scales it and after (the contiguous route's rows do not test this: a weight of 1e-20
+           lets dy reach 1e30 while g = dy * w and g * (x - mean) stay in range) */
+        const gd term_top = gd_mul(gd_mul(dy_tops, gf_widen(xc_top)), gd_max_magnitude(gd_splat(1.0), rstd));
+        if (!gd_all_within(tile_lanes_padded(term_top, count), 0.0, (double)FLT_MAX / 2)) {
             return 0;
         }
         double factors[2][16];
@@ -2685,10 +2688,11 @@ static LN_ALWAYS_INLINE int backward_tile_f32(ln_norm_kind kind, ln_dtype dtype,
 }
 
 /* Tile `tile` backward, in float32 (backward_tile_f32) or else in float64: pass 1 the lanes'
-   sums of g and g * xhat, pass 2 dx and the parameter gradients' terms, added into the
-   per-lane column sums dweight_lanes and dbias_lanes (each may be NULL).  Lanes past count
-   hold zeros, whose terms are zeros.  As forward_tile, the common case (dy, x and dx
-   adjacent) runs in an instance of its own. */
+   sums of g and g * xhat (float32: when dx or dweight is wanted; float64: when dx is), pass
+   2 dx and the parameter gradients' terms, added into the per-lane column sums
+   dweight_lanes and dbias_lanes (each may be NULL).  Lanes past count hold zeros, whose
+   terms are zeros.  As forward_tile, the common case (dy, x and dx adjacent) runs in an
+   instance of its own. */
 static LN_ALWAYS_INLINE void backward_tile(ln_norm_kind kind, ln_dtype dtype, const ln_backward_args *a,
                                            ptrdiff_t tile, double *dweight_lanes, double *dbias_lanes)
 {

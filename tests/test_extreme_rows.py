@@ -216,52 +216,78 @@ def test_an_extreme_row_gets_the_reference_gradients(kind, row_len, route):
         assert_within(g, w, tol, name)
 
 
-@pytest.mark.parametrize("route", [
-    pytest.param("rows", marks=pytest.mark.xfail(strict=True, reason=(
-        "the contiguous route does not test dy * (x - mean) against float32's range: "
-        "its grad_weight overflows here"))),
-    "axis"])
-def test_a_tiny_weight_under_a_huge_dy_gets_the_reference_grad_weight(route):
-    """w = 1e-20 lets dy reach 1e30 while g = dy * w and g * (x - mean) stay in float32's range;
-    dweight's term dy * (x - mean), formed before rstd scales it, does not (1e40)."""
+def _tiny_weight_huge_dy(case):
+    """(x, dy, weight, eps) of 16 rows of 40 elements under w = 1e-20, where g = dy * w and
+    g * (x - mean) stay in float32's range but dweight's term dy * (x - mean) * rstd does not:
+    dy ~ 1e30 with x ~ 1e10 (dy * (x - mean) ~ 1e40), or dy ~ 2e38 with x ~ 1e-4 and eps 0
+    (rstd ~ 1e4, the term ~ 5e38), rows k and k + 8 of the latter with the same x and opposite dy, whose
+    terms cancel."""
     rng = np.random.default_rng(3)
     n = 40
-    x = (rng.standard_normal((16, n)) * 1e10).astype(np.float32)
-    dy = (rng.standard_normal((16, n)) * 1e30).astype(np.float32)
-    weight, bias = np.full(n, 1e-20, np.float32), np.zeros(n, np.float32)
-    _, mean, rstd = layernorm.native_layer_norm(x, (n,), weight, bias, 1e-5)
+    weight = np.full(n, 1e-20, np.float32)
+    if case == "dy-1e30":
+        x = rng.standard_normal((16, n)) * 1e10
+        dy = rng.standard_normal((16, n)) * 1e30
+        eps = 1e-5
+    else:
+        half = rng.standard_normal((8, n)) * 1e-4
+        x = np.concatenate([half, half])
+        dy = rng.uniform(1e38, 3e38, (8, n)) * rng.choice([-1.0, 1.0], (8, n))
+        dy = np.concatenate([dy, -dy])
+        eps = 0.0
+    return x.astype(np.float32), dy.astype(np.float32), weight, eps
+
+
+@pytest.mark.parametrize("route", [
+    pytest.param("rows", marks=pytest.mark.xfail(strict=True, reason=(
+        "the contiguous route does not test dy * (x - mean) * rstd against float32's range: "
+        "its grad_weight overflows here"))),
+    "axis"])
+@pytest.mark.parametrize("case", ["dy-1e30", "rstd-1e4"])
+def test_a_tiny_weight_under_a_huge_dy_gets_the_reference_grad_weight(case, route):
+    x, dy, weight, eps = _tiny_weight_huge_dy(case)
+    n = x.shape[-1]
+    bias = np.zeros(n, np.float32)
+    _, mean, rstd = layernorm.native_layer_norm(x, (n,), weight, bias, eps)
     got = _layer_norm_backward_by(route, dy, x, mean, rstd, weight, bias)
     want = _reference.layer_norm_backward_given_stats(dy, x, (n,), mean, rstd, weight)
-    assert_within(got[1], want[1], 1e-5 * np.abs(want[1]).max(), "grad_weight")
+    # grad_weight's terms are dy * xhat per row: its tolerance is theirs, summed
+    xhat = (x.astype(np.float64) - mean) * np.asarray(rstd, np.float64)
+    terms = np.abs(dy.astype(np.float64) * xhat).sum(axis=0)
+    assert np.isfinite(got[1]).all()
+    assert_within(got[1], want[1], 1e-5 * terms, "grad_weight")
 
 
-@pytest.mark.parametrize("zeroed", ["dy-row", "constant-x-row"])
-def test_a_zero_factor_row_keeps_its_tiles_float32_bits(zeroed):
+@pytest.mark.parametrize("rows", [16, 13])
+@pytest.mark.parametrize("norm, zeroed", [("layer", "dy-row"), ("layer", "constant-x-row"), ("rms", "dy-row")])
+def test_a_zero_factor_row_keeps_its_tiles_float32_bits(norm, zeroed, rows):
     """A row whose dy is all 0.0 (or whose x is constant: x - mean all 0.0) has a zero factor,
-    which the contiguous route's float32 arithmetic carries: on the strided route its tile of 16
-    rows stays in float32 too, so the other rows' gradients keep their bits."""
+    which the contiguous route's float32 arithmetic carries: on the strided route its tile of
+    rows (16, or 13 and three lanes of padding) stays in float32 too, so the other rows'
+    gradients keep their bits."""
     rng = np.random.default_rng(4)
     n = 40
-    x, dy = rng.standard_normal((2, 16, n)).astype(np.float32)
+    x, dy = rng.standard_normal((2, rows, n)).astype(np.float32)
     weight, bias = rng.uniform(0.5, 2.0, (2, n)).astype(np.float32)
 
-    def grads(x, dy):
-        _, mean, rstd = layernorm.native_layer_norm(x, (n,), weight, bias, 1e-5)
-        dx = layernorm.layer_norm_backward(dy.T.copy(), x.T.copy(), (n,), mean.T.copy(), rstd.T.copy(),
-                                           weight, bias, axis=0)[0]
-        return dx.T
+    def grad_input(x, dy):
+        if norm == "layer":
+            _, mean, rstd = layernorm.native_layer_norm(x, (n,), weight, bias, 1e-5)
+            return _layer_norm_backward_by("axis", dy, x, mean, rstd, weight, bias)[0]
+        _, rstd = layernorm.native_rms_norm(x, (n,), weight, 1e-5)
+        return layernorm.rms_norm_backward(dy.T.copy(), x.T.copy(), (n,), rstd.T.copy(), weight, axis=0)[0].T
 
-    before = grads(x, dy)
+    before = grad_input(x, dy)
     if zeroed == "dy-row":
         dy = dy.copy()
         dy[5] = 0.0
     else:
         x = x.copy()
         x[5] = 0.25
-    after = grads(x, dy)
-    others = [k for k in range(16) if k != 5]
+    after = grad_input(x, dy)
+    others = [k for k in range(rows) if k != 5]
     assert after[others].tobytes() == before[others].tobytes()
-    assert np.isfinite(after[5]).all()
+    assert (after[5] == 0.0).all() if zeroed == "dy-row" else np.isfinite(after[5]).all()
 
 
 # A negative rstd (statistics of the caller's own) is outside what the row kernels' float32
