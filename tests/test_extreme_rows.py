@@ -238,19 +238,25 @@ def _tiny_weight_huge_dy(case):
     return x.astype(np.float32), dy.astype(np.float32), weight, eps
 
 
-@pytest.mark.parametrize("route", [
-    pytest.param("rows", marks=pytest.mark.xfail(strict=True, reason=(
-        "the contiguous route does not test dy * (x - mean) * rstd against float32's range: "
-        "its grad_weight overflows here"))),
-    "axis"])
+@pytest.mark.parametrize("route", ["rows", "axis"])
 @pytest.mark.parametrize("case", ["dy-1e30", "rstd-1e4"])
-def test_a_tiny_weight_under_a_huge_dy_gets_the_reference_grad_weight(case, route):
+@pytest.mark.parametrize("norm", ["layer", "rms"])
+def test_a_tiny_weight_under_a_huge_dy_gets_the_reference_grad_weight(norm, case, route):
     x, dy, weight, eps = _tiny_weight_huge_dy(case)
     n = x.shape[-1]
-    bias = np.zeros(n, np.float32)
-    _, mean, rstd = layernorm.native_layer_norm(x, (n,), weight, bias, eps)
-    got = _layer_norm_backward_by(route, dy, x, mean, rstd, weight, bias)
-    want = _reference.layer_norm_backward_given_stats(dy, x, (n,), mean, rstd, weight)
+    if norm == "layer":
+        bias = np.zeros(n, np.float32)
+        _, mean, rstd = layernorm.native_layer_norm(x, (n,), weight, bias, eps)
+        got = _layer_norm_backward_by(route, dy, x, mean, rstd, weight, bias)
+        want = _reference.layer_norm_backward_given_stats(dy, x, (n,), mean, rstd, weight)
+    else:
+        _, rstd = layernorm.native_rms_norm(x, (n,), weight, eps)
+        mean = 0.0
+        if route == "axis":
+            got = layernorm.rms_norm_backward(dy.T.copy(), x.T.copy(), (n,), rstd.T.copy(), weight, axis=0)
+        else:
+            got = layernorm.rms_norm_backward(dy, x, (n,), rstd, weight)
+        want = _reference.rms_norm_backward_given_stats(dy, x, (n,), rstd, weight)
     # grad_weight's terms are dy * xhat per row: its tolerance is theirs, summed
     xhat = (x.astype(np.float64) - mean) * np.asarray(rstd, np.float64)
     terms = np.abs(dy.astype(np.float64) * xhat).sum(axis=0)
