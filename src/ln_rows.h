@@ -1687,38 +1687,6 @@ static LN_ALWAYS_INLINE void grad_apply_start(grad_apply_rows *rows, const ln_gr
     }
 }
 
-/* dweight's terms of a group's rows at `columns` (1 to 16) columns from j, summed in float64,
-   for where their float32 sum is not finite.  Every input is finite there (a row holding NaN
-   or Inf goes by ln_backward_exact_row), so a float32 term overflowed: a tiny weight under a
-   huge dy can take dy * (x - mean) * rstd past float32's range while g = dy * weight and
-   g * (x - mean), which decide that route, stay in it. */
-static LN_ALWAYS_INLINE gd grad_dweight_in_f64(ln_norm_kind kind, ln_dtype dtype, const grad_apply_rows *rows,
-                                               int count, ptrdiff_t j, int columns)
-{
-    gd sum = gd_splat(0.0);
-    for (int k = 0; k < count; k++) {
-        const gd dy_v = columns == 16 ? load_as_f64(dtype, rows->dy[k], j)
-                                      : load_part_as_f64(dtype, rows->dy[k], j, columns);
-        const gd value_x = columns == 16 ? load_as_f64(dtype, rows->x[k], j)
-                                         : load_part_as_f64(dtype, rows->x[k], j, columns);
-        const gd xc = kind == LN_NORM_LAYER ? gd_sub(value_x, gf_widen(rows->mean_v[k])) : value_x;
-        sum = gd_fma(gd_mul(dy_v, xc), gf_widen(rows->rstd_v[k]), sum);
-    }
-    return sum;
-}
-
-/* A group's dweight terms at `columns` columns from j: its float32 sum widened, or where
-   that is not finite, the sum in float64 (grad_dweight_in_f64). */
-static LN_ALWAYS_INLINE gd grad_dweight_terms(ln_norm_kind kind, ln_dtype dtype, const grad_apply_rows *rows,
-                                              int count, ptrdiff_t j, int columns, gf group_dweight)
-{
-    const gd terms = gf_widen(group_dweight);
-    if (__builtin_expect(!gd_all_within(terms, -(double)FLT_MAX, (double)FLT_MAX), 0)) {
-        return grad_dweight_in_f64(kind, dtype, rows, count, j, columns);
-    }
-    return terms;
-}
-
 /* The whole groups of 16 columns in [begin, end) (begin a multiple of 16). */
 static LN_ALWAYS_INLINE void grad_apply_columns(ln_norm_kind kind, ln_dtype dtype, const grad_apply_rows *rows,
                                                 int count, const float *weight, ptrdiff_t begin, ptrdiff_t end,
@@ -1758,7 +1726,7 @@ static LN_ALWAYS_INLINE void grad_apply_columns(ln_norm_kind kind, ln_dtype dtyp
         }
         if (dweight) {
             const gd before = rows->set_sums ? gd_splat(0.0) : gd_load(dweight + j);
-            gd_store(dweight + j, gd_add(before, grad_dweight_terms(kind, dtype, rows, count, j, 16, group_dweight)));
+            gd_store(dweight + j, gd_add(before, gf_widen(group_dweight)));
         }
         if (dbias) {
             const gd before = rows->set_sums ? gd_splat(0.0) : gd_load(dbias + j);
@@ -1815,7 +1783,7 @@ static LN_ALWAYS_INLINE void grad_apply_part(ln_norm_kind kind, ln_dtype dtype, 
     }
     double lanes[16];
     if (dweight) {
-        gd_store(lanes, grad_dweight_terms(kind, dtype, rows, count, begin, columns, group_dweight));
+        gd_store(lanes, gf_widen(group_dweight));
         for (int j = 0; j < columns; j++) {
             dweight[begin + j] = (rows->set_sums ? 0.0 : dweight[begin + j]) + lanes[j];
         }
@@ -2683,10 +2651,8 @@ static LN_ALWAYS_INLINE int backward_tile_f32(ln_norm_kind kind, ln_dtype dtype,
             return 0;
         }
         /* dweight's term (dy * (x - mean)) * rstd in float32's range, the product before rstd
-           scales it and after: a weight of 1e-20 lets dy reach 1e30 while g = dy * w and
-           g * (x - mean) stay in range (the contiguous route sums such a group's terms again
-           in float64 once they have overflowed, grad_dweight_in_f64; a tile's lanes are
-           summed over all its tiles) */
+           scales it and after (the contiguous route's rows do not test this: a weight of 1e-20
+           lets dy reach 1e30 while g = dy * w and g * (x - mean) stay in range) */
         const gd term_top = gd_mul(gd_mul(dy_tops, gf_widen(xc_top)), gd_max_magnitude(gd_splat(1.0), rstd));
         if (!gd_all_within(tile_lanes_padded(term_top, count), 0.0, (double)FLT_MAX / 2)) {
             return 0;
