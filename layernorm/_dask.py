@@ -27,9 +27,9 @@ results give the outputs' dtypes), then builds one of two graphs:
   normalize NumPy's sum of each pair of chunks.  Backward merges the row sums it needs the same
   way: with g = grad_output * weight and xhat = (x - mean) * rstd,
   grad_input = rstd * (g - mean(g) - xhat * mean(g * xhat)) (RMSNorm: no mean(g)), with each
-  row's largest |g| and |grad_output| merged alongside (by maximum): the kernels compute a row
-  whose products come near the subnormals in float64, as the NumPy call does, and need the
-  whole row's to tell.
+  row's largest |g|, |grad_output| and |x - mean| merged alongside (by maximum): the kernels
+  compute a row whose products come near the subnormals or the largest float in float64, as
+  the NumPy call does, and need the whole row's to tell.
   Each chunk's moments, its normalized values, its row sums and its grad_input come from the
   kernel layer's private part entry points (_layernorm._layer_norm_part_moments, ...), one
   read of the chunk each; the merges happen here, in float64.
@@ -441,11 +441,11 @@ _MOMENTS = np.dtype([("count", np.float64), ("mean", np.float64), ("m2", np.floa
 # A row's statistics, in float64, in units of scale (mean * scale and rstd / scale are theirs).
 _STATS = np.dtype([("mean", np.float64), ("rstd", np.float64), ("scale", np.float64)])
 # A chunk's part of the row sums backward needs (g = grad_output * weight), then their means;
-# and the largest magnitudes of g and grad_output, of the chunk's part, then of the row.
-_ROW_SUMS = np.dtype([("g", np.float64), ("g_xhat", np.float64), ("g_largest", np.float64),
-                      ("dy_largest", np.float64)])
+# and the largest magnitudes of g, grad_output and x - mean (x for RMSNorm), of the chunk's
+# part, then of the row.
 _SUMMED = ("g", "g_xhat")
-_LARGEST = ("g_largest", "dy_largest")
+_LARGEST = ("g_largest", "dy_largest", "xc_largest")
+_ROW_SUMS = np.dtype([(field, np.float64) for field in _SUMMED + _LARGEST])
 
 # Elements per slab: the parameter gradients work through a chunk slab by slab, so that their
 # float64 intermediates (512 KiB each) stay in a core's cache instead of being chunk-sized
@@ -620,16 +620,18 @@ def _block_row_sums(input: np.ndarray, grad_output: np.ndarray, mean: Optional[n
                     rstd: np.ndarray, weight: Optional[np.ndarray], *,
                     axes: Tuple[int, ...]) -> np.ndarray:
     """_ROW_SUMS of the chunk's part of each row, sum(g) and sum(g * xhat), as the kernels sum
-    a row's (RMSNorm, without a mean: no sum(g)), and its largest |g| and |grad_output|."""
+    a row's (RMSNorm, without a mean: no sum(g)), and its largest magnitudes."""
     sizes = tuple(input.shape[a] for a in axes)
     sums = np.empty(tuple(1 if a in axes else n for a, n in enumerate(input.shape)), _ROW_SUMS)
     if mean is None:
         sums["g"] = 0.0
-        sums["g_xhat"], sums["g_largest"], sums["dy_largest"] = _core._rms_norm_part_grad_sums(
-            grad_output, input, sizes, rstd, weight, axis=axes)
+        parts = _core._rms_norm_part_grad_sums(grad_output, input, sizes, rstd, weight, axis=axes)
+        fields = _ROW_SUMS.names[1:]
     else:
-        sums["g"], sums["g_xhat"], sums["g_largest"], sums["dy_largest"] = _core._layer_norm_part_grad_sums(
-            grad_output, input, sizes, mean, rstd, weight, axis=axes)
+        parts = _core._layer_norm_part_grad_sums(grad_output, input, sizes, mean, rstd, weight, axis=axes)
+        fields = _ROW_SUMS.names
+    for field, part in zip(fields, parts):
+        sums[field] = part
     return sums
 
 
@@ -657,11 +659,12 @@ def _grad_input_block(input: np.ndarray, grad_output: np.ndarray, mean: Optional
     """grad_input = rstd * (g - mean(g) - xhat * mean(g * xhat)) on a chunk (RMSNorm, without a
     mean: without mean(g)), as the kernels compute it from the row means given."""
     sizes = tuple(input.shape[a] for a in axes)
+    largest = [means[field] for field in _LARGEST]
     if mean is None:
-        return _core._rms_norm_part_grad_input(grad_output, input, sizes, rstd, means["g_xhat"], means["g_largest"],
-                                               means["dy_largest"], weight, axis=axes)
+        return _core._rms_norm_part_grad_input(grad_output, input, sizes, rstd, means["g_xhat"], *largest, weight,
+                                               axis=axes)
     return _core._layer_norm_part_grad_input(grad_output, input, sizes, mean, rstd, means["g"], means["g_xhat"],
-                                             means["g_largest"], means["dy_largest"], weight, axis=axes)
+                                             *largest, weight, axis=axes)
 
 
 def _block_gradients(which: Tuple[str, ...], input: np.ndarray, grad_output: np.ndarray,

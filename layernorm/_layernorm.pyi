@@ -198,8 +198,8 @@ def _layer_norm_part_grad_sums(
     weight: Optional[npt.ArrayLike] = None,
     *,
     axis: _Axis = None,
-) -> Tuple[_F64, _F64, _F64, _F64]:
-    """(g_sum, g_xhat_sum, g_largest, dy_largest) of each row's part, g = grad_output * weight."""
+) -> Tuple[_F64, _F64, _F64, _F64, _F64]:
+    """(g_sum, g_xhat_sum, g_largest, dy_largest, xc_largest) of each row's part, g = grad_output * weight."""
 
 def _layer_norm_part_grad_input(
     grad_output: npt.ArrayLike,
@@ -211,6 +211,7 @@ def _layer_norm_part_grad_input(
     g_xhat_mean: npt.ArrayLike,
     g_largest: npt.ArrayLike,
     dy_largest: npt.ArrayLike,
+    xc_largest: npt.ArrayLike,
     weight: Optional[npt.ArrayLike] = None,
     *,
     axis: _Axis = None,
@@ -223,8 +224,8 @@ def _rms_norm_part_grad_sums(
     weight: Optional[npt.ArrayLike] = None,
     *,
     axis: _Axis = None,
-) -> Tuple[_F64, _F64, _F64]:
-    """(g_xhat_sum, g_largest, dy_largest) of each row's part."""
+) -> Tuple[_F64, _F64, _F64, _F64]:
+    """(g_xhat_sum, g_largest, dy_largest, xc_largest) of each row's part."""
 
 def _rms_norm_part_grad_input(
     grad_output: npt.ArrayLike,
@@ -234,6 +235,7 @@ def _rms_norm_part_grad_input(
     g_xhat_mean: npt.ArrayLike,
     g_largest: npt.ArrayLike,
     dy_largest: npt.ArrayLike,
+    xc_largest: npt.ArrayLike,
     weight: Optional[npt.ArrayLike] = None,
     *,
     axis: _Axis = None,

@@ -75,6 +75,7 @@ typedef enum {
     KW_G_XHAT_MEAN,
     KW_G_LARGEST,
     KW_DY_LARGEST,
+    KW_XC_LARGEST,
     KW_SCALE,
     KW_ROW_LEN,
     KW_COUNT
@@ -99,6 +100,7 @@ static const char *const keyword_text[KW_COUNT] = {
     [KW_G_XHAT_MEAN] = "g_xhat_mean",
     [KW_G_LARGEST] = "g_largest",
     [KW_DY_LARGEST] = "dy_largest",
+    [KW_XC_LARGEST] = "xc_largest",
     [KW_SCALE] = "scale",
     [KW_ROW_LEN] = "row_len",
 };
@@ -2694,7 +2696,8 @@ rms_norm_part_normalize(PyObject *module, PyObject *const *args, Py_ssize_t narg
 }
 
 /* The arguments of one part backward call: the statistics (the kind's n_stats) and, for
-   grad_input, the row means of g and g * xhat (the kind's n_stats: RMSNorm has no mean(g)). */
+   grad_input, the row means of g and g * xhat (the kind's n_stats: RMSNorm has no mean(g))
+   followed by the rows' largest magnitudes. */
 typedef struct {
     PyObject *grad_output, *input, *normalized_shape, *axis;
     PyObject *const *stats;
@@ -2702,19 +2705,25 @@ typedef struct {
     PyObject *weight;
 } part_backward_objs;
 
-/* What the part's row sums give and what grad_input takes, one float64 per row each. */
-static const char *const row_sum_names[] = {"g_sum", "g_xhat_sum", "g_largest", "dy_largest"};
-static const char *const row_mean_names[] = {"g_mean", "g_xhat_mean", "g_largest", "dy_largest"};
+/* What the part's row sums give and what grad_input takes, one float64 per row each: two
+   sums (or means), then the largest magnitudes in ln_kernels.h's order. */
+enum { ROW_VALUES = 2 + LN_LARGEST_COUNT };
+static const char *const row_sum_names[ROW_VALUES] = {"g_sum", "g_xhat_sum", "g_largest", "dy_largest",
+                                                      "xc_largest"};
+static const char *const row_mean_names[ROW_VALUES] = {"g_mean", "g_xhat_mean", "g_largest", "dy_largest",
+                                                       "xc_largest"};
+static const char *const row_value_texts[ROW_VALUES] = {"the sums of g", "the sums of g * xhat", "the largest |g|",
+                                                        "the largest |dy|", "the largest |x - mean| (|x|)"};
 
 /* New reference: with row_means, grad_input; without, the part's row sums and largest
-   magnitudes (g_sum, g_xhat_sum, g_largest, dy_largest) for a centred kind, without g_sum for
-   RMSNorm.  NULL with an exception set. */
+   magnitudes (g_sum, g_xhat_sum, g_largest, dy_largest, xc_largest) for a centred kind,
+   without g_sum for RMSNorm.  NULL with an exception set. */
 static PyObject *
 part_backward(module_state *state, const norm_kind *kind, const char *what, const part_backward_objs *objs)
 {
     PyObject *result = NULL;
     PyArrayObject *input = NULL, *grad_out = NULL, *weight = NULL, *grad_input = NULL;
-    PyArrayObject *stats[2] = {NULL, NULL}, *rows_g[4] = {NULL, NULL, NULL, NULL};
+    PyArrayObject *stats[2] = {NULL, NULL}, *rows_g[ROW_VALUES] = {NULL};
     kernel_call call = {0};
     shape_t ns;
     norm_axes ax;
@@ -2760,7 +2769,7 @@ part_backward(module_state *state, const norm_kind *kind, const char *what, cons
             goto done;
         }
     }
-    for (int s = first_stat; s < 4; s++) {
+    for (int s = first_stat; s < ROW_VALUES; s++) {
         if (objs->row_means) {
             rows_g[s] = stats_input(state, objs->row_means[s - first_stat], NULL, row_mean_names[s], rows);
             if (!rows_g[s]) {
@@ -2782,20 +2791,19 @@ part_backward(module_state *state, const norm_kind *kind, const char *what, cons
         }
     }
     call_init(&call, input, &ax);
-    enum { GRAD_OUTPUT, INPUT, MEAN, RSTD, G, G_XHAT, G_LARGEST, DY_LARGEST, GRAD_INPUT };
+    enum { GRAD_OUTPUT, INPUT, MEAN, RSTD, ROWS_G, GRAD_INPUT = ROWS_G + ROW_VALUES };
     call_add(&call, grad_out, "grad_output", 0, 0);
     call_add(&call, input, "the input", 0, 0);
     call_add(&call, stats[0], "the mean", 0, 1);
     call_add(&call, stats[1], "the rstd", 0, 1);
-    call_add(&call, rows_g[0], "the sums of g", !objs->row_means, 1);
-    call_add(&call, rows_g[1], "the sums of g * xhat", !objs->row_means, 1);
-    call_add(&call, rows_g[2], "the largest |g|", !objs->row_means, 1);
-    call_add(&call, rows_g[3], "the largest |dy|", !objs->row_means, 1);
+    for (int s = 0; s < ROW_VALUES; s++) {
+        call_add(&call, rows_g[s], row_value_texts[s], !objs->row_means, 1);
+    }
     call_add(&call, grad_input, "grad_input", 1, 0);
     if (call_prepare(what, &call) < 0) {
         goto done;
     }
-    const ln_part_backward_args args = {
+    ln_part_backward_args args = {
         .kind = kind->kernel,
         .dtype = (ln_dtype)dtype,
         .extent = call.extent,
@@ -2804,12 +2812,13 @@ part_backward(module_state *state, const norm_kind *kind, const char *what, cons
         .weight = weight ? PyArray_DATA(weight) : NULL,
         .mean = call_array_at(&call, MEAN),
         .rstd = call_array_at(&call, RSTD),
-        .g = call_array_at(&call, G),
-        .g_xhat = call_array_at(&call, G_XHAT),
-        .g_largest = call_array_at(&call, G_LARGEST),
-        .dy_largest = call_array_at(&call, DY_LARGEST),
+        .g = call_array_at(&call, ROWS_G),
+        .g_xhat = call_array_at(&call, ROWS_G + 1),
         .grad_input = call_array_at(&call, GRAD_INPUT),
     };
+    for (int i = 0; i < LN_LARGEST_COUNT; i++) {
+        args.largest[i] = call_array_at(&call, ROWS_G + 2 + i);
+    }
     int status;
     Py_BEGIN_ALLOW_THREADS
     status = objs->row_means ? ln_part_grad_input(&args) : ln_part_grad_sums(&args);
@@ -2827,12 +2836,12 @@ part_backward(module_state *state, const norm_kind *kind, const char *what, cons
         Py_INCREF(grad_input);
         result = (PyObject *)grad_input;
     }
-    else if (rows_g[0]) {
-        result = PyTuple_Pack(4, (PyObject *)rows_g[0], (PyObject *)rows_g[1], (PyObject *)rows_g[2],
-                              (PyObject *)rows_g[3]);
-    }
     else {
-        result = PyTuple_Pack(3, (PyObject *)rows_g[1], (PyObject *)rows_g[2], (PyObject *)rows_g[3]);
+        result = PyTuple_New(ROW_VALUES - first_stat);
+        for (int s = first_stat; result && s < ROW_VALUES; s++) {
+            Py_INCREF(rows_g[s]);
+            PyTuple_SET_ITEM(result, s - first_stat, (PyObject *)rows_g[s]);
+        }
     }
 done:
     call_release(&call);
@@ -2843,7 +2852,7 @@ done:
     for (int i = 0; i < 2; i++) {
         Py_XDECREF(stats[i]);
     }
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < ROW_VALUES; i++) {
         Py_XDECREF(rows_g[i]);
     }
     return result;
@@ -2854,9 +2863,9 @@ PyDoc_STRVAR(layer_norm_part_grad_sums_doc,
 "                           weight=None, *, axis=None)\n"
 "--\n"
 "\n"
-"(g_sum, g_xhat_sum, g_largest, dy_largest) of each row's part, float64: the sums of\n"
-"g = grad_output * weight and of g * xhat that layer_norm_backward takes, and the largest |g|\n"
-"and |grad_output| (private: for layernorm._dask).\n");
+"(g_sum, g_xhat_sum, g_largest, dy_largest, xc_largest) of each row's part, float64: the sums\n"
+"of g = grad_output * weight and of g * xhat that layer_norm_backward takes, and the largest\n"
+"|g|, |grad_output| and |input - mean| (private: for layernorm._dask).\n");
 
 static PyObject *
 layer_norm_part_grad_sums(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
@@ -2877,24 +2886,25 @@ layer_norm_part_grad_sums(PyObject *module, PyObject *const *args, Py_ssize_t na
 
 PyDoc_STRVAR(layer_norm_part_grad_input_doc,
 "_layer_norm_part_grad_input($module, grad_output, input, normalized_shape, mean, rstd, g_mean,\n"
-"                            g_xhat_mean, g_largest, dy_largest, weight=None, *, axis=None)\n"
+"                            g_xhat_mean, g_largest, dy_largest, xc_largest, weight=None, *,\n"
+"                            axis=None)\n"
 "--\n"
 "\n"
 "rstd * (g - g_mean - xhat * g_xhat_mean) on the part, with the rows' means of g and g * xhat\n"
-"and the rows' largest |g| and |grad_output| given (float64), as layer_norm_backward computes\n"
-"grad_input (private: for layernorm._dask).\n");
+"and the rows' largest |g|, |grad_output| and |input - mean| given (float64), as\n"
+"layer_norm_backward computes grad_input (private: for layernorm._dask).\n");
 
 static PyObject *
 layer_norm_part_grad_input(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    enum { GRAD_OUTPUT, INPUT, NORMALIZED_SHAPE, MEAN, RSTD, G_MEAN, G_XHAT_MEAN, G_LARGEST, DY_LARGEST, WEIGHT,
-           AXIS, N };
+    enum { GRAD_OUTPUT, INPUT, NORMALIZED_SHAPE, MEAN, RSTD, G_MEAN, G_XHAT_MEAN, G_LARGEST, DY_LARGEST,
+           XC_LARGEST, WEIGHT, AXIS, N };
     static const keyword_id keywords[N] = {KW_GRAD_OUTPUT, KW_INPUT, KW_NORMALIZED_SHAPE, KW_MEAN, KW_RSTD,
-                                           KW_G_MEAN, KW_G_XHAT_MEAN, KW_G_LARGEST, KW_DY_LARGEST, KW_WEIGHT,
-                                           KW_AXIS};
+                                           KW_G_MEAN, KW_G_XHAT_MEAN, KW_G_LARGEST, KW_DY_LARGEST, KW_XC_LARGEST,
+                                           KW_WEIGHT, KW_AXIS};
     module_state *state = get_state(module);
     PyObject *v[N];
-    if (parse_args(state, "_layer_norm_part_grad_input", args, nargs, kwnames, keywords, N, AXIS, 9, v) < 0) {
+    if (parse_args(state, "_layer_norm_part_grad_input", args, nargs, kwnames, keywords, N, AXIS, 10, v) < 0) {
         return NULL;
     }
     const part_backward_objs objs = {.grad_output = v[GRAD_OUTPUT], .input = v[INPUT],
@@ -2908,8 +2918,9 @@ PyDoc_STRVAR(rms_norm_part_grad_sums_doc,
 "                         axis=None)\n"
 "--\n"
 "\n"
-"(g_xhat_sum, g_largest, dy_largest) of each row's part, float64: the sum of g * xhat that\n"
-"rms_norm_backward takes, and the largest |g| and |grad_output| (private: for layernorm._dask).\n");
+"(g_xhat_sum, g_largest, dy_largest, xc_largest) of each row's part, float64: the sum of\n"
+"g * xhat that rms_norm_backward takes, and the largest |g|, |grad_output| and |input|\n"
+"(private: for layernorm._dask).\n");
 
 static PyObject *
 rms_norm_part_grad_sums(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
@@ -2930,22 +2941,24 @@ rms_norm_part_grad_sums(PyObject *module, PyObject *const *args, Py_ssize_t narg
 
 PyDoc_STRVAR(rms_norm_part_grad_input_doc,
 "_rms_norm_part_grad_input($module, grad_output, input, normalized_shape, rstd, g_xhat_mean,\n"
-"                          g_largest, dy_largest, weight=None, *, axis=None)\n"
+"                          g_largest, dy_largest, xc_largest, weight=None, *, axis=None)\n"
 "--\n"
 "\n"
-"rstd * (g - xhat * g_xhat_mean) on the part, with the rows' means of g * xhat and largest |g|\n"
-"and |grad_output| given (float64), as rms_norm_backward computes grad_input (private: for\n"
-"layernorm._dask).\n");
+"rstd * (g - xhat * g_xhat_mean) on the part, with the rows' means of g * xhat and largest\n"
+"|g|, |grad_output| and |input| given (float64), as rms_norm_backward computes grad_input\n"
+"(private: for layernorm._dask).\n");
 
 static PyObject *
 rms_norm_part_grad_input(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    enum { GRAD_OUTPUT, INPUT, NORMALIZED_SHAPE, RSTD, G_XHAT_MEAN, G_LARGEST, DY_LARGEST, WEIGHT, AXIS, N };
+    enum { GRAD_OUTPUT, INPUT, NORMALIZED_SHAPE, RSTD, G_XHAT_MEAN, G_LARGEST, DY_LARGEST, XC_LARGEST, WEIGHT,
+           AXIS, N };
     static const keyword_id keywords[N] = {KW_GRAD_OUTPUT, KW_INPUT, KW_NORMALIZED_SHAPE, KW_RSTD,
-                                           KW_G_XHAT_MEAN, KW_G_LARGEST, KW_DY_LARGEST, KW_WEIGHT, KW_AXIS};
+                                           KW_G_XHAT_MEAN, KW_G_LARGEST, KW_DY_LARGEST, KW_XC_LARGEST,
+                                           KW_WEIGHT, KW_AXIS};
     module_state *state = get_state(module);
     PyObject *v[N];
-    if (parse_args(state, "_rms_norm_part_grad_input", args, nargs, kwnames, keywords, N, AXIS, 7, v) < 0) {
+    if (parse_args(state, "_rms_norm_part_grad_input", args, nargs, kwnames, keywords, N, AXIS, 8, v) < 0) {
         return NULL;
     }
     const part_backward_objs objs = {.grad_output = v[GRAD_OUTPUT], .input = v[INPUT],

@@ -41,8 +41,8 @@ typedef struct {
     double *dparams;         /* grad_blocks x [dweight (lanes x row_len), dbias (lanes x row_len)] */
     int adds_as_it_goes;     /* the task of block 0 adds its blocks to block 0's sums (ln_backward_blocks) */
     ptrdiff_t blocks_added;  /* blocks 0 .. blocks_added - 1 are in block 0's sums */
-    double *sums;            /* column spans: rows x spans x [sum g, sum g * xhat, max |g|, max |dy|] */
-    double *row_means;       /* column spans: rows x [mean g, mean g * xhat, max |g|, max |dy|] */
+    double *sums;            /* column spans: rows x spans x LN_GRAD_SUMS [sum g, sum g * xhat, largest] */
+    double *row_means;       /* column spans: rows x LN_GRAD_SUMS [mean g, mean g * xhat, largest] */
 } ln_backward_job;
 
 /* Debug builds' check of what ln_kernels.h promises the kernels. */
@@ -186,7 +186,7 @@ static void ln_backward_span_sums(void *ctx, ptrdiff_t begin, ptrdiff_t end)
                                 ln_row_address(&a->input, &a->extent, r) + start * job->elsize,
                                 a->weight ? (const char *)a->weight + start * job->param_elsize : NULL, len,
                                 ln_backward_mean(a, r), ln_load_stat(a->dtype, &a->rstd, &a->extent, r),
-                                job->sums + 4 * t, job->sums + 4 * t + 2, job->read_ahead);
+                                job->sums + LN_GRAD_SUMS * t, job->sums + LN_GRAD_SUMS * t + 2, job->read_ahead);
     }
 }
 
@@ -198,7 +198,7 @@ static int ln_backward_span_row_exact(const ln_backward_job *job, ptrdiff_t r)
     if (!a->grad_input.data && !a->grad_weight) {
         return 0;
     }
-    const double *row = job->row_means + 4 * r;
+    const double *row = job->row_means + LN_GRAD_SUMS * r;
     return ln_grad_row_needs_exact(a->dtype, ln_load_stat(a->dtype, &a->rstd, &a->extent, r), row[0], row[1],
                                    row + 2);
 }
@@ -226,8 +226,8 @@ static void ln_backward_span_apply(void *ctx, ptrdiff_t begin, ptrdiff_t end)
                                                  : NULL;
                 group.mean[k] = ln_backward_mean(a, r);
                 group.rstd[k] = ln_load_stat(a->dtype, &a->rstd, &a->extent, r);
-                group.g_mean[k] = job->row_means[4 * r];
-                group.gx_mean[k] = job->row_means[4 * r + 1];
+                group.g_mean[k] = job->row_means[LN_GRAD_SUMS * r];
+                group.gx_mean[k] = job->row_means[LN_GRAD_SUMS * r + 1];
                 exact[k] = ln_backward_span_row_exact(job, r);
                 any_exact |= exact[k];
             }
@@ -256,24 +256,25 @@ static int ln_backward_by_column_spans(ln_backward_job *job)
     int status = -1;
     job->spans = (a->extent.row_len + LN_CHUNK - 1) / LN_CHUNK;
     job->read_ahead = ln_backward_read_ahead(a);
-    job->sums = calloc((size_t)(4 * rows * (job->spans + 1)), sizeof(double));
+    job->sums = calloc((size_t)(LN_GRAD_SUMS * rows * (job->spans + 1)), sizeof(double));
     if (!job->sums) {
         goto done;
     }
-    job->row_means = job->sums + 4 * rows * job->spans;
+    job->row_means = job->sums + LN_GRAD_SUMS * rows * job->spans;
     /* pass 1 also without dx: which rows ln_backward_exact_row takes must not depend on it;
        dbias alone needs none of it */
     if (a->grad_input.data || a->grad_weight) {
         ln_parallel_for(rows * job->spans, 4, ln_backward_span_sums, job);
     }
     for (ptrdiff_t r = 0; r < rows; r++) {
-        double *row = job->row_means + 4 * r;
+        double *row = job->row_means + LN_GRAD_SUMS * r;
         for (ptrdiff_t s = 0; s < job->spans; s++) {
-            const double *span = job->sums + 4 * (r * job->spans + s);
+            const double *span = job->sums + LN_GRAD_SUMS * (r * job->spans + s);
             row[0] += span[0];
             row[1] += span[1];
-            row[2] = fmax(row[2], span[2]);
-            row[3] = fmax(row[3], span[3]);
+            for (int i = 2; i < LN_GRAD_SUMS; i++) {
+                row[i] = fmax(row[i], span[i]);
+            }
         }
         row[0] /= (double)a->extent.row_len;
         row[1] /= (double)a->extent.row_len;

@@ -141,11 +141,11 @@ typedef struct {
        column j's lanes at dweight_lanes[16 j .. 16 j + 16) (each may be NULL) */
     void (*backward_tiles)(const ln_backward_args *a, ptrdiff_t begin, ptrdiff_t end,
                            double *dweight_lanes, double *dbias_lanes);
-    /* backward pass 1 over a span of one row: sums of g and g * xhat, and largest =
-       (max |g|, max |dy|) unless NULL; read_ahead: ln_backward_read_ahead's, for dy and x both
-       (float64 does not read ahead) */
-    void (*grad_sums)(const void *dy, const void *x, const void *weight, ptrdiff_t n,
-                      double mean, double rstd, double sums[2], double largest[2], ptrdiff_t read_ahead);
+    /* backward pass 1 over a span of one row: sums of g and g * xhat, and the largest
+       magnitudes (LN_LARGEST_G ..) unless NULL; read_ahead: ln_backward_read_ahead's, for dy
+       and x both (float64 does not read ahead) */
+    void (*grad_sums)(const void *dy, const void *x, const void *weight, ptrdiff_t n, double mean, double rstd,
+                      double sums[2], double largest[LN_LARGEST_COUNT], ptrdiff_t read_ahead);
     /* backward pass 2 over a span of a group of rows */
     ln_grad_apply_fn grad_apply;
 } ln_row_kernels;
@@ -336,44 +336,64 @@ static inline int ln_row_needs_exact(double rstd, const ln_rstd_bounds *bounds)
     return !(bounds->low <= rstd && rstd <= bounds->high);
 }
 
+/* Pass 1's results for a span of a row: sum(g), sum(g * xhat), then the largest magnitudes. */
+#define LN_GRAD_SUMS (2 + LN_LARGEST_COUNT)
+
+/* The largest magnitude a row's dweight terms (dy * xc) * rstd, and the products dy * xc
+   before rstd, may reach: pass 2 sums the terms of a group's LN_GRAD_ROWS rows in the compute
+   type, and this leaves those sums a factor of 2 for rounding. */
+static inline double ln_grad_term_limit(ln_dtype dtype)
+{
+    return (dtype == LN_F64 ? DBL_MAX : (double)FLT_MAX) / (2 * LN_GRAD_ROWS);
+}
+
 /* Whether a row's backward needs ln_backward_exact_row, given its rstd, pass 1's means of g
-   and g * xhat and largest = (max |g|, max |dy|): pass 2's per-row factors rstd,
-   -rstd**2 * gx_mean and -rstd * g_mean are not finite, or below the normal range in the
-   compute type (float32 for float16/bfloat16/float32 data) but for a factor with a zero
-   operand; or g, or the products g * (x - mean) and dy * (x - mean) that pass 1 and 2 form
-   before scaling by rstd (|x - mean| of the order of 1 / rstd), come within the compute
-   type's precision of its subnormals, where they would lose bits or vanish (x ~ 1e-30,
-   dy ~ 1e-20 in float32).  So it is where pass 1's products overflowed or underflowed,
-   rstd**2 overflows or underflows (to 0 in float64 too, as for float64 rows of 1e300), or
-   the row, its dy or its statistics hold NaN or Inf.  The strided route's float32 tiles test
-   the common rows below in vectors (backward_tile_f32), the others by this function. */
+   and g * xhat and its largest magnitudes.  It does where one of these fails:
+   - pass 2's per-row factors rstd, -rstd**2 * gx_mean and -rstd * g_mean are finite and in
+     the normal range of the compute type (float32 for float16/bfloat16/float32 data), but
+     for a factor with a zero operand: so not where pass 1's products overflowed, rstd**2
+     overflows or underflows (to 0 in float64 too, as for float64 rows of 1e300), or the row,
+     its dy or its statistics hold NaN or Inf;
+   - g, and the products g * xc and dy * xc that pass 1 and 2 form before scaling by rstd
+     (|xc| of the order of 1 / rstd), keep clear of the compute type's subnormals, where they
+     would lose bits or vanish (x ~ 1e-30, dy ~ 1e-20 in float32);
+   - what pass 2 forms keeps clear of the compute type's largest: dx's inner term
+     xc_scale * xc + offset (where rstd * g cancels it, dx is finite though it is not), and
+     dweight's terms (dy * xc) * rstd, summed in the compute type over a group's rows (a
+     weight of 1e-20 lets dy reach 1e30 while g and g * xc stay in range).
+   The contiguous route's float16/bfloat16/float32 rows take a conservative form of the common
+   row's test in vectors first (grad_row_common), the strided route's float32 tiles that test
+   lane by lane (backward_tile_f32); the rows those do not pass come here. */
 static inline int ln_grad_row_needs_exact(ln_dtype dtype, double rstd, double g_mean, double gx_mean,
-                                          const double largest[2])
+                                          const double largest[LN_LARGEST_COUNT])
 {
     const double factors[3] = {rstd, -rstd * rstd * gx_mean, -rstd * g_mean};
     const double normal_min = dtype == LN_F64 ? DBL_MIN : (double)FLT_MIN;
     const double normal_max = dtype == LN_F64 ? DBL_MAX : (double)FLT_MAX;
     const double precise_min = dtype == LN_F64 ? DBL_MIN / DBL_EPSILON : (double)FLT_MIN / (double)FLT_EPSILON;
+    const double xc_top = largest[LN_LARGEST_XC];
+    const int fits = fabs(factors[1]) * xc_top + fabs(factors[2]) <= normal_max / 2 &&
+                     largest[LN_LARGEST_DY] * xc_top * (rstd > 1.0 ? rstd : 1.0) <= ln_grad_term_limit(dtype);
     /* The common row, without the conversions and divisions below: a factor in [normal_min,
        normal_max] rounds into it; with rstd positive, largest >= 2 * precise_min * rstd
        (rounded) makes largest / rstd > precise_min.  So the test below would say normal too. */
-    int common = (rstd >= normal_min) & (rstd <= normal_max);
+    int common = fits & (rstd >= normal_min) & (rstd <= normal_max);
     for (int i = 1; i < 3; i++) {
         common &= (fabs(factors[i]) >= normal_min) & (fabs(factors[i]) <= normal_max);
     }
-    for (int i = 0; i < 2; i++) {
+    for (int i = LN_LARGEST_G; i <= LN_LARGEST_DY; i++) {
         common &= (largest[i] >= precise_min) & (largest[i] >= 2.0 * precise_min * rstd);
     }
     if (common) {
         return 0;
     }
     const int zero_operand[3] = {rstd == 0.0, rstd == 0.0 || gx_mean == 0.0, rstd == 0.0 || g_mean == 0.0};
-    int normal = 1;
+    int normal = fits;
     for (int i = 0; i < 3; i++) {
         const double factor = dtype == LN_F64 ? factors[i] : (double)(float)factors[i];
         normal &= (factors[i] == 0.0 && zero_operand[i]) || (isfinite(factor) && fabs(factor) >= normal_min);
     }
-    for (int i = 0; i < 2; i++) {
+    for (int i = LN_LARGEST_G; i <= LN_LARGEST_DY; i++) {
         normal &= largest[i] == 0.0 || (largest[i] >= precise_min && largest[i] / rstd >= precise_min);
     }
     return !normal;

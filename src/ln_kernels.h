@@ -138,6 +138,10 @@ typedef struct {
 int ln_part_moments(const ln_part_moments_args *args);
 int ln_part_normalize(const ln_part_normalize_args *args);
 
+/* Backward pass 1's largest magnitudes over a row (or a part of one, merged by maximum): of
+   g = grad_output * weight, of grad_output, and of xc = x - mean (x for RMSNorm). */
+enum { LN_LARGEST_G, LN_LARGEST_DY, LN_LARGEST_XC, LN_LARGEST_COUNT };
+
 /*
  * Backward of rows split across arrays: each part's row sums, which the caller adds up across
  * the parts and divides by the row's length, then each part's grad_input from those means.
@@ -146,9 +150,10 @@ int ln_part_normalize(const ln_part_normalize_args *args);
  *   sums:        g_sum = g.sum(),  g_xhat_sum = (g * xhat).sum()      (RMSNorm: no g_sum)
  *   grad_input:  dx = rstd * (g - g_mean - xhat * g_xhat_mean)         (RMSNorm: no g_mean)
  *
- * The sums come with the part's largest |g| and |dy|, which the caller takes the maximum of
- * across the parts: grad_input needs the row's to tell rows whose products come near the
- * subnormals, which go in float64 as the whole row would.
+ * The sums come with the part's largest |g|, |dy| and |xc| (xc = x - mean, x for RMSNorm),
+ * which the caller takes the maximum of across the parts: grad_input needs the row's to tell
+ * rows whose products come near the subnormals or the largest finite value, which go in
+ * float64 as the whole row would.
  *
  * computed as ln_backward computes a few huge rows' (LN_CHUNK-element span sums added in
  * order; its dx arithmetic): the same bits at every level, thread count and layout.
@@ -165,8 +170,8 @@ typedef struct {
     ln_array g;              /* float64, one per row, absent for RMS: ln_part_grad_sums writes
                                 the part's g_sum, ln_part_grad_input reads the row's g_mean */
     ln_array g_xhat;         /* likewise: g_xhat_sum out, g_xhat_mean in */
-    ln_array g_largest;      /* float64, one per row: the part's max |g| out, the row's in */
-    ln_array dy_largest;     /* likewise for max |dy| */
+    ln_array largest[LN_LARGEST_COUNT];  /* float64, one per row each: the part's max |g|, |dy|
+                                            and |xc| out, the row's in */
     ln_array grad_input;     /* ln_part_grad_input: out */
 } ln_part_backward_args;
 

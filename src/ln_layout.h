@@ -21,7 +21,7 @@
 #include <stddef.h>
 
 #define LN_LAYOUT_MAX_DIMS 64    /* NumPy's NPY_MAXDIMS */
-#define LN_LAYOUT_MAX_ARRAYS 9    /* the most a kernel call walks: ln_part_backward_args's */
+#define LN_LAYOUT_MAX_ARRAYS 10   /* the most a kernel call walks: ln_part_backward_args's */
 
 typedef struct {
     ptrdiff_t blocks;   /* outer loop count */

@@ -21,7 +21,7 @@
  * and normalize takes such a row's statistics in the same units, y = (x / s - mean_s) * rstd_s
  * * w + b with rstd_s = rstd * s, as it takes every row whose rstd the kernels cannot carry
  * (ln_rstd_bounds).  Backward's parts go so for rows ln_grad_row_needs_exact flags, in
- * float64 with rstd applied last: the sums by the part's own largest |g| and |dy|, grad_input
+ * float64 with rstd applied last: the sums by the part's own largest magnitudes, grad_input
  * by the row's, which the caller merges from the sums'.  Every NaN written is the one quiet NaN.
  */
 #include <stdlib.h>
@@ -42,8 +42,8 @@ typedef struct {
     ln_moments *chunk_moments;           /* moments: rows x chunks */
     const ln_part_normalize_args *normalize;
     const ln_part_backward_args *backward;
-    double *chunk_sums;                  /* grad sums: rows x chunks x [sum g, sum g * xhat,
-                                            max |g|, max |dy|] */
+    double *chunk_sums;                  /* grad sums: rows x chunks x LN_GRAD_SUMS [sum g,
+                                            sum g * xhat, largest] */
     int streams;                         /* normalize, grad_input: output by non-temporal stores */
     ln_rstd_bounds bounds;               /* normalize: the rstd the kernels carry */
 } ln_part_job;
@@ -365,7 +365,7 @@ static void ln_part_grad_sums_tasks(void *ctx, ptrdiff_t begin, ptrdiff_t end)
         }
         job->kernels->grad_sums(dy, x, a->weight ? (const char *)a->weight + start * param_elsize : NULL, len,
                                 ln_part_stat(&a->mean, &a->extent, r, 0.0), ln_part_stat(&a->rstd, &a->extent, r, 0.0),
-                                job->chunk_sums + 4 * t, job->chunk_sums + 4 * t + 2, 0);
+                                job->chunk_sums + LN_GRAD_SUMS * t, job->chunk_sums + LN_GRAD_SUMS * t + 2, 0);
     }
 }
 
@@ -393,8 +393,10 @@ static void ln_part_grad_input_tasks(void *ctx, ptrdiff_t begin, ptrdiff_t end)
             .gx_mean = {ln_part_stat(&a->g_xhat, &a->extent, r, 0.0)},
         };
         const void *weight = a->weight ? (const char *)a->weight + start * param_elsize : NULL;
-        const double largest[2] = {ln_part_stat(&a->g_largest, &a->extent, r, 0.0),
-                                   ln_part_stat(&a->dy_largest, &a->extent, r, 0.0)};
+        double largest[LN_LARGEST_COUNT];
+        for (int i = 0; i < LN_LARGEST_COUNT; i++) {
+            largest[i] = ln_part_stat(&a->largest[i], &a->extent, r, 0.0);
+        }
         if (ln_grad_row_needs_exact(a->dtype, group.rstd[0], group.g_mean[0], group.gx_mean[0], largest)) {
             ln_part_grad_input_exact(a, r, start, len, &group, weight);
             continue;
@@ -425,7 +427,7 @@ static inline int ln_part_backward_args_valid(const ln_part_backward_args *a)
     return 0 <= a->kind && a->kind < LN_NORM_KINDS && 0 <= a->dtype && a->dtype < LN_DTYPES &&
            ln_element_array_valid(&a->grad_output, a->dtype) && ln_element_array_valid(&a->input, a->dtype) &&
            ln_element_array_valid(&a->grad_input, a->dtype) && a->rstd.data && a->g_xhat.data &&
-           a->g_largest.data && a->dy_largest.data &&
+           a->largest[LN_LARGEST_G].data && a->largest[LN_LARGEST_DY].data && a->largest[LN_LARGEST_XC].data &&
            (a->kind == LN_NORM_RMS ? !a->mean.data && !a->g.data : a->mean.data && a->g.data);
 }
 
@@ -438,32 +440,45 @@ int ln_part_grad_sums(const ln_part_backward_args *a)
     }
     ln_part_job job = ln_part_job_of(a->kind, a->dtype, &a->extent);
     job.backward = a;
-    job.chunk_sums = malloc((size_t)(4 * rows * job.chunks + 1) * sizeof(double));
+    job.chunk_sums = malloc((size_t)(LN_GRAD_SUMS * rows * job.chunks + 1) * sizeof(double));
     if (!job.chunk_sums) {
         return -1;
     }
     ln_part_run(&job, ln_part_grad_sums_tasks);
     for (ptrdiff_t r = 0; r < rows; r++) {
-        double sums[2] = {0.0, 0.0}, largest[2] = {0.0, 0.0};  /* g_sum, g_xhat_sum; max |g|, max |dy| */
+        double sums[2] = {0.0, 0.0}, largest[LN_LARGEST_COUNT] = {0.0};  /* g_sum, g_xhat_sum */
         for (ptrdiff_t c = 0; c < job.chunks; c++) {
-            const double *chunk = job.chunk_sums + 4 * (r * job.chunks + c);
+            const double *chunk = job.chunk_sums + LN_GRAD_SUMS * (r * job.chunks + c);
             sums[0] += chunk[0];
             sums[1] += chunk[1];
-            largest[0] = chunk[2] > largest[0] ? chunk[2] : largest[0];
-            largest[1] = chunk[3] > largest[1] ? chunk[3] : largest[1];
+            for (int i = 0; i < LN_LARGEST_COUNT; i++) {
+                largest[i] = chunk[2 + i] > largest[i] ? chunk[2 + i] : largest[i];
+            }
         }
-        /* where the kernels' products overflowed or came near the subnormals, or rstd leaves
-           their range (the test with means of 0 is rstd's and the largest magnitudes' alone) */
+        /* where the kernels' products overflowed or came near the subnormals or the largest
+           finite value, or rstd leaves their range; the row's means are not known yet, so
+           bounds of this part's terms stand in for them (|g| <= max |g|, |g * xhat| <= max |g|
+           max |xc| rstd): a part whose own terms could send grad_input to float64 has float64
+           sums (where rstd * g cancels most of grad_input, float32 sums would not carry the
+           rest).  A part whose sums are not finite (NaN or Inf in it) reports Inf as its
+           largest magnitudes, whatever its level's maxima made of the NaN. */
         const double rstd = ln_part_stat(&a->rstd, &a->extent, r, 0.0);
-        if (!isfinite(sums[0]) || !isfinite(sums[1]) || ln_grad_row_needs_exact(a->dtype, rstd, 0.0, 0.0, largest)) {
+        const double g_bound = largest[LN_LARGEST_G], gx_bound = g_bound * largest[LN_LARGEST_XC] * rstd;
+        const int finite = isfinite(sums[0]) && isfinite(sums[1]);
+        for (int i = 0; !finite && i < LN_LARGEST_COUNT; i++) {
+            largest[i] = INFINITY;
+        }
+        if (!finite ||
+            ln_grad_row_needs_exact(a->dtype, rstd, a->kind == LN_NORM_LAYER ? g_bound : 0.0, gx_bound, largest)) {
             ln_part_grad_sums_exact(a, r, ln_part_stat(&a->mean, &a->extent, r, 0.0), rstd, sums);
         }
         if (a->g.data) {
             *(double *)ln_row_address(&a->g, &a->extent, r) = sums[0];
         }
         *(double *)ln_row_address(&a->g_xhat, &a->extent, r) = sums[1];
-        *(double *)ln_row_address(&a->g_largest, &a->extent, r) = largest[0];
-        *(double *)ln_row_address(&a->dy_largest, &a->extent, r) = largest[1];
+        for (int i = 0; i < LN_LARGEST_COUNT; i++) {
+            *(double *)ln_row_address(&a->largest[i], &a->extent, r) = largest[i];
+        }
     }
     free(job.chunk_sums);
     return 0;

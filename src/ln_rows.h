@@ -1399,35 +1399,49 @@ static LN_ALWAYS_INLINE double largest_of_lanes(double tops[16])
     return tops[0];
 }
 
-/* Pass 1's terms of 16 elements, given dy, g = dy * weight and x: g and g * (x - mean) added
-   into sum_g and sum_gc, and the magnitudes of g and dy into their running maxima (when
-   has_largest). */
-static LN_ALWAYS_INLINE void grad_sums_terms(ln_norm_kind kind, gf dy_v, gf g, gf value_x, int has_weight,
-                                             int has_largest, gf mean_v, gf *sum_g, gf *sum_gc, gf *g_top,
-                                             gf *dy_top)
+/* Pass 1's running maxima of magnitudes (ln_grad_row_needs_exact's largest). */
+typedef struct {
+    gf g, dy, xc;
+} grad_tops;
+
+/* Which maxima pass 1 keeps: none, a row's (its lanes folded together by
+   gf_max_magnitude_folded, a register each where a group takes several) or each lane's (a
+   float32 tile's, whose lanes are rows). */
+typedef enum { TOPS_NONE, TOPS_OF_ROW, TOPS_OF_LANES } grad_tops_kind;
+
+static LN_ALWAYS_INLINE gf grad_top_of(grad_tops_kind tops_kind, gf top, gf a)
 {
-    if (has_largest) {
-        *g_top = gf_max_magnitude(*g_top, g);
-        *dy_top = has_weight ? gf_max_magnitude(*dy_top, dy_v) : *g_top;
+    return tops_kind == TOPS_OF_ROW ? gf_max_magnitude_folded(top, a) : gf_max_magnitude(top, a);
+}
+
+/* Pass 1's terms of 16 elements, given dy, g = dy * weight and x: g and g * xc (xc = x - mean,
+   or x for RMSNorm) added into sum_g and sum_gc, and the magnitudes of g, dy and xc into
+   their running maxima, as tops_kind says. */
+static LN_ALWAYS_INLINE void grad_sums_terms(ln_norm_kind kind, gf dy_v, gf g, gf value_x, int has_weight,
+                                             grad_tops_kind tops_kind, gf mean_v, gf *sum_g, gf *sum_gc,
+                                             grad_tops *tops)
+{
+    const gf xc = kind == LN_NORM_LAYER ? gf_sub(value_x, mean_v) : value_x;
+    if (tops_kind != TOPS_NONE) {
+        tops->g = grad_top_of(tops_kind, tops->g, g);
+        tops->dy = has_weight ? grad_top_of(tops_kind, tops->dy, dy_v) : tops->g;
+        tops->xc = grad_top_of(tops_kind, tops->xc, xc);
     }
     if (kind == LN_NORM_LAYER) {
         *sum_g = gf_add(*sum_g, g);
-        *sum_gc = gf_fma(g, gf_sub(value_x, mean_v), *sum_gc);
     }
-    else {
-        *sum_gc = gf_fma(g, value_x, *sum_gc);
-    }
+    *sum_gc = gf_fma(g, xc, *sum_gc);
 }
 
 /* grad_sums_block's terms of the group at element i. */
 static LN_ALWAYS_INLINE void grad_sums_group(ln_norm_kind kind, ln_dtype dtype, const void *dy, const void *x,
                                              const float *weight, int has_weight, int has_largest, ptrdiff_t i,
-                                             gf mean_v, gf *sum_g, gf *sum_gc, gf *g_top, gf *dy_top)
+                                             gf mean_v, gf *sum_g, gf *sum_gc, grad_tops *tops)
 {
-    const gf dy_v = load_as_f32(dtype, dy, i);
+    const gf dy_v = gf_kept(load_as_f32(dtype, dy, i)), value_x = gf_kept(load_as_f32(dtype, x, i));
     const gf g = has_weight ? gf_mul(dy_v, gf_load(weight + i)) : dy_v;
-    grad_sums_terms(kind, dy_v, g, load_as_f32(dtype, x, i), has_weight, has_largest, mean_v, sum_g, sum_gc, g_top,
-                    dy_top);
+    grad_sums_terms(kind, dy_v, g, value_x, has_weight, has_largest ? TOPS_OF_ROW : TOPS_NONE, mean_v, sum_g, sum_gc,
+                    tops);
 }
 
 /* Pass 1 over a span of n elements of one row, for float16/float32 data:
@@ -1435,20 +1449,21 @@ static LN_ALWAYS_INLINE void grad_sums_group(ln_norm_kind kind, ln_dtype dtype, 
    The products are formed in float32 (mean and rstd are float32 for this data, so x - mean
    is exact for x near the mean) and summed in float32 over blocks of LN_GRAD_SUM_BLOCK
    groups whose sums are added in float64.  `weight` points at the span's first column,
-   or is NULL.  RMSNorm (mean 0) needs no sum(g): sums[0] is 0 then.  largest = (max |g|,
-   max |dy|), which tell whether those products could have underflowed
-   (ln_grad_row_needs_exact); NULL: not wanted. */
+   or is NULL.  RMSNorm (mean 0) needs no sum(g): sums[0] is 0 then.  tops: the running
+   maxima of the magnitudes ln_grad_row_needs_exact tests (grad_tops_largest takes them), or
+   NULL: not wanted. */
 
 /* A row's pass 1 between its blocks. */
 typedef struct {
     gf mean_v;
     gd g_sum, gc_sum;    /* the blocks' sums so far */
-    gf g_top, dy_top;    /* the largest magnitudes so far */
+    grad_tops tops;      /* the largest magnitudes so far */
 } grad_sums_acc;
 
 static LN_ALWAYS_INLINE grad_sums_acc grad_sums_start(double mean)
 {
-    const grad_sums_acc acc = {gf_splat((float)mean), gd_splat(0.0), gd_splat(0.0), gf_splat(0.0f), gf_splat(0.0f)};
+    const gf zero_f = gf_splat(0.0f);
+    const grad_sums_acc acc = {gf_splat((float)mean), gd_splat(0.0), gd_splat(0.0), {zero_f, zero_f, zero_f}};
     return acc;
 }
 
@@ -1472,13 +1487,13 @@ static LN_ALWAYS_INLINE void grad_sums_block(ln_norm_kind kind, ln_dtype dtype, 
     ptrdiff_t i = block;
     for (; i + 32 <= block_end; i += 32) {
         grad_sums_group(kind, dtype, dy, x, weight, has_weight, has_largest, i, acc->mean_v, &even_g, &even_gc,
-                        &acc->g_top, &acc->dy_top);
+                        &acc->tops);
         grad_sums_group(kind, dtype, dy, x, weight, has_weight, has_largest, i + 16, acc->mean_v, &odd_g,
-                        &odd_gc, &acc->g_top, &acc->dy_top);
+                        &odd_gc, &acc->tops);
     }
     if (i < block_end) {
         grad_sums_group(kind, dtype, dy, x, weight, has_weight, has_largest, i, acc->mean_v, &even_g, &even_gc,
-                        &acc->g_top, &acc->dy_top);
+                        &acc->tops);
     }
     acc->g_sum = gd_add(acc->g_sum, gf_widen(gf_add(even_g, odd_g)));
     acc->gc_sum = gd_add(acc->gc_sum, gf_widen(gf_add(even_gc, odd_gc)));
@@ -1499,17 +1514,17 @@ static LN_ALWAYS_INLINE void grad_sums_groups(ln_norm_kind kind, ln_dtype dtype,
     }
 }
 
-/* sums and largest from acc, once every whole group of the row is in it.  The elements
-   from n - n % 16 on go as one part group (load_part_as_f32), element i to lane i % 16 as
-   in a whole group, with 0.0 added in the other lanes: that changes no lane, since none
-   holds -0.0 (each starts at +0.0, and an exact cancellation gives +0.0).  Then the lanes
-   are added in ln_sum_lanes' order, and the maxima taken, in registers. */
+/* sums and tops from acc, once every whole group of the row is in it.  The elements from
+   n - n % 16 on go as one part group (load_part_as_f32), element i to lane i % 16 as in a
+   whole group, with 0.0 added in the other lanes: that changes no lane, since none holds
+   -0.0 (each starts at +0.0, and an exact cancellation gives +0.0).  Then the lanes are
+   added in ln_sum_lanes' order, in registers (grad_tops_largest takes the maxima's). */
 static LN_ALWAYS_INLINE void grad_sums_finish(ln_norm_kind kind, ln_dtype dtype, const grad_sums_acc *acc,
                                               const void *dy, const void *x, const float *weight, ptrdiff_t n,
-                                              double rstd, double sums[2], double largest[2])
+                                              double rstd, double sums[2], grad_tops *tops_out)
 {
     gd g_sum = acc->g_sum, gc_sum = acc->gc_sum;
-    gf g_top = acc->g_top, dy_top = acc->dy_top;
+    grad_tops tops = acc->tops;
     const ptrdiff_t tail = n - n % 16;
     const int count = (int)(n % 16);
     if (count > 0) {
@@ -1519,87 +1534,130 @@ static LN_ALWAYS_INLINE void grad_sums_finish(ln_norm_kind kind, ln_dtype dtype,
         const gf centred = kind == LN_NORM_LAYER ? gf_sub(value_x, acc->mean_v) : value_x;
         g_sum = gd_add(g_sum, gd_first_lanes(gf_widen(g), count));
         gc_sum = gd_add(gc_sum, gd_first_lanes(gf_widen(gf_mul(g, centred)), count));
-        g_top = gf_max_magnitude(g_top, g);  /* the other lanes' 0.0 changes no maximum */
-        dy_top = gf_max_magnitude(dy_top, dy_v);
+        tops.g = gf_max_magnitude_folded(tops.g, g);  /* the other lanes' 0.0 changes no maximum */
+        tops.dy = gf_max_magnitude_folded(tops.dy, dy_v);
+        static const float ones[16] = {1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f,
+                                       1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f};
+        const gf in_part = load_part_as_f32(LN_F32, ones, 0, count);  /* past the part, centred is -mean */
+        tops.xc = gf_max_magnitude_folded(tops.xc, gf_mul(centred, in_part));
     }
     sums[0] = kind == LN_NORM_LAYER ? gd_sum_lanes(g_sum) : 0.0;
     sums[1] = gd_sum_lanes(gc_sum) * rstd;
-    if (largest) {
-        largest[0] = gf_largest_lane(g_top);
-        largest[1] = gf_largest_lane(dy_top);
+    if (tops_out) {
+        *tops_out = tops;
     }
+}
+
+/* The largest magnitudes of a row's pass 1 (TOPS_OF_ROW), in ln_grad_row_needs_exact's order. */
+static LN_ALWAYS_INLINE void grad_tops_largest(const grad_tops *tops, double largest[LN_LARGEST_COUNT])
+{
+    largest[LN_LARGEST_G] = gf_largest_lane(tops->g);
+    largest[LN_LARGEST_DY] = gf_largest_lane(tops->dy);
+    largest[LN_LARGEST_XC] = gf_largest_lane(tops->xc);
 }
 
 /* Pass 1 over a span, as above. */
 static LN_ALWAYS_INLINE void grad_sums_single(ln_norm_kind kind, ln_dtype dtype, const void *dy, const void *x,
                                               const float *weight, ptrdiff_t n, double mean, double rstd,
-                                              double sums[2], double largest[2], ptrdiff_t read_ahead)
+                                              double sums[2], grad_tops *tops, ptrdiff_t read_ahead)
 {
     grad_sums_acc acc = grad_sums_start(mean);
-    if (weight && largest) {
+    if (weight && tops) {
         grad_sums_groups(kind, dtype, &acc, dy, x, weight, 1, 1, n, read_ahead);
     }
-    else if (largest) {
+    else if (tops) {
         grad_sums_groups(kind, dtype, &acc, dy, x, NULL, 0, 1, n, read_ahead);
     }
     else {
         grad_sums_groups(kind, dtype, &acc, dy, x, weight, weight != NULL, 0, n, read_ahead);
     }
-    grad_sums_finish(kind, dtype, &acc, dy, x, weight, n, rstd, sums, largest);
+    grad_sums_finish(kind, dtype, &acc, dy, x, weight, n, rstd, sums, tops);
+}
+
+/* Whether ln_grad_row_needs_exact would find a float16/bfloat16/float32 row common (and return
+   0), from its means and pass 1's maxima as they are, in vectors, without their largest lanes:
+   its factors in the normal range (or zero with a zero operand: g_mean or gx_mean 0), some
+   lane of |g|'s and of |dy|'s at least twice max(precise_min, 2 precise_min rstd), every lane
+   of |dy|'s times max(rstd, 1) and of |xc|'s at most half the square root of the term limit
+   (their product a quarter of it), and |xc| |xc_scale| at most a quarter of FLT_MAX and
+   |offset| an eighth (the inner term under half, with room for the float32 roundings).  The margins cover the float32 rounding of the bounds, so a
+   row this passes passes the scalar test; the others take that. */
+static LN_ALWAYS_INLINE int grad_row_common(double rstd, double g_mean, double gx_mean, const grad_tops *tops)
+{
+    const double xc_scale = fabs(-rstd * rstd * gx_mean), offset = fabs(-rstd * g_mean);
+    const double precise_min = (double)FLT_MIN / (double)FLT_EPSILON;
+    const double least = 2.0 * (rstd > 0.5 ? 2.0 * precise_min * rstd : precise_min);
+    const float root = (float)(0.5 * sqrt(ln_grad_term_limit(LN_F32)));
+    int common = (rstd >= (double)FLT_MIN) & (rstd <= (double)FLT_MAX);
+    common &= (gx_mean == 0.0) | ((xc_scale >= (double)FLT_MIN) & (xc_scale <= (double)FLT_MAX));
+    common &= (g_mean == 0.0) | ((offset >= (double)FLT_MIN) & (offset <= (double)FLT_MAX / 8));
+    if (!common) {
+        return 0;
+    }
+    return gf_any_at_least(tops->g, (float)least) && gf_any_at_least(tops->dy, (float)least) &&
+           gf_all_at_most(gf_mul(tops->dy, gf_splat((float)(rstd > 1.0 ? rstd : 1.0))), root) &&
+           gf_all_at_most(tops->xc, root) && gf_all_at_most(gf_mul(tops->xc, gf_splat((float)xc_scale)), FLT_MAX / 4);
 }
 
 /* The same for float64 data, all in float64. */
 static LN_ALWAYS_INLINE void grad_sums_double(ln_norm_kind kind, const double *dy, const double *x,
                                               const double *weight, ptrdiff_t n, double mean, double rstd,
-                                              double sums[2], double largest[2])
+                                              double sums[2], double largest[LN_LARGEST_COUNT])
 {
     const int has_mean = kind == LN_NORM_LAYER;
     const gd mean_v = gd_splat(mean), rstd_v = gd_splat(rstd);
-    gd g_sum = gd_splat(0.0), gx_sum = gd_splat(0.0), g_top = g_sum, dy_top = g_sum;
+    gd g_sum = gd_splat(0.0), gx_sum = gd_splat(0.0), g_top = g_sum, dy_top = g_sum, xc_top = g_sum;
     double g_lanes[16], gx_lanes[16];
     ptrdiff_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        const gd dy_v = gd_load(dy + i);
+        const gd dy_v = gd_load(dy + i), value_x = gd_load(x + i);
         const gd g = weight ? gd_mul(dy_v, gd_load(weight + i)) : dy_v;
+        const gd xc = has_mean ? gd_sub(value_x, mean_v) : value_x;
         if (largest) {
             g_top = gd_max_magnitude(g_top, g);
             dy_top = weight ? gd_max_magnitude(dy_top, dy_v) : g_top;
+            xc_top = gd_max_magnitude(xc_top, xc);
         }
-        const gd value_x = gd_load(x + i);
-        const gd xhat = gd_mul(has_mean ? gd_sub(value_x, mean_v) : value_x, rstd_v);
+        const gd xhat = gd_mul(xc, rstd_v);
         g_sum = has_mean ? gd_add(g_sum, g) : g_sum;
         gx_sum = gd_add(gx_sum, gd_mul(g, xhat));
     }
     gd_store(g_lanes, g_sum);
     gd_store(gx_lanes, gx_sum);
-    double g_tops[16], dy_tops[16];
+    double g_tops[16], dy_tops[16], xc_tops[16];
     gd_store(g_tops, g_top);
     gd_store(dy_tops, dy_top);
+    gd_store(xc_tops, xc_top);
     for (; i < n; i++) {
-        const double g = weight ? dy[i] * weight[i] : dy[i];
+        const double g = weight ? dy[i] * weight[i] : dy[i], xc = has_mean ? x[i] - mean : x[i];
         g_lanes[i & 15] += g;
-        gx_lanes[i & 15] += g * ((has_mean ? x[i] - mean : x[i]) * rstd);
+        gx_lanes[i & 15] += g * (xc * rstd);
         g_tops[i & 15] = fabs(g) > g_tops[i & 15] ? fabs(g) : g_tops[i & 15];
         dy_tops[i & 15] = fabs(dy[i]) > dy_tops[i & 15] ? fabs(dy[i]) : dy_tops[i & 15];
+        xc_tops[i & 15] = fabs(xc) > xc_tops[i & 15] ? fabs(xc) : xc_tops[i & 15];
     }
     sums[0] = has_mean ? ln_sum_lanes(g_lanes) : 0.0;
     sums[1] = ln_sum_lanes(gx_lanes);
     if (largest) {
-        largest[0] = largest_of_lanes(g_tops);
-        largest[1] = largest_of_lanes(dy_tops);
+        largest[LN_LARGEST_G] = largest_of_lanes(g_tops);
+        largest[LN_LARGEST_DY] = largest_of_lanes(dy_tops);
+        largest[LN_LARGEST_XC] = largest_of_lanes(xc_tops);
     }
 }
 
 static LN_ALWAYS_INLINE void grad_sums(ln_norm_kind kind, ln_dtype dtype, const void *dy, const void *x,
                                        const void *weight, ptrdiff_t n, double mean, double rstd, double sums[2],
-                                       double largest[2], ptrdiff_t read_ahead)
+                                       double largest[LN_LARGEST_COUNT], ptrdiff_t read_ahead)
 {
     assert(dy && x && n >= 1 && sums);
     if (dtype == LN_F64) {
         grad_sums_double(kind, dy, x, weight, n, mean, rstd, sums, largest);
+        return;
     }
-    else {
-        grad_sums_single(kind, dtype, dy, x, weight, n, mean, rstd, sums, largest, read_ahead);
+    grad_tops tops;
+    grad_sums_single(kind, dtype, dy, x, weight, n, mean, rstd, sums, largest ? &tops : NULL, read_ahead);
+    if (largest) {
+        grad_tops_largest(&tops, largest);
     }
 }
 
@@ -2007,13 +2065,30 @@ static LN_ALWAYS_INLINE void grad_group_row(ln_norm_kind kind, ln_dtype dtype, c
     group->g_mean[k] = group->gx_mean[k] = 0.0;
 }
 
-/* Pass 1's sums of slot k into the group's means; whether the row goes by
+/* Pass 1 of slot k, its sums into the group's means; whether the row goes by
    ln_backward_exact_row: one the group's float32 (or rstd**2) arithmetic cannot carry. */
-static LN_ALWAYS_INLINE int grad_group_means(ln_dtype dtype, ln_grad_rows *group, int k, ptrdiff_t n,
-                                             const double sums[2], const double largest[2])
+static LN_ALWAYS_INLINE int grad_group_pass1(ln_norm_kind kind, ln_dtype dtype, const ln_backward_args *a,
+                                             ln_grad_rows *group, int k, ptrdiff_t read_ahead)
 {
+    const ptrdiff_t n = a->extent.row_len;
+    double sums[2], largest[LN_LARGEST_COUNT];
+    grad_tops tops;
+    if (dtype == LN_F64) {
+        grad_sums_double(kind, (const double *)group->dy[k], (const double *)group->x[k], a->weight, n,
+                         group->mean[k], group->rstd[k], sums, largest);
+    }
+    else {
+        grad_sums_single(kind, dtype, group->dy[k], group->x[k], a->weight, n, group->mean[k], group->rstd[k],
+                         sums, &tops, read_ahead);
+    }
     group->g_mean[k] = sums[0] / (double)n;
     group->gx_mean[k] = sums[1] / (double)n;
+    if (dtype != LN_F64) {
+        if (grad_row_common(group->rstd[k], group->g_mean[k], group->gx_mean[k], &tops)) {
+            return 0;
+        }
+        grad_tops_largest(&tops, largest);
+    }
     return ln_grad_row_needs_exact(dtype, group->rstd[k], group->g_mean[k], group->gx_mean[k], largest);
 }
 
@@ -2092,10 +2167,7 @@ static LN_ALWAYS_INLINE int backward_rows(ln_norm_kind kind, ln_dtype dtype, con
                dweight's bits, do not depend on what else the call asks for; dbias alone needs
                none of it (ln_grad_apply_without sums dbias over every row) */
             if (a->grad_input.data || dweight) {
-                double sums[2], largest[2];
-                grad_sums(kind, dtype, group.dy[k], group.x[k], a->weight, n, group.mean[k], group.rstd[k], sums,
-                          largest, read_ahead);
-                exact[k] = grad_group_means(dtype, &group, k, n, sums, largest);
+                exact[k] = grad_group_pass1(kind, dtype, a, &group, k, read_ahead);
             }
             any_exact |= exact[k];
         }
@@ -2149,8 +2221,7 @@ static LN_ALWAYS_INLINE int backward_rows(ln_norm_kind kind, ln_dtype dtype, con
  *     output: normalize_one's formulas, with each lane's own mean and rstd
  *     backward: float16/bfloat16/float32 data the contiguous route's float32 arithmetic
  *     (backward_tile_f32), but for tiles with a row that fails that route's test for
- *     ln_backward_exact_row or whose dweight terms could overflow float32, which go as
- *     float64 data goes: backward_short_rows' formulas, in float64; dweight and dbias added
+ *     ln_backward_exact_row, which go as float64 data goes: backward_short_rows' formulas, in float64; dweight and dbias added
  *     into per-lane column sums over the tiles, whose lanes ln_backward.c adds by ln_sum_lanes
  *
  * A tile is read twice, for the statistics and then for the output (or for the backward's
@@ -2534,13 +2605,12 @@ static LN_ALWAYS_INLINE void backward_tile_from_views(ln_norm_kind kind, ln_dtyp
 static LN_ALWAYS_INLINE void tile_grad_sums_term(ln_norm_kind kind, ln_dtype dtype, const tile_view *dy,
                                                  const tile_view *x, int count, ptrdiff_t j, const float *weight,
                                                  double *dy_lanes, double *x_lanes, int adjacent, gf mean_v,
-                                                 gf *sum_g, gf *sum_gc, gf *g_top, gf *dy_top, gf *xc_top)
+                                                 gf *sum_g, gf *sum_gc, grad_tops *tops)
 {
     const gf dy_v = load_as_f32(dtype, tile_load(dtype, dy, count, j, dy_lanes, adjacent), 0);
     const gf g = weight ? gf_mul(dy_v, gf_splat(weight[j])) : dy_v;
     const gf value_x = load_as_f32(dtype, tile_load(dtype, x, count, j, x_lanes, adjacent), 0);
-    grad_sums_terms(kind, dy_v, g, value_x, weight != NULL, 1, mean_v, sum_g, sum_gc, g_top, dy_top);
-    *xc_top = gf_max_magnitude(*xc_top, kind == LN_NORM_LAYER ? gf_sub(value_x, mean_v) : value_x);
+    grad_sums_terms(kind, dy_v, g, value_x, weight != NULL, TOPS_OF_LANES, mean_v, sum_g, sum_gc, tops);
 }
 
 /* a with its lanes from count on set to 1.0, a value every test of backward_tile_f32 passes. */
@@ -2555,16 +2625,20 @@ static LN_ALWAYS_INLINE gd tile_lanes_padded(gd a, int count)
    test, for the tiles whose lanes the vector test of the common rows did not all pass (a
    row whose dy is all 0.0, or a factor with a zero operand, passes this one). */
 static LN_ALWAYS_INLINE int tile_lanes_need_exact(ln_dtype dtype, int count, gd rstd, gd g_mean, gd gx_mean,
-                                                  gd g_tops, gd dy_tops)
+                                                  const gd tops[LN_LARGEST_COUNT])
 {
-    double lanes[5][16];
+    double lanes[3 + LN_LARGEST_COUNT][16];
     gd_store(lanes[0], rstd);
     gd_store(lanes[1], g_mean);
     gd_store(lanes[2], gx_mean);
-    gd_store(lanes[3], g_tops);
-    gd_store(lanes[4], dy_tops);
+    for (int i = 0; i < LN_LARGEST_COUNT; i++) {
+        gd_store(lanes[3 + i], tops[i]);
+    }
     for (int k = 0; k < count; k++) {
-        const double largest[2] = {lanes[3][k], lanes[4][k]};
+        double largest[LN_LARGEST_COUNT];
+        for (int i = 0; i < LN_LARGEST_COUNT; i++) {
+            largest[i] = lanes[3 + i][k];
+        }
         if (ln_grad_row_needs_exact(dtype, lanes[0][k], lanes[1][k], lanes[2][k], largest)) {
             return 1;
         }
@@ -2581,10 +2655,9 @@ static LN_ALWAYS_INLINE int tile_lanes_need_exact(ln_dtype dtype, int count, gd 
        pass 2: dx = fma(rstd, g, fma(-rstd^2 * gx_mean, x - mean, -rstd * g_mean)),
                dweight's term (dy * (x - mean)) * rstd, both in float32; the terms of dweight
                and dbias added, widened, into the per-lane column sums
-   Pass 1 also keeps each lane's max |x - mean| (xc_top).  Returns 0, having written nothing,
-   where a lane fails the test that sends a contiguous row to ln_backward_exact_row
-   (ln_grad_row_needs_exact on the tile's own sums, its common rows tested in vectors), or
-   where dweight's float32 term could overflow: the tile then goes in float64.  Which way a
+   Returns 0, having written nothing, where a lane fails the test that sends a contiguous row
+   to ln_backward_exact_row (ln_grad_row_needs_exact on the tile's own sums, its common rows
+   tested in vectors): the tile then goes in float64.  Which way a
    tile goes depends on dy, x, the weight and the statistics, not on which gradients are
    asked for, so neither do dweight's bits (dbias' are the same both ways).
    One vector op over a group of 16 float32 lanes where float64 takes two: 8x64x56x56 float32
@@ -2612,20 +2685,20 @@ static LN_ALWAYS_INLINE int backward_tile_f32(ln_norm_kind kind, ln_dtype dtype,
     const gf mean_v = gf_load(mean_f), rstd_v = gf_load(rstd_f), zero_f = gf_splat(0.0f);
     if (want_dx || dweight_lanes) {
         gd g_sum = gd_splat(0.0), gc_sum = g_sum;
-        gf g_top = zero_f, dy_top = zero_f, xc_top = zero_f;
+        grad_tops tops = {zero_f, zero_f, zero_f};
         for (ptrdiff_t block = 0; block < n; block += 16) {
             const ptrdiff_t block_end = n - block < 16 ? n : block + 16;
             gf even_g = zero_f, even_gc = zero_f, odd_g = zero_f, odd_gc = zero_f;
             ptrdiff_t j = block;
             for (; j + 2 <= block_end; j += 2) {
                 tile_grad_sums_term(kind, dtype, dy, x, count, j, weight, dy_lanes, x_lanes, adjacent, mean_v,
-                                    &even_g, &even_gc, &g_top, &dy_top, &xc_top);
+                                    &even_g, &even_gc, &tops);
                 tile_grad_sums_term(kind, dtype, dy, x, count, j + 1, weight, dy_lanes, x_lanes, adjacent, mean_v,
-                                    &odd_g, &odd_gc, &g_top, &dy_top, &xc_top);
+                                    &odd_g, &odd_gc, &tops);
             }
             if (j < block_end) {
                 tile_grad_sums_term(kind, dtype, dy, x, count, j, weight, dy_lanes, x_lanes, adjacent, mean_v,
-                                    &even_g, &even_gc, &g_top, &dy_top, &xc_top);
+                                    &even_g, &even_gc, &tops);
             }
             g_sum = gd_add(g_sum, gf_widen(gf_add(even_g, odd_g)));
             gc_sum = gd_add(gc_sum, gf_widen(gf_add(even_gc, odd_gc)));
@@ -2634,27 +2707,26 @@ static LN_ALWAYS_INLINE int backward_tile_f32(ln_norm_kind kind, ln_dtype dtype,
         const gd g_mean = gd_div(g_sum, n_v), gx_mean = gd_div(gd_mul(gc_sum, rstd), n_v);
         const gd xc_scale = gd_mul(gd_mul(neg_rstd, rstd), gx_mean), offset = gd_mul(neg_rstd, g_mean);
         /* the common rows of ln_grad_row_needs_exact, in vectors: largest >= max(precise_min,
-           2 * precise_min * rstd) as largest - that >= 0, |factor| as max(|factor|, 0) */
+           2 * precise_min * rstd) as largest - that >= 0, |v| as max(|v|, 0) */
         const double precise_min = (double)FLT_MIN / (double)FLT_EPSILON;
         const gd least = gd_max_magnitude(gd_splat(precise_min), gd_mul(gd_splat(2.0 * precise_min), rstd));
-        const gd zero_d = gd_splat(0.0), g_tops = gf_widen(g_top), dy_tops = gf_widen(dy_top);
+        const gd zero_d = gd_splat(0.0);
+        const gd widened[LN_LARGEST_COUNT] = {
+            [LN_LARGEST_G] = gf_widen(tops.g), [LN_LARGEST_DY] = gf_widen(tops.dy), [LN_LARGEST_XC] = gf_widen(tops.xc)};
+        const gd xc_scale_size = gd_max_magnitude(zero_d, xc_scale), offset_size = gd_max_magnitude(zero_d, offset);
+        const gd inner_top = gd_add(gd_mul(xc_scale_size, widened[LN_LARGEST_XC]), offset_size);
+        const gd term_top = gd_mul(gd_mul(widened[LN_LARGEST_DY], widened[LN_LARGEST_XC]),
+                                   gd_max_magnitude(gd_splat(1.0), rstd));
         int common = gd_all_within(tile_lanes_padded(rstd, count), (double)FLT_MIN, (double)FLT_MAX);
-        common &= gd_all_within(tile_lanes_padded(gd_max_magnitude(zero_d, xc_scale), count), (double)FLT_MIN,
-                                (double)FLT_MAX);
+        common &= gd_all_within(tile_lanes_padded(xc_scale_size, count), (double)FLT_MIN, (double)FLT_MAX);
         if (has_mean) {
-            common &= gd_all_within(tile_lanes_padded(gd_max_magnitude(zero_d, offset), count), (double)FLT_MIN,
-                                    (double)FLT_MAX);
+            common &= gd_all_within(tile_lanes_padded(offset_size, count), (double)FLT_MIN, (double)FLT_MAX);
         }
-        common &= gd_all_within(tile_lanes_padded(gd_sub(g_tops, least), count), 0.0, INFINITY);
-        common &= gd_all_within(tile_lanes_padded(gd_sub(dy_tops, least), count), 0.0, INFINITY);
-        if (!common && tile_lanes_need_exact(dtype, count, rstd, g_mean, gx_mean, g_tops, dy_tops)) {
-            return 0;
-        }
-        /* dweight's term (dy * (x - mean)) * rstd in float32's range, the product before rstd
-           scales it and after (the contiguous route's rows do not test this: a weight of 1e-20
-           lets dy reach 1e30 while g = dy * w and g * (x - mean) stay in range) */
-        const gd term_top = gd_mul(gd_mul(dy_tops, gf_widen(xc_top)), gd_max_magnitude(gd_splat(1.0), rstd));
-        if (!gd_all_within(tile_lanes_padded(term_top, count), 0.0, (double)FLT_MAX / 2)) {
+        common &= gd_all_within(tile_lanes_padded(gd_sub(widened[LN_LARGEST_G], least), count), 0.0, INFINITY);
+        common &= gd_all_within(tile_lanes_padded(gd_sub(widened[LN_LARGEST_DY], least), count), 0.0, INFINITY);
+        common &= gd_all_within(tile_lanes_padded(inner_top, count), 0.0, (double)FLT_MAX / 2);
+        common &= gd_all_within(tile_lanes_padded(term_top, count), 0.0, ln_grad_term_limit(dtype));
+        if (!common && tile_lanes_need_exact(dtype, count, rstd, g_mean, gx_mean, widened)) {
             return 0;
         }
         double factors[2][16];
@@ -2806,7 +2878,8 @@ static LN_ALWAYS_INLINE void backward_tiles(ln_norm_kind kind, ln_dtype dtype, c
     static void grad_sums_##kind_suffix##_##suffix(const void *dy, const void *x,                  \
                                                    const void *weight, ptrdiff_t n, double mean,   \
                                                    double rstd, double sums[2],                    \
-                                                   double largest[2], ptrdiff_t read_ahead)        \
+                                                   double largest[LN_LARGEST_COUNT],               \
+                                                   ptrdiff_t read_ahead)                           \
     {                                                                                              \
         grad_sums(KIND, DTYPE, dy, x, weight, n, mean, rstd, sums, largest, read_ahead);           \
     }                                                                                              \

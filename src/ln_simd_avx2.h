@@ -22,8 +22,26 @@ typedef float ln_vf __attribute__((vector_size(32)));   /* __m256 */
 #define LN_ROWS8_F32_TRANSPOSE 0
 #define LN_BF16_PAIR_STORE 0
 #define LN_LANE_REDUCTIONS 1  /* gd_sum_lanes and gf_largest_lane, below */
+#define LN_GF_KEEP 1          /* gf_kept: AVX registers */
+#define LN_GF_LANE_TESTS 1    /* gf_any_at_least and gf_all_at_most, below */
 
 #include "ln_simd_group.h"
+
+static LN_ALWAYS_INLINE int gf_any_at_least(gf a, float t)
+{
+    const __m256 bound = _mm256_set1_ps(t);
+    const __m256 hit = _mm256_or_ps(_mm256_cmp_ps((__m256)a.v[0], bound, _CMP_GE_OQ),
+                                    _mm256_cmp_ps((__m256)a.v[1], bound, _CMP_GE_OQ));
+    return _mm256_movemask_ps(hit) != 0;
+}
+
+static LN_ALWAYS_INLINE int gf_all_at_most(gf a, float t)
+{
+    const __m256 bound = _mm256_set1_ps(t);
+    const __m256 inside = _mm256_and_ps(_mm256_cmp_ps((__m256)a.v[0], bound, _CMP_LE_OQ),
+                                        _mm256_cmp_ps((__m256)a.v[1], bound, _CMP_LE_OQ));
+    return _mm256_movemask_ps(inside) == 0xff;
+}
 
 /* ln_sum_lanes' order by halving, as the avx512 level's: lanes k + (k + 8) are vectors 0 + 2
    and 1 + 3, whose sum holds lanes k + (k + 4). */
@@ -82,6 +100,15 @@ static LN_ALWAYS_INLINE gf gf_max_magnitude(gf top, gf a)
 {
     const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     FOR_VF(k) { top.v[k] = (ln_vf)_mm256_max_ps(_mm256_and_ps((__m256)a.v[k], magnitude), (__m256)top.v[k]); }
+    return top;
+}
+
+static LN_ALWAYS_INLINE gf gf_max_magnitude_folded(gf top, gf a)
+{
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256 larger = _mm256_max_ps(_mm256_and_ps((__m256)a.v[1], magnitude),
+                                        _mm256_and_ps((__m256)a.v[0], magnitude));
+    top.v[0] = (ln_vf)_mm256_max_ps(larger, (__m256)top.v[0]);
     return top;
 }
 

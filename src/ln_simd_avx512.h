@@ -23,10 +23,22 @@ typedef float ln_vf __attribute__((vector_size(64)));   /* __m512 */
 #define LN_ROWS8_F32_TRANSPOSE 1  /* rows8_f32_to_columns and rows8_f32_from_columns, below */
 
 #define LN_GD_ALL_WITHIN 1  /* gd_all_within, below */
+#define LN_GF_KEEP 1        /* gf_kept: AVX registers */
+#define LN_GF_LANE_TESTS 1  /* gf_any_at_least and gf_all_at_most, below */
 #define LN_LOAD_PART 1      /* gf_load_part, its 16-bit forms and gd_load_part, below */
 #define LN_LANE_REDUCTIONS 1  /* gd_sum_lanes and gf_largest_lane, below */
 
 #include "ln_simd_group.h"
+
+static LN_ALWAYS_INLINE int gf_any_at_least(gf a, float t)
+{
+    return _mm512_cmp_ps_mask((__m512)a.v[0], _mm512_set1_ps(t), _CMP_GE_OQ) != 0;
+}
+
+static LN_ALWAYS_INLINE int gf_all_at_most(gf a, float t)
+{
+    return _mm512_cmp_ps_mask((__m512)a.v[0], _mm512_set1_ps(t), _CMP_LE_OQ) == 0xffff;
+}
 
 static LN_ALWAYS_INLINE int gd_all_within(gd a, double low, double high)
 {
@@ -91,6 +103,11 @@ static LN_ALWAYS_INLINE gf gf_max_magnitude(gf top, gf a)
 {
     FOR_VF(k) { top.v[k] = (ln_vf)_mm512_max_ps(_mm512_abs_ps((__m512)a.v[k]), (__m512)top.v[k]); }
     return top;
+}
+
+static LN_ALWAYS_INLINE gf gf_max_magnitude_folded(gf top, gf a)
+{
+    return gf_max_magnitude(top, a);
 }
 
 static LN_ALWAYS_INLINE gd gf_widen(gf a)

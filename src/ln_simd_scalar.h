@@ -58,6 +58,11 @@ static LN_ALWAYS_INLINE gf gf_max_magnitude(gf top, gf a)
     return top;
 }
 
+static LN_ALWAYS_INLINE gf gf_max_magnitude_folded(gf top, gf a)
+{
+    return gf_max_magnitude(top, a);
+}
+
 static LN_ALWAYS_INLINE gd gf_widen(gf a)
 {
     gd r;

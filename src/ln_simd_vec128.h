@@ -189,6 +189,21 @@ static LN_ALWAYS_INLINE gf gf_max_magnitude(gf top, gf a)
     return top;
 }
 
+static LN_ALWAYS_INLINE gf gf_max_magnitude_folded(gf top, gf a)
+{
+#if defined(__aarch64__)
+    const float32x4_t low = vmaxnmq_f32(vabsq_f32((float32x4_t)a.v[1]), vabsq_f32((float32x4_t)a.v[0]));
+    const float32x4_t high = vmaxnmq_f32(vabsq_f32((float32x4_t)a.v[3]), vabsq_f32((float32x4_t)a.v[2]));
+    top.v[0] = (ln_vf)vmaxnmq_f32(vmaxnmq_f32(high, low), (float32x4_t)top.v[0]);
+#else
+    const __m128 magnitude = _mm_castsi128_ps(_mm_set1_epi32(0x7fffffff));
+    const __m128 low = _mm_max_ps(_mm_and_ps((__m128)a.v[1], magnitude), _mm_and_ps((__m128)a.v[0], magnitude));
+    const __m128 high = _mm_max_ps(_mm_and_ps((__m128)a.v[3], magnitude), _mm_and_ps((__m128)a.v[2], magnitude));
+    top.v[0] = (ln_vf)_mm_max_ps(_mm_max_ps(high, low), (__m128)top.v[0]);
+#endif
+    return top;
+}
+
 static LN_ALWAYS_INLINE gd gf_widen(gf a)
 {
     gd r;

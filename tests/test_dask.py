@@ -444,6 +444,28 @@ def test_split_rows_with_tiny_products_get_the_numpy_calls_gradients(kind, dtype
         assert_like_the_whole_array_call(got, whole_value, want_value, what)
 
 
+@pytest.mark.parametrize("kind", KINDS, ids=str)
+def test_a_split_row_whose_grad_input_overflows_in_float32_gets_the_numpy_calls(kind):
+    """A float32 row with an outlier in its middle chunk (xhat ~ 24, rstd ~ 12, eps 0) under
+    g = 4e37 there: grad_input's inner term -rstd**2 * mean(g * xhat) * (x - mean) passes
+    float32's largest where rstd * g cancels it, so the row goes by float64, as the NumPy call
+    takes it: the chunks need the row's largest |x - mean| to tell."""
+    x = make_input(EXTREME_SHAPE, np.float32, seed=13)
+    dy = make_input(EXTREME_SHAPE, np.float32, seed=14)
+    x[0], dy[0] = 0.0, 0.0
+    x[0, 300], dy[0, 300] = 2.04, 4e34
+    ns = (x.shape[1],)
+    weight = np.full(ns, 1e3, np.float32)
+    stats = kind.native(x, ns, weight, eps=0.0)[1:]
+    whole = kind.backward(dy, x, ns, stats, weight)
+    chunked = [da.from_array(s, chunks=(EXTREME_CHUNKS[0], 1)) for s in stats]
+    split = computed(kind.backward(da.from_array(dy, chunks=EXTREME_CHUNKS), da.from_array(x, chunks=EXTREME_CHUNKS),
+                                   ns, chunked, da.from_array(weight, chunks=EXTREME_CHUNKS[1]))[:1])[0]
+    want = kind.reference_backward(dy, x.astype(np.float64), ns, [s.astype(np.float64) for s in stats], weight)[0]
+    assert np.isfinite(whole[0]).all()
+    assert_like_the_whole_array_call(split, whole[0], want, "grad_input")
+
+
 @pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf], ids=["nan", "inf", "-inf"])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("kind", KINDS, ids=str)

@@ -195,6 +195,15 @@ def _layer_norm_backward_by(route, dy, x, mean, rstd, weight, bias):
     return (got[0].T,) + tuple(got[1:])
 
 
+def _rms_norm_backward_by(route, dy, x, rstd, weight):
+    """rms_norm_backward as _layer_norm_backward_by runs layer_norm_backward."""
+    ns = (x.shape[-1],)
+    if route == "rows":
+        return layernorm.rms_norm_backward(dy, x, ns, rstd, weight)
+    got = layernorm.rms_norm_backward(dy.T.copy(), x.T.copy(), ns, rstd.T.copy(), weight, axis=0)
+    return (got[0].T,) + tuple(got[1:])
+
+
 @pytest.mark.parametrize("route", ["rows", "axis"])
 @pytest.mark.parametrize("row_len", ROW_LENGTHS)
 @pytest.mark.parametrize("kind", ["float32-products-overflow", "float64-rstd-squared-overflows",
@@ -238,11 +247,7 @@ def _tiny_weight_huge_dy(case):
     return x.astype(np.float32), dy.astype(np.float32), weight, eps
 
 
-@pytest.mark.parametrize("route", [
-    pytest.param("rows", marks=pytest.mark.xfail(strict=True, reason=(
-        "the contiguous route does not test dy * (x - mean) * rstd against float32's range: "
-        "its grad_weight overflows here"))),
-    "axis"])
+@pytest.mark.parametrize("route", ["rows", "axis"])
 @pytest.mark.parametrize("case", ["dy-1e30", "rstd-1e4"])
 @pytest.mark.parametrize("norm", ["layer", "rms"])
 def test_a_tiny_weight_under_a_huge_dy_gets_the_reference_grad_weight(norm, case, route):
@@ -256,16 +261,48 @@ def test_a_tiny_weight_under_a_huge_dy_gets_the_reference_grad_weight(norm, case
     else:
         _, rstd = layernorm.native_rms_norm(x, (n,), weight, eps)
         mean = 0.0
-        if route == "axis":
-            got = layernorm.rms_norm_backward(dy.T.copy(), x.T.copy(), (n,), rstd.T.copy(), weight, axis=0)
-        else:
-            got = layernorm.rms_norm_backward(dy, x, (n,), rstd, weight)
+        got = _rms_norm_backward_by(route, dy, x, rstd, weight)
         want = _reference.rms_norm_backward_given_stats(dy, x, (n,), rstd, weight)
     # grad_weight's terms are dy * xhat per row: its tolerance is theirs, summed
     xhat = (x.astype(np.float64) - mean) * np.asarray(rstd, np.float64)
     terms = np.abs(dy.astype(np.float64) * xhat).sum(axis=0)
     assert np.isfinite(got[1]).all()
     assert_within(got[1], want[1], 1e-5 * terms, "grad_weight")
+
+
+@pytest.mark.parametrize("route", ["rows", "axis"])
+@pytest.mark.parametrize("norm", ["layer", "rms"])
+@pytest.mark.parametrize("dy_top, w", [(2e34, 1e3), (5e16, 4e20)], ids=["dy-2e34", "dy-5e16"])
+def test_an_overflowing_inner_term_of_grad_input_gets_the_reference(dy_top, w, norm, route):
+    """grad_input = fma(rstd, g, inner), inner = -rstd**2 * gx_mean * xc - rstd * g_mean: rows
+    of 10000 elements, one of them an outlier (xhat = 100, rstd = 30) whose g = 2e37 (dy 2e34
+    under a weight of 1e3, or dy 5e16 under 4e20, where dy * rstd is small enough for the
+    contiguous route's vector test of dweight's term) sits inside float32, as do g * xc,
+    rstd**2 * gx_mean and dweight's terms, while inner = -6e38 at the outlier does not;
+    rstd * g cancels it, to ~1e31.  Its row goes by float64, where it was -Inf (on the axis
+    route, its whole tile)."""
+    n = 10000
+    rng = np.random.default_rng(5)
+    x, dy = rng.standard_normal((2, 4, n)).astype(np.float32)
+    x[0], dy[0] = 0.0, 0.0
+    x[0, 0], dy[0, 0] = 10 / 3, dy_top
+    weight = np.full(n, w, np.float32)
+    if norm == "layer":
+        bias = np.zeros(n, np.float32)
+        _, mean, rstd = layernorm.native_layer_norm(x, (n,), weight, bias, 0.0)
+        got = _layer_norm_backward_by(route, dy, x, mean, rstd, weight, bias)[0]
+        want = _reference.layer_norm_backward_given_stats(dy, x, (n,), mean, rstd, weight)[0]
+    else:
+        _, rstd = layernorm.native_rms_norm(x, (n,), weight, 0.0)
+        got = _rms_norm_backward_by(route, dy, x, rstd, weight)[0]
+        want = _reference.rms_norm_backward_given_stats(dy, x, (n,), rstd, weight)[0]
+    assert 20 < float(rstd[0, 0]) < 40
+    assert np.isfinite(got).all()
+    # the outlier's row, in float64: within an ulp of the reference; the others within a
+    # float32 rounding of their terms rstd * |g|
+    assert_within(got[0], want[0], np.spacing(np.abs(want[0]).astype(np.float32)), "grad_input, outlier row")
+    terms = np.asarray(rstd[1:], np.float64) * np.abs(dy[1:] * weight.astype(np.float64)).max(axis=-1, keepdims=True)
+    assert_within(got[1:], want[1:], 2.0 ** -22 * terms, "grad_input")
 
 
 @pytest.mark.parametrize("rows", [16, 13])
@@ -285,7 +322,7 @@ def test_a_zero_factor_row_keeps_its_tiles_float32_bits(norm, zeroed, rows):
             _, mean, rstd = layernorm.native_layer_norm(x, (n,), weight, bias, 1e-5)
             return _layer_norm_backward_by("axis", dy, x, mean, rstd, weight, bias)[0]
         _, rstd = layernorm.native_rms_norm(x, (n,), weight, 1e-5)
-        return layernorm.rms_norm_backward(dy.T.copy(), x.T.copy(), (n,), rstd.T.copy(), weight, axis=0)[0].T
+        return _rms_norm_backward_by("axis", dy, x, rstd, weight)[0]
 
     before = grad_input(x, dy)
     if zeroed == "dy-row":

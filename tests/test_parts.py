@@ -7,12 +7,11 @@ rows' means of them.
     m2, scale = _rms_norm_part_moments(x, sizes, axis=axes)           # the sum of squares
     y = _layer_norm_part_normalize(x, sizes, mean, rstd, weight, bias, axis=axes, scale=scale, row_len=n)
     y = _rms_norm_part_normalize(x, sizes, rstd, weight, axis=axes, scale=scale, row_len=n)
-    g_sum, g_xhat_sum, g_largest, dy_largest = _layer_norm_part_grad_sums(dy, x, sizes, mean, rstd, weight,
-                                                                          axis=axes)
-    dx = _layer_norm_part_grad_input(dy, x, sizes, mean, rstd, g_mean, g_xhat_mean, g_largest, dy_largest,
-                                     weight, axis=axes)
-    (RMSNorm: no mean, no g_sum, no g_mean; g_largest and dy_largest: the largest |g| and |dy|,
-    of the part from the sums, of the whole row into grad_input)
+    g_sum, g_xhat_sum, *largest = _layer_norm_part_grad_sums(dy, x, sizes, mean, rstd, weight, axis=axes)
+    dx = _layer_norm_part_grad_input(dy, x, sizes, mean, rstd, g_mean, g_xhat_mean, *largest, weight, axis=axes)
+    (RMSNorm: no mean, no g_sum, no g_mean; largest = (g_largest, dy_largest, xc_largest): the
+    largest |g|, |dy| and |x - mean| (|x| for RMSNorm), of the part from the sums, of the whole
+    row into grad_input)
 
 (moments in units of scale, a power of two, 1 but for parts of extreme magnitude; normalize
 takes mean / scale and rstd * scale, and row_len, the whole row's length) held to the float64
@@ -68,7 +67,7 @@ def normalize(kind, x, axes, mean, rstd, weight=None, bias=None, scale=None, row
 
 
 def grad_sums(kind, dy, x, axes, mean, rstd, weight=None):
-    """(g_sum, g_xhat_sum, (g_largest, dy_largest)) of each row's part; RMSNorm's g_sum is 0."""
+    """(g_sum, g_xhat_sum, (g_largest, dy_largest, xc_largest)) of each row's part; RMSNorm's g_sum is 0."""
     sizes = sizes_of(np.shape(x), axes)
     if kind.centred:
         g_sum, g_xhat_sum, *largest = core._layer_norm_part_grad_sums(dy, x, sizes, mean, rstd, weight, axis=axes)
@@ -79,7 +78,7 @@ def grad_sums(kind, dy, x, axes, mean, rstd, weight=None):
 
 
 def grad_input(kind, dy, x, axes, mean, rstd, g_mean, g_xhat_mean, largest, weight=None):
-    """largest: the rows' (g_largest, dy_largest)"""
+    """largest: the rows' (g_largest, dy_largest, xc_largest)"""
     sizes = sizes_of(np.shape(x), axes)
     if kind.centred:
         return core._layer_norm_part_grad_input(dy, x, sizes, mean, rstd, g_mean, g_xhat_mean, *largest, weight,
@@ -207,11 +206,16 @@ def test_grad_sums_match_the_reference(shape, axes, dtype, name, kind):
         expected = np.moveaxis(g.sum(axis=summed, keepdims=True), range(-len(axes), 0), axes)
         scale = np.moveaxis(np.abs(g).sum(axis=summed, keepdims=True), range(-len(axes), 0), axes)
         assert_within(g_sum, expected, tol * scale, "g_sum")
-    g_largest, dy_largest = largest
+    g_largest, dy_largest, xc_largest = largest
     expected = np.moveaxis(np.abs(g).max(axis=summed, keepdims=True), range(-len(axes), 0), axes)
     assert_within(g_largest, expected, 1e-7 * expected, "g_largest")  # g formed in float32 for 16-bit/float32
     expected = np.moveaxis(np.abs(dy.astype(np.float64)), axes, range(-len(axes), 0)).max(axis=summed, keepdims=True)
     assert np.array_equal(dy_largest, np.moveaxis(expected, range(-len(axes), 0), axes))
+    # x - mean as the kernels form it: in float32 for 16-bit/float32 data, the mean rounded to it
+    compute = np.float64 if np.dtype(dtype) == np.float64 else np.float32
+    centred = normalized.astype(compute) - np.asarray(row_mean).astype(compute)
+    expected = np.moveaxis(np.abs(centred).max(axis=summed, keepdims=True), range(-len(axes), 0), axes)
+    assert np.array_equal(xc_largest, expected)
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=str)

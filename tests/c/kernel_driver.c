@@ -765,11 +765,11 @@ static int run_backward_parts(const test_case *c)
     const variant *v = c->variant;
     const buffer *g = output_at(c, c->mean_at), *g_xhat = output_at(c, c->rstd_at);
     const size_t rows = c->part_rstd.count;
-    double *scratch = malloc(4 * rows * sizeof(double) + 1);  /* the largest |g| and |dy|, then the means */
+    /* the largest magnitudes (LN_LARGEST_COUNT per row), then the means */
+    double *scratch = malloc((LN_LARGEST_COUNT + 2) * rows * sizeof(double) + 1);
     if (!scratch) {
         return -1;
     }
-    const buffer g_largest = {scratch, rows, sizeof(double)}, dy_largest = {scratch + rows, rows, sizeof(double)};
     ln_part_backward_args args = {
         .kind = v->kind,
         .dtype = c->dtype,
@@ -781,16 +781,19 @@ static int run_backward_parts(const test_case *c)
         .rstd = part_stats_array(c, &c->part_rstd),
         .g = part_stats_array(c, g),
         .g_xhat = part_stats_array(c, g_xhat),
-        .g_largest = part_stats_array(c, &g_largest),
-        .dy_largest = part_stats_array(c, &dy_largest),
     };
+    buffer largest[LN_LARGEST_COUNT];
+    for (int i = 0; i < LN_LARGEST_COUNT; i++) {
+        largest[i] = (buffer){scratch + i * rows, rows, sizeof(double)};
+        args.largest[i] = part_stats_array(c, &largest[i]);
+    }
     if (ln_part_grad_sums(&args) != 0) {
         free(scratch);
         return -1;
     }
     /* the means, in a buffer of their own: the sums stay as hashed; one part: the largest
        magnitudes are the rows' */
-    double *means = scratch + 2 * rows;
+    double *means = scratch + LN_LARGEST_COUNT * rows;
     for (size_t r = 0; r < rows; r++) {
         means[r] = g->data ? ((const double *)g->data)[r] / (double)c->extent.row_len : 0.0;
         means[rows + r] = ((const double *)g_xhat->data)[r] / (double)c->extent.row_len;
