@@ -623,13 +623,15 @@ def _block_row_sums(input: np.ndarray, grad_output: np.ndarray, mean: Optional[n
     a row's (RMSNorm, without a mean: no sum(g)), and its largest magnitudes."""
     sizes = tuple(input.shape[a] for a in axes)
     sums = np.empty(tuple(1 if a in axes else n for a, n in enumerate(input.shape)), _ROW_SUMS)
+    parts: Tuple[np.ndarray, ...]
+    fields: Tuple[str, ...]
     if mean is None:
         sums["g"] = 0.0
         parts = _core._rms_norm_part_grad_sums(grad_output, input, sizes, rstd, weight, axis=axes)
-        fields = _ROW_SUMS.names[1:]
+        fields = _SUMMED[1:] + _LARGEST
     else:
         parts = _core._layer_norm_part_grad_sums(grad_output, input, sizes, mean, rstd, weight, axis=axes)
-        fields = _ROW_SUMS.names
+        fields = _SUMMED + _LARGEST
     for field, part in zip(fields, parts):
         sums[field] = part
     return sums
@@ -659,7 +661,7 @@ def _grad_input_block(input: np.ndarray, grad_output: np.ndarray, mean: Optional
     """grad_input = rstd * (g - mean(g) - xhat * mean(g * xhat)) on a chunk (RMSNorm, without a
     mean: without mean(g)), as the kernels compute it from the row means given."""
     sizes = tuple(input.shape[a] for a in axes)
-    largest = [means[field] for field in _LARGEST]
+    largest = (means["g_largest"], means["dy_largest"], means["xc_largest"])
     if mean is None:
         return _core._rms_norm_part_grad_input(grad_output, input, sizes, rstd, means["g_xhat"], *largest, weight,
                                                axis=axes)
