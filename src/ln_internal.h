@@ -362,8 +362,9 @@ static inline double ln_grad_term_limit(ln_dtype dtype)
      dweight's terms (dy * xc) * rstd, summed in the compute type over a group's rows (a
      weight of 1e-20 lets dy reach 1e30 while g and g * xc stay in range).
    The contiguous route's float16/bfloat16/float32 rows take a conservative form of the common
-   row's test in vectors first (grad_row_common), the strided route's float32 tiles that test
-   lane by lane (backward_tile_f32); the rows those do not pass come here. */
+   row's test in vectors first (grad_row_common), the strided route's float32 tiles and the
+   contiguous route's tiles of 16 rows of 16 elements that test lane by lane
+   (grad_lanes_common); the rows those do not pass come here. */
 static inline int ln_grad_row_needs_exact(ln_dtype dtype, double rstd, double g_mean, double gx_mean,
                                           const double largest[LN_LARGEST_COUNT])
 {

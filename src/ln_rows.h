@@ -57,7 +57,7 @@
  * strided route's tile kernels, further down, compute the same per lane.
  */
 #if !defined(LN_LEVEL_KERNELS) || !defined(LN_AFFINE_LOOP_APART) || !defined(LN_ROWS8_F32_TRANSPOSE) || \
-    !defined(LN_BF16_PAIR_STORE)
+    !defined(LN_BF16_PAIR_STORE) || !defined(LN_GF_TRANSPOSE)
 #error "include a level's ln_simd_<level>.h and define LN_LEVEL_KERNELS before ln_rows.h"
 #endif
 
@@ -1599,6 +1599,40 @@ static LN_ALWAYS_INLINE int grad_row_common(double rstd, double g_mean, double g
            gf_all_at_most(tops->xc, root) && gf_all_at_most(gf_mul(tops->xc, gf_splat((float)xc_scale)), FLT_MAX / 4);
 }
 
+/* a with its lanes from count on set to 1.0, a value every test of grad_lanes_common passes. */
+static LN_ALWAYS_INLINE gd lanes_padded(gd a, int count)
+{
+    const gd one = gd_splat(1.0);
+    return gd_add(gd_first_lanes(a, count), gd_sub(one, gd_first_lanes(one, count)));
+}
+
+/* Whether the rows in the first count lanes are all among the common rows of
+   ln_grad_row_needs_exact (which then returns 0 for each), lane k holding a row's rstd, its
+   factors xc_scale = -rstd^2 * gx_mean and offset = -rstd * g_mean, and the largest
+   magnitudes of its pass 1 (widened).  In vectors: largest >= max(precise_min, 2 *
+   precise_min * rstd) as largest - that >= 0, |v| as max(|v|, 0), which a NaN fails. */
+static LN_ALWAYS_INLINE int grad_lanes_common(ln_norm_kind kind, ln_dtype dtype, int count, gd rstd, gd xc_scale,
+                                              gd offset, const gd widened[LN_LARGEST_COUNT])
+{
+    const double precise_min = (double)FLT_MIN / (double)FLT_EPSILON;
+    const gd least = gd_max_magnitude(gd_splat(precise_min), gd_mul(gd_splat(2.0 * precise_min), rstd));
+    const gd zero_d = gd_splat(0.0);
+    const gd xc_scale_size = gd_max_magnitude(zero_d, xc_scale), offset_size = gd_max_magnitude(zero_d, offset);
+    const gd inner_top = gd_add(gd_mul(xc_scale_size, widened[LN_LARGEST_XC]), offset_size);
+    const gd term_top = gd_mul(gd_mul(widened[LN_LARGEST_DY], widened[LN_LARGEST_XC]),
+                               gd_max_magnitude(gd_splat(1.0), rstd));
+    int common = gd_all_within(lanes_padded(rstd, count), (double)FLT_MIN, (double)FLT_MAX);
+    common &= gd_all_within(lanes_padded(xc_scale_size, count), (double)FLT_MIN, (double)FLT_MAX);
+    if (kind == LN_NORM_LAYER) {
+        common &= gd_all_within(lanes_padded(offset_size, count), (double)FLT_MIN, (double)FLT_MAX);
+    }
+    common &= gd_all_within(lanes_padded(gd_sub(widened[LN_LARGEST_G], least), count), 0.0, INFINITY);
+    common &= gd_all_within(lanes_padded(gd_sub(widened[LN_LARGEST_DY], least), count), 0.0, INFINITY);
+    common &= gd_all_within(lanes_padded(inner_top, count), 0.0, (double)FLT_MAX / 2);
+    common &= gd_all_within(lanes_padded(term_top, count), 0.0, ln_grad_term_limit(dtype));
+    return common;
+}
+
 /* The same for float64 data, all in float64. */
 static LN_ALWAYS_INLINE void grad_sums_double(ln_norm_kind kind, const double *dy, const double *x,
                                               const double *weight, ptrdiff_t n, double mean, double rstd,
@@ -1704,6 +1738,20 @@ static LN_ALWAYS_INLINE gf grad_dx(ln_norm_kind kind, gf g, gf xc, gf rstd_v, gf
     return gf_fma(rstd_v, g, inner);
 }
 
+/* The group of dx at element j of a row, stored as `how` says (a NaN the one quiet NaN). */
+static LN_ALWAYS_INLINE void grad_store_dx(ln_dtype dtype, ln_store how, char *dx, ptrdiff_t j, gf v)
+{
+    if (dtype == LN_F32 && how == LN_STREAM_LINES) {
+        gf_stream((float *)dx + j, v);
+    }
+    else if (dtype == LN_F32 && how == LN_STREAM_PIECES) {
+        gf_stream16((float *)dx + j, v);
+    }
+    else {
+        store_from_f32(dtype, dx, j, v, 1);
+    }
+}
+
 /* Asks for the lines of dy and x that hold a group of 16 elements (`bytes` from `offset`) of
    the next group's row, into L2: pass 2 works from cache, and without these requests memory
    would idle while it does (ln_backward_prefetches). */
@@ -1763,17 +1811,9 @@ static LN_ALWAYS_INLINE void grad_apply_columns(ln_norm_kind kind, ln_dtype dtyp
             const gf value_x = load_as_f32(dtype, rows->x[k], j);
             const gf xc = has_mean ? gf_sub(value_x, rows->mean_v[k]) : value_x;
             if (want_dx) {
-                const gf dx = grad_dx(kind, weight ? gf_mul(dy_v, w) : dy_v, xc, rows->rstd_v[k],
-                                      rows->xc_scale_v[k], rows->offset_v[k]);
-                if (dtype == LN_F32 && rows->dx_store == LN_STREAM_LINES) {
-                    gf_stream((float *)rows->dx[k] + j, dx);
-                }
-                else if (dtype == LN_F32 && rows->dx_store == LN_STREAM_PIECES) {
-                    gf_stream16((float *)rows->dx[k] + j, dx);
-                }
-                else {
-                    store_from_f32(dtype, rows->dx[k], j, dx, 1);
-                }
+                grad_store_dx(dtype, rows->dx_store, rows->dx[k], j,
+                              grad_dx(kind, weight ? gf_mul(dy_v, w) : dy_v, xc, rows->rstd_v[k],
+                                      rows->xc_scale_v[k], rows->offset_v[k]));
             }
             if (dweight) {
                 group_dweight = gf_fma(gf_mul(dy_v, xc), rows->rstd_v[k], group_dweight);
@@ -2053,6 +2093,157 @@ static LN_ALWAYS_INLINE void backward_short_rows(ln_norm_kind kind, ln_dtype dty
     }
 }
 
+#if LN_GF_TRANSPOSE
+/*
+ * Rows of 16 float16, bfloat16 or float32 elements, with dx: 16 rows at a time, a row tile,
+ * turned by gf_transpose so that lane k of a vector holds row k, with the bits of
+ * backward_rows' groups of LN_GRAD_ROWS rows.  Pass 1 of a row of one group adds its 16
+ * lanes (widened) by ln_sum_lanes' tree; turned, a lane is a vector over the tile's rows and
+ * the tree is vector adds, and what a group does once per row in scalars (the means, the
+ * test of the common row, pass 2's factors) is one vector operation per tile.  A tile with
+ * a row that is not common (grad_lanes_common) writes nothing and returns 0: its rows then
+ * go group by group.  Float32, one thread, A/B in alternating processes: rows of 16 30-33
+ * -> 19-22 ns a row (torch 13).  Longer rows took as long or longer this way (rows of 32:
+ * 33-38 -> 38-40 ns, 24: 37 -> 52, 64: 43 -> 57), each of their groups turned twice on the
+ * way in and once on the way out.
+ */
+static LN_ALWAYS_INLINE int row_tiles_fit(ln_dtype dtype, const ln_backward_args *a)
+{
+    return dtype != LN_F64 && a->grad_input.data && a->extent.row_len == 16;
+}
+
+/* The addresses of rows first .. first + 15 of an array. */
+static LN_ALWAYS_INLINE void row_tile_addresses(const ln_array *array, const ln_extent *extent, ptrdiff_t first,
+                                                char *rows[16])
+{
+    const ptrdiff_t block = extent->blocks > 1 ? first / extent->rows : 0;
+    if ((block + 1) * extent->rows < first + 16) {  /* a block ends among them */
+        for (int k = 0; k < 16; k++) {
+            rows[k] = ln_row_address(array, extent, first + k);
+        }
+        return;
+    }
+    rows[0] = ln_block_row_address(array, block, first - block * extent->rows);
+    for (int k = 1; k < 16; k++) {
+        rows[k] = rows[k - 1] + array->walk.row_step;
+    }
+}
+
+/* Pass 1's sums of lane l of the tile's rows, turned (grad_sums_block's and
+   grad_sums_finish's for a row of one group), and their maxima into tops. */
+static LN_ALWAYS_INLINE void row_tile_lane_sums(ln_norm_kind kind, const gf dy[16], const gf x[16],
+                                                const float *weight, int l, gf mean_v, gd sums[2], grad_tops *tops)
+{
+    const gf zero_f = gf_splat(0.0f), g = weight ? gf_mul(dy[l], gf_splat(weight[l])) : dy[l];
+    gf even_g = zero_f, even_gc = zero_f;
+    grad_sums_terms(kind, dy[l], g, x[l], weight != NULL, TOPS_OF_LANES, mean_v, &even_g, &even_gc, tops);
+    sums[0] = gd_add(gd_splat(0.0), gf_widen(gf_add(even_g, zero_f)));
+    sums[1] = gd_add(gd_splat(0.0), gf_widen(gf_add(even_gc, zero_f)));
+}
+
+/* Rows first .. first + 15 backward as a row tile; returns 0, having written nothing, where
+   one of them is not common. */
+static LN_ALWAYS_INLINE int backward_row_tile(ln_norm_kind kind, ln_dtype dtype, const ln_backward_args *a,
+                                              ptrdiff_t first, int stream_dx, int *params_written,
+                                              double *dweight, double *dbias)
+{
+    const int has_mean = kind == LN_NORM_LAYER;
+    const float *weight = a->weight;
+    assert(row_tiles_fit(dtype, a) && 16 % LN_GRAD_ROWS == 0);
+    char *dy_rows[16], *x_rows[16], *dx_rows[16], *mean_at[16], *rstd_at[16];
+    double rstds[16];
+    float mean_f[16], rstd_f[16];
+    int dx_lines = stream_dx;
+    row_tile_addresses(&a->grad_output, &a->extent, first, dy_rows);
+    row_tile_addresses(&a->input, &a->extent, first, x_rows);
+    row_tile_addresses(&a->grad_input, &a->extent, first, dx_rows);
+    row_tile_addresses(&a->rstd, &a->extent, first, rstd_at);
+    if (has_mean) {
+        row_tile_addresses(&a->mean, &a->extent, first, mean_at);
+    }
+    for (int k = 0; k < 16; k++) {
+        dx_lines &= (uintptr_t)dx_rows[k] % 64 == 0;
+        mean_f[k] = has_mean ? (float)ln_load1_param_as_f64(dtype, mean_at[k], 0) : 0.0f;
+        rstds[k] = ln_load1_param_as_f64(dtype, rstd_at[k], 0);
+        rstd_f[k] = (float)rstds[k];
+    }
+    /* the rows in, turned, and pass 2's terms of dweight and dbias (which need no sums),
+       summed over each LN_GRAD_ROWS rows, while they are rows */
+    gf dy[16], x[16], dweight_terms[16 / LN_GRAD_ROWS], dbias_terms[16 / LN_GRAD_ROWS];
+    for (int s = 0; s < 16 / LN_GRAD_ROWS; s++) {
+        gf group_dweight = gf_splat(0.0f), group_dbias = group_dweight;
+        for (int k = s * LN_GRAD_ROWS; k < (s + 1) * LN_GRAD_ROWS; k++) {
+            dy[k] = load_as_f32(dtype, dy_rows[k], 0);
+            x[k] = load_as_f32(dtype, x_rows[k], 0);
+            const gf xc = has_mean ? gf_sub(x[k], gf_splat(mean_f[k])) : x[k];
+            group_dweight = gf_fma(gf_mul(dy[k], xc), gf_splat(rstd_f[k]), group_dweight);
+            group_dbias = gf_add(group_dbias, dy[k]);
+        }
+        dweight_terms[s] = group_dweight;
+        dbias_terms[s] = group_dbias;
+    }
+    gf_transpose(dy);
+    gf_transpose(x);
+    /* pass 1, lanes l and l + 8 together: ln_sum_lanes' first step, then its others */
+    const gf mean_v = gf_load(mean_f), zero_f = gf_splat(0.0f);
+    grad_tops tops = {zero_f, zero_f, zero_f};
+    gd pairs[2][8], totals[2];
+    for (int l = 0; l < 8; l++) {
+        gd low[2], high[2];
+        row_tile_lane_sums(kind, dy, x, weight, l, mean_v, low, &tops);
+        row_tile_lane_sums(kind, dy, x, weight, l + 8, mean_v, high, &tops);
+        pairs[0][l] = gd_add(low[0], high[0]);
+        pairs[1][l] = gd_add(low[1], high[1]);
+    }
+    for (int i = 0; i < 2; i++) {
+        for (int l = 0; l < 4; l++) {
+            pairs[i][l] = gd_add(pairs[i][l], pairs[i][l + 4]);
+        }
+        totals[i] = gd_add(gd_add(pairs[i][0], pairs[i][2]), gd_add(pairs[i][1], pairs[i][3]));
+    }
+    /* grad_group_pass1's means and grad_apply_start's factors, a lane per row */
+    const gd rstd = gd_load(rstds), n_v = gd_splat(16.0), zero_d = gd_splat(0.0);
+    const gd neg_rstd = gd_sub(zero_d, rstd);  /* -rstd, for the rstd > 0 of a common row */
+    const gd g_mean = has_mean ? gd_div(totals[0], n_v) : zero_d, gx_mean = gd_div(gd_mul(totals[1], rstd), n_v);
+    const gd xc_scale = gd_mul(gd_mul(neg_rstd, rstd), gx_mean), offset = gd_mul(neg_rstd, g_mean);
+    const gd widened[LN_LARGEST_COUNT] = {
+        [LN_LARGEST_G] = gf_widen(tops.g), [LN_LARGEST_DY] = gf_widen(tops.dy), [LN_LARGEST_XC] = gf_widen(tops.xc)};
+    if (!grad_lanes_common(kind, dtype, 16, rstd, xc_scale, offset, widened)) {
+        return 0;
+    }
+    double factors[2][16];
+    float xc_scale_f[16], offset_f[16];
+    gd_store(factors[0], xc_scale);
+    gd_store(factors[1], offset);
+    for (int k = 0; k < 16; k++) {
+        xc_scale_f[k] = (float)factors[0][k];
+        offset_f[k] = (float)factors[1][k];
+    }
+    /* pass 2: dx, turned back to rows; the parameters' terms into their sums */
+    const gf rstd_v = gf_load(rstd_f), xc_scale_v = gf_load(xc_scale_f), offset_v = gf_load(offset_f);
+    for (int l = 0; l < 16; l++) {
+        const gf g = weight ? gf_mul(dy[l], gf_splat(weight[l])) : dy[l];
+        dy[l] = grad_dx(kind, g, has_mean ? gf_sub(x[l], mean_v) : x[l], rstd_v, xc_scale_v, offset_v);
+    }
+    gf_transpose(dy);
+    const ln_store how = !stream_dx ? LN_STORE_CACHED : dx_lines ? LN_STREAM_LINES : LN_STREAM_PIECES;
+    for (int k = 0; k < 16; k++) {
+        grad_store_dx(dtype, how, dx_rows[k], 0, dy[k]);
+    }
+    for (int s = 0; s < 16 / LN_GRAD_ROWS; s++) {
+        const int from_zero = !*params_written && s == 0;  /* set_sums */
+        if (dweight) {
+            gd_store(dweight, gd_add(from_zero ? gd_splat(0.0) : gd_load(dweight), gf_widen(dweight_terms[s])));
+        }
+        if (dbias) {
+            gd_store(dbias, gd_add(from_zero ? gd_splat(0.0) : gd_load(dbias), gf_widen(dbias_terms[s])));
+        }
+    }
+    *params_written = 1;
+    return 1;
+}
+#endif
+
 /* Row r's pointers and statistics into slot k of group. */
 static LN_ALWAYS_INLINE void grad_group_row(ln_norm_kind kind, ln_dtype dtype, const ln_backward_args *a,
                                             ln_grad_rows *group, int k, ptrdiff_t r)
@@ -2156,7 +2347,20 @@ static LN_ALWAYS_INLINE int backward_rows(ln_norm_kind kind, ln_dtype dtype, con
     const int stream_dx = ln_backward_streams_dx(a);
     const ln_row_kernels *kernels = &LN_LEVEL_KERNELS.by_dtype[dtype].by_kind[kind];
     const ptrdiff_t read_ahead = ln_backward_read_ahead(a);
+#if LN_GF_TRANSPOSE
+    const int row_tiles = row_tiles_fit(dtype, a);
+    ptrdiff_t groups_until = begin;  /* rows before it go group by group: a row tile there failed */
+#endif
     for (ptrdiff_t first = begin; first < end; first += LN_GRAD_ROWS) {
+#if LN_GF_TRANSPOSE
+        if (row_tiles && first >= groups_until && end - first >= 16) {
+            if (backward_row_tile(kind, dtype, a, first, stream_dx, &params_written, dweight, dbias)) {
+                first += 16 - LN_GRAD_ROWS;
+                continue;
+            }
+            groups_until = first + 16;
+        }
+#endif
         ln_grad_rows group = {.count = (int)(end - first < LN_GRAD_ROWS ? end - first : LN_GRAD_ROWS),
                               .stream_dx = stream_dx};
         int exact[LN_GRAD_ROWS], any_exact = 0;
@@ -2613,13 +2817,6 @@ static LN_ALWAYS_INLINE void tile_grad_sums_term(ln_norm_kind kind, ln_dtype dty
     grad_sums_terms(kind, dy_v, g, value_x, weight != NULL, TOPS_OF_LANES, mean_v, sum_g, sum_gc, tops);
 }
 
-/* a with its lanes from count on set to 1.0, a value every test of backward_tile_f32 passes. */
-static LN_ALWAYS_INLINE gd tile_lanes_padded(gd a, int count)
-{
-    const gd one = gd_splat(1.0);
-    return gd_add(gd_first_lanes(a, count), gd_sub(one, gd_first_lanes(one, count)));
-}
-
 /* Whether a lane (of the first count) of a float32 tile fails ln_backward_exact_row's test,
    applied to the tile's own sums (whose order differs from a contiguous row's): the scalar
    test, for the tiles whose lanes the vector test of the common rows did not all pass (a
@@ -2706,27 +2903,10 @@ static LN_ALWAYS_INLINE int backward_tile_f32(ln_norm_kind kind, ln_dtype dtype,
         const gd n_v = gd_splat((double)n), rstd = gd_load(rstds), neg_rstd = gd_sub(gd_splat(0.0), rstd);
         const gd g_mean = gd_div(g_sum, n_v), gx_mean = gd_div(gd_mul(gc_sum, rstd), n_v);
         const gd xc_scale = gd_mul(gd_mul(neg_rstd, rstd), gx_mean), offset = gd_mul(neg_rstd, g_mean);
-        /* the common rows of ln_grad_row_needs_exact, in vectors: largest >= max(precise_min,
-           2 * precise_min * rstd) as largest - that >= 0, |v| as max(|v|, 0) */
-        const double precise_min = (double)FLT_MIN / (double)FLT_EPSILON;
-        const gd least = gd_max_magnitude(gd_splat(precise_min), gd_mul(gd_splat(2.0 * precise_min), rstd));
-        const gd zero_d = gd_splat(0.0);
         const gd widened[LN_LARGEST_COUNT] = {
             [LN_LARGEST_G] = gf_widen(tops.g), [LN_LARGEST_DY] = gf_widen(tops.dy), [LN_LARGEST_XC] = gf_widen(tops.xc)};
-        const gd xc_scale_size = gd_max_magnitude(zero_d, xc_scale), offset_size = gd_max_magnitude(zero_d, offset);
-        const gd inner_top = gd_add(gd_mul(xc_scale_size, widened[LN_LARGEST_XC]), offset_size);
-        const gd term_top = gd_mul(gd_mul(widened[LN_LARGEST_DY], widened[LN_LARGEST_XC]),
-                                   gd_max_magnitude(gd_splat(1.0), rstd));
-        int common = gd_all_within(tile_lanes_padded(rstd, count), (double)FLT_MIN, (double)FLT_MAX);
-        common &= gd_all_within(tile_lanes_padded(xc_scale_size, count), (double)FLT_MIN, (double)FLT_MAX);
-        if (has_mean) {
-            common &= gd_all_within(tile_lanes_padded(offset_size, count), (double)FLT_MIN, (double)FLT_MAX);
-        }
-        common &= gd_all_within(tile_lanes_padded(gd_sub(widened[LN_LARGEST_G], least), count), 0.0, INFINITY);
-        common &= gd_all_within(tile_lanes_padded(gd_sub(widened[LN_LARGEST_DY], least), count), 0.0, INFINITY);
-        common &= gd_all_within(tile_lanes_padded(inner_top, count), 0.0, (double)FLT_MAX / 2);
-        common &= gd_all_within(tile_lanes_padded(term_top, count), 0.0, ln_grad_term_limit(dtype));
-        if (!common && tile_lanes_need_exact(dtype, count, rstd, g_mean, gx_mean, widened)) {
+        if (!grad_lanes_common(kind, dtype, count, rstd, xc_scale, offset, widened) &&
+            tile_lanes_need_exact(dtype, count, rstd, g_mean, gx_mean, widened)) {
             return 0;
         }
         double factors[2][16];

@@ -20,6 +20,7 @@ typedef float ln_vf __attribute__((vector_size(32)));   /* __m256 */
 #define LN_VF_PER_GROUP 2
 #define LN_AFFINE_LOOP_APART 1
 #define LN_ROWS8_F32_TRANSPOSE 0
+#define LN_GF_TRANSPOSE 0
 #define LN_BF16_PAIR_STORE 0
 #define LN_LANE_REDUCTIONS 1  /* gd_sum_lanes and gf_largest_lane, below */
 #define LN_GF_KEEP 1          /* gf_kept: AVX registers */

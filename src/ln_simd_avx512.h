@@ -21,6 +21,7 @@ typedef float ln_vf __attribute__((vector_size(64)));   /* __m512 */
 #define LN_VF_PER_GROUP 1
 #define LN_AFFINE_LOOP_APART 1
 #define LN_ROWS8_F32_TRANSPOSE 1  /* rows8_f32_to_columns and rows8_f32_from_columns, below */
+#define LN_GF_TRANSPOSE 1         /* gf_transpose, below */
 
 #define LN_GD_ALL_WITHIN 1  /* gd_all_within, below */
 #define LN_GF_KEEP 1        /* gf_kept: AVX registers */
@@ -342,6 +343,35 @@ static LN_ALWAYS_INLINE void rows8_f32_from_columns(double columns[16][16], floa
     }
     for (int m = 0; m < 8; m++) {
         _mm512_storeu_ps(rows + 16 * m, rows8_permute(p[m / 2][0], round1[m % 2], p[m / 2][1]));
+    }
+}
+
+/* 16 groups turned in registers: lane k of group i to lane i of group k (a 16x16 matrix of
+   float32 transposed), in four rounds that each pair the vectors: 32-bit lanes, 64-bit
+   lanes, then 128-bit quarters twice. */
+static LN_ALWAYS_INLINE void gf_transpose(gf groups[16])
+{
+    __m512 a[16], b[16];
+    for (int i = 0; i < 8; i++) {
+        a[2 * i] = _mm512_unpacklo_ps((__m512)groups[2 * i].v[0], (__m512)groups[2 * i + 1].v[0]);
+        a[2 * i + 1] = _mm512_unpackhi_ps((__m512)groups[2 * i].v[0], (__m512)groups[2 * i + 1].v[0]);
+    }
+    for (int i = 0; i < 4; i++) {
+        for (int h = 0; h < 2; h++) {
+            const __m512d low = _mm512_castps_pd(a[4 * i + h]), high = _mm512_castps_pd(a[4 * i + h + 2]);
+            b[4 * i + 2 * h] = _mm512_castpd_ps(_mm512_unpacklo_pd(low, high));
+            b[4 * i + 2 * h + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(low, high));
+        }
+    }
+    for (int h = 0; h < 2; h++) {
+        for (int i = 0; i < 4; i++) {
+            a[8 * h + i] = _mm512_shuffle_f32x4(b[8 * h + i], b[8 * h + 4 + i], 0x88);
+            a[8 * h + 4 + i] = _mm512_shuffle_f32x4(b[8 * h + i], b[8 * h + 4 + i], 0xdd);
+        }
+    }
+    for (int i = 0; i < 8; i++) {
+        groups[i].v[0] = (ln_vf)_mm512_shuffle_f32x4(a[i], a[8 + i], 0x88);
+        groups[8 + i].v[0] = (ln_vf)_mm512_shuffle_f32x4(a[i], a[8 + i], 0xdd);
     }
 }
 

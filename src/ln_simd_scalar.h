@@ -15,6 +15,7 @@ typedef float ln_vf;
 #define LN_VF_PER_GROUP 16
 #define LN_AFFINE_LOOP_APART 0  /* 16 scalar operations a group operation */
 #define LN_ROWS8_F32_TRANSPOSE 0
+#define LN_GF_TRANSPOSE 0
 #define LN_BF16_PAIR_STORE 0
 
 #include "ln_simd_group.h"

@@ -31,6 +31,7 @@ typedef float ln_vf __attribute__((vector_size(16)));
 #define LN_AFFINE_LOOP_APART 0  /* SSE2: the loops' tests are small beside its emulated fma */
 #endif
 #define LN_ROWS8_F32_TRANSPOSE 0
+#define LN_GF_TRANSPOSE 0
 #define LN_BF16_PAIR_STORE 0
 
 #include "ln_simd_group.h"

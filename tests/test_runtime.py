@@ -161,6 +161,44 @@ def test_backward_levels_bit_identical_and_correct(dtype, n, mask, restore_runti
     assert_backward_matches_reference(full, dy, x, n, w, dtype)
 
 
+def _rows_of_16(case, dtype):
+    """(dy, x) of rows of 16 elements for a case of test_backward_rows_of_16_levels_bit_identical."""
+    shape = (3, 48, 16) if case == "blocks" else (4096 * 20, 16) if case == "streamed" else (70, 16)
+    x = make_input(shape, dtype, seed=16, offset=3.0)
+    dy = make_input(shape, dtype, seed=17)
+    if dtype != np.float16:  # sums whose bits depend on the order of their terms
+        dy[..., ::3, ::2] *= 2.0**20
+        dy[..., ::3, 1::2] *= 2.0**-14
+    if case == "exact-row":  # rows that take the float64 path, and so do the 16 rows around them
+        dy[20] = 1e-35 if dtype == np.float32 else 0.0  # g * xc near float32's subnormals
+        x[40, 5] = np.inf
+    if case == "blocks":  # rows 40 apart in blocks of 48: a block ends inside the third 16 rows
+        return dy[:, :40], x[:, :40]
+    return dy, x
+
+
+@pytest.mark.parametrize("affine", ["weight", "none"])
+@pytest.mark.parametrize("kind", [LAYER_NORM, RMS_NORM], ids=str)
+@pytest.mark.parametrize("case", ["rows", "exact-row", "blocks", "streamed"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_backward_rows_of_16_levels_bit_identical(dtype, case, kind, affine, restore_runtime):
+    # Rows of 16 elements go 16 rows at a time where the level turns them in registers, group by
+    # group elsewhere and where one of the 16 is not a common row: the same bits either way.
+    dy, x = _rows_of_16(case, dtype)
+    w = make_params((16,), param_dtype(dtype), "weight")[0] if affine == "weight" else None
+    b = make_params((16,), param_dtype(dtype), "weight+bias")[1] if affine == "weight" and kind.centred else None
+    stats = kind.native(x, (16,), w, b)[1:]
+    for threads in (1, 2):
+        layernorm.set_num_threads(threads)
+        results = _run_all_levels(lambda: kind.backward(dy, x, (16,), stats, w, b))
+        first = results[LEVELS[0]]
+        for level, grads in results.items():
+            for got, want in zip(grads, first):
+                assert got is None or same_bits(got, want), f"{level} differs from {LEVELS[0]} at {threads} threads"
+    if case == "rows" and kind.centred and w is not None:
+        assert_backward_matches_reference(first, dy, x, 16, w, dtype)
+
+
 # ---------------------------------------------------------------------------
 # Threads
 # ---------------------------------------------------------------------------
