@@ -1606,11 +1606,14 @@ static LN_ALWAYS_INLINE gd lanes_padded(gd a, int count)
     return gd_add(gd_first_lanes(a, count), gd_sub(one, gd_first_lanes(one, count)));
 }
 
-/* Whether the rows in the first count lanes are all among the common rows of
-   ln_grad_row_needs_exact (which then returns 0 for each), lane k holding a row's rstd, its
-   factors xc_scale = -rstd^2 * gx_mean and offset = -rstd * g_mean, and the largest
-   magnitudes of its pass 1 (widened).  In vectors: largest >= max(precise_min, 2 *
-   precise_min * rstd) as largest - that >= 0, |v| as max(|v|, 0), which a NaN fails. */
+/* Whether ln_grad_row_needs_exact returns 0 for each row in the first count lanes, lane k
+   holding a row's rstd, its factors xc_scale = -rstd^2 * gx_mean and offset = -rstd * g_mean,
+   and the largest magnitudes of its pass 1 (widened): its common rows' test, in vectors,
+   largest >= max(precise_min, 2 * precise_min * rstd) as largest - that >= 0, |v| as
+   max(|v|, 0), which a NaN fails.  RMSNorm's offset is -0.0 (g_mean = 0), which that test
+   refuses and its zero-operand rule accepts: it is left out.  Rows with a zero factor
+   otherwise (g_mean or gx_mean exactly 0, dy all zero) fail here though that rule passes
+   them; the callers then go row by row. */
 static LN_ALWAYS_INLINE int grad_lanes_common(ln_norm_kind kind, ln_dtype dtype, int count, gd rstd, gd xc_scale,
                                               gd offset, const gd widened[LN_LARGEST_COUNT])
 {
@@ -2129,8 +2132,11 @@ static LN_ALWAYS_INLINE void row_tile_addresses(const ln_array *array, const ln_
     }
 }
 
-/* Pass 1's sums of lane l of the tile's rows, turned (grad_sums_block's and
-   grad_sums_finish's for a row of one group), and their maxima into tops. */
+/* Pass 1's sums of element l of the tile's rows, turned (a vector over the rows), as
+   grad_sums_block and grad_sums_finish form lane l's for a row of one group: its group in
+   the even accumulators, the odd ones' 0.0 added to them, widened and added to 0.0 (which
+   change no bits of a common row's sums, and are kept to be the group route's operations),
+   and their maxima into tops. */
 static LN_ALWAYS_INLINE void row_tile_lane_sums(ln_norm_kind kind, const gf dy[16], const gf x[16],
                                                 const float *weight, int l, gf mean_v, gd sums[2], grad_tops *tops)
 {
@@ -2149,7 +2155,8 @@ static LN_ALWAYS_INLINE int backward_row_tile(ln_norm_kind kind, ln_dtype dtype,
 {
     const int has_mean = kind == LN_NORM_LAYER;
     const float *weight = a->weight;
-    assert(row_tiles_fit(dtype, a) && 16 % LN_GRAD_ROWS == 0);
+    _Static_assert(16 % LN_GRAD_ROWS == 0, "a row tile is whole groups of pass 2");
+    assert(row_tiles_fit(dtype, a));
     char *dy_rows[16], *x_rows[16], *dx_rows[16], *mean_at[16], *rstd_at[16];
     double rstds[16];
     float mean_f[16], rstd_f[16];
@@ -2169,7 +2176,7 @@ static LN_ALWAYS_INLINE int backward_row_tile(ln_norm_kind kind, ln_dtype dtype,
     }
     /* the rows in, turned, and pass 2's terms of dweight and dbias (which need no sums),
        summed over each LN_GRAD_ROWS rows, while they are rows */
-    gf dy[16], x[16], dweight_terms[16 / LN_GRAD_ROWS], dbias_terms[16 / LN_GRAD_ROWS];
+    gf dy[16], x[16], dweight_sums[16 / LN_GRAD_ROWS], dbias_sums[16 / LN_GRAD_ROWS];
     for (int s = 0; s < 16 / LN_GRAD_ROWS; s++) {
         gf group_dweight = gf_splat(0.0f), group_dbias = group_dweight;
         for (int k = s * LN_GRAD_ROWS; k < (s + 1) * LN_GRAD_ROWS; k++) {
@@ -2179,8 +2186,8 @@ static LN_ALWAYS_INLINE int backward_row_tile(ln_norm_kind kind, ln_dtype dtype,
             group_dweight = gf_fma(gf_mul(dy[k], xc), gf_splat(rstd_f[k]), group_dweight);
             group_dbias = gf_add(group_dbias, dy[k]);
         }
-        dweight_terms[s] = group_dweight;
-        dbias_terms[s] = group_dbias;
+        dweight_sums[s] = group_dweight;
+        dbias_sums[s] = group_dbias;
     }
     gf_transpose(dy);
     gf_transpose(x);
@@ -2233,10 +2240,10 @@ static LN_ALWAYS_INLINE int backward_row_tile(ln_norm_kind kind, ln_dtype dtype,
     for (int s = 0; s < 16 / LN_GRAD_ROWS; s++) {
         const int from_zero = !*params_written && s == 0;  /* set_sums */
         if (dweight) {
-            gd_store(dweight, gd_add(from_zero ? gd_splat(0.0) : gd_load(dweight), gf_widen(dweight_terms[s])));
+            gd_store(dweight, gd_add(from_zero ? gd_splat(0.0) : gd_load(dweight), gf_widen(dweight_sums[s])));
         }
         if (dbias) {
-            gd_store(dbias, gd_add(from_zero ? gd_splat(0.0) : gd_load(dbias), gf_widen(dbias_terms[s])));
+            gd_store(dbias, gd_add(from_zero ? gd_splat(0.0) : gd_load(dbias), gf_widen(dbias_sums[s])));
         }
     }
     *params_written = 1;
@@ -2322,7 +2329,8 @@ static LN_ALWAYS_INLINE void grad_group_with_exact(const ln_row_kernels *kernels
 }
 
 /* Rows [begin, end): pass 1 row by row, pass 2 over groups of LN_GRAD_ROWS rows, each
-   group still in cache from pass 1.  With totals, rows that ln_rows_add_to_totals allows
+   group still in cache from pass 1 (rows of 16 elements 16 rows at a time where the level
+   has row tiles, with the same bits).  With totals, rows that ln_rows_add_to_totals allows
    and that have no row for ln_backward_exact_row have their group's sums added to the
    totals (returns 1; see ln_row_kernels). */
 static LN_ALWAYS_INLINE int backward_rows(ln_norm_kind kind, ln_dtype dtype, const ln_backward_args *args,
@@ -2349,7 +2357,7 @@ static LN_ALWAYS_INLINE int backward_rows(ln_norm_kind kind, ln_dtype dtype, con
     const ptrdiff_t read_ahead = ln_backward_read_ahead(a);
 #if LN_GF_TRANSPOSE
     const int row_tiles = row_tiles_fit(dtype, a);
-    ptrdiff_t groups_until = begin;  /* rows before it go group by group: a row tile there failed */
+    ptrdiff_t groups_until = begin;  /* rows [a failed row tile's first, groups_until) go group by group */
 #endif
     for (ptrdiff_t first = begin; first < end; first += LN_GRAD_ROWS) {
 #if LN_GF_TRANSPOSE
