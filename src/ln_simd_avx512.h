@@ -196,7 +196,8 @@ static LN_ALWAYS_INLINE void bf16_store_rounded(uint16_t *p, __m512 value, int n
                                                  (15 << 16) | 13, (11 << 16) | 9, (7 << 16) | 5, (3 << 16) | 1);
     const __m512i bits = _mm512_castps_si512(value);
     const __mmask16 is_number = nan_lanes ? _mm512_cmp_ps_mask(value, value, _CMP_ORD_Q) : 0xffff;
-    assert(_mm512_mask_test_epi32_mask((__mmask16)~is_number, bits, _mm512_set1_epi32(0x00400000)) == (__mmask16)~is_number);
+    assert(_mm512_mask_test_epi32_mask(_knot_mask16(is_number), bits, _mm512_set1_epi32(0x00400000)) ==
+           _knot_mask16(is_number));
     const __mmask16 kept_lsb_set = _mm512_mask_test_epi32_mask(is_number, bits, _mm512_set1_epi32(0x10000));
     const __m512i half_below = _mm512_mask_add_epi32(bits, is_number, bits, _mm512_set1_epi32(0x7fff));
     const __m512i rounded = _mm512_mask_add_epi32(half_below, kept_lsb_set, bits, _mm512_set1_epi32(0x8000));
