@@ -362,7 +362,7 @@ static inline double ln_grad_term_limit(ln_dtype dtype)
      dweight's terms (dy * xc) * rstd, summed in the compute type over a group's rows (a
      weight of 1e-20 lets dy reach 1e30 while g and g * xc stay in range).
    The contiguous route's float16/bfloat16/float32 rows take a conservative form of the common
-   row's test in vectors first (grad_row_common), and the rows that does not pass come here;
+   row's test in vectors first (grad_row_common), and the rows that do not pass come here;
    the strided route's float32 tiles and the contiguous route's tiles of 16 rows of 16
    elements test a lane per row (grad_lanes_common), and a tile that does not pass goes lane
    by lane here (strided) or group by group (contiguous). */
