@@ -254,6 +254,16 @@ def spread(base):
     return view
 
 
+def off_line(base):
+    """`base` 16 bytes past the start of a 64-byte line: large rows whose results begin so are
+    streamed in 16-byte pieces, not whole lines."""
+    raw = np.empty(base.nbytes + 128, np.uint8)
+    start = -raw.ctypes.data % 64 + 16
+    view = raw[start:start + base.nbytes].view(base.dtype).reshape(base.shape)
+    view[...] = base
+    return view
+
+
 LAYOUTS = [
     # rows of adjacent elements: short, 16 at a time forward (with and without a part group),
     # pipelined (within a chunk, and longer than one), huge (split across threads forward,
@@ -265,6 +275,9 @@ LAYOUTS = [
     Layout("rows-5000", (20, 5000), (1,), c_order),
     Layout("rows-huge", (3, 40000), (1,), c_order),
     Layout("rows-reversed", (50, 33), (1,), lambda b: np.ascontiguousarray(b[::-1])[::-1]),
+    # rows of 16, 16 at a time backward, whose 4 MiB of float32 grad_input (8 MiB of float64)
+    # is streamed in 16-byte pieces
+    Layout("rows-16-pieces", (1 << 16, 16), (1,), c_order, off_line),
     # rows one lane each: NCHW over C (partial tiles; enough for threads and row blocks),
     # a 2-D array over axis 0, several normalized axes, rows longer than a chunk, gathered
     Layout("nchw-c", (3, 24, 5, 7), (1,), c_order),
