@@ -247,9 +247,10 @@ class NormModule:
     weight: Optional[_FloatArray]
     weight_grad: Optional[_FloatArray]
     training: bool
-    # what the last training-mode call saved for backward: (what its kernel saved, with the
-    # parameters' values, and the parameters it used, in _PARAMETERS order); () once backward
-    # used it, None when there was none (a single store keeps the training-mode call cheap)
+    # what the last call saved for backward, if it was in training mode: (what its kernel
+    # saved, with the parameters' values; the parameters it used, in _PARAMETERS order; its
+    # normalized_shape and axis); () once backward used it, None when there was none (a single
+    # store keeps the training-mode call cheap)
     _saved: Optional[Tuple[Any, ...]]
 
     def __init__(
@@ -311,6 +312,7 @@ class NormModule:
         values = tuple(None if param is None else _param_array(param).copy() for param in params)
         forward, with_stats, _ = self._FUNCTIONS
         if not self.training:
+            self._saved = None
             output: _FloatArray = forward(input, self.normalized_shape, *values, self.eps, axis=self.axis)
             return output
         try:
@@ -318,10 +320,11 @@ class NormModule:
         except BaseException:
             self._saved = None
             raise
-        self._saved = (_LazySaved(input, tuple(stats), values), params)
+        self._saved = (_LazySaved(input, tuple(stats), values), params, self.normalized_shape, self.axis)
         return output
 
-    def _lazy_gradients(self, grad_output: Any, saved: _LazySaved) -> Tuple[Any, ...]:
+    def _lazy_gradients(self, grad_output: Any, saved: _LazySaved, normalized_shape: tuple[int, ...],
+                        axis: Optional[int | tuple[int, ...]]) -> Tuple[Any, ...]:
         """(grad_input, *parameter gradients) of a training-mode call on a dask array:
         grad_input lazy, the parameter gradients computed now (into NumPy arrays)."""
         import dask
@@ -332,14 +335,15 @@ class NormModule:
                 raise _modified_in_place(self, name)
         _, _, backward = self._FUNCTIONS
         mask = (True,) + tuple(value is not None for value in saved.values)
-        grads = backward(grad_output, saved.input, self.normalized_shape, *saved.stats,
-                         *saved.values, mask, axis=self.axis)
+        grads = backward(grad_output, saved.input, normalized_shape, *saved.stats, *saved.values, mask, axis=axis)
         return (grads[0], *dask.compute(*grads[1:]))
 
     # ----------------------------------------------------------------- backward
 
     def backward(self, grad_output: npt.ArrayLike) -> _FloatArray:
-        """Back-propagate `grad_output` through the last training-mode call.
+        """Back-propagate `grad_output` through the last call, which must have been in training
+        mode (the module may have been put in eval mode since), with the normalized_shape and
+        axis it had.
 
         Accumulates into the parameters' gradients (``weight_grad``, ...; like torch's
         ``.grad``) and frees the saved values, so a second backward needs a new forward.
@@ -359,7 +363,7 @@ class NormModule:
         Raises
         ------
         RuntimeError
-            Without a training-mode forward since the last backward, or when a parameter was
+            When the last call was not a training-mode forward or was back-propagated already, or when a parameter was
             changed in place (torch's text) or replaced since that forward.
         """
         saved = self._saved
@@ -374,15 +378,15 @@ class NormModule:
                 "backward() needs a training-mode forward first: put the module in training "
                 "mode with .train() and call it on an input before calling backward()."
             )
-        kernel_saved, params = saved
+        kernel_saved, params, normalized_shape, axis = saved
         self._check_parameters_not_replaced(params)
         if isinstance(kernel_saved, _LazySaved):
-            grads = self._lazy_gradients(grad_output, kernel_saved)
+            grads = self._lazy_gradients(grad_output, kernel_saved, normalized_shape, axis)
         else:
             if type(grad_output) is not _ndarray:
                 grad_output = _as_numpy(grad_output)
             try:
-                grads = self._gradients(grad_output, kernel_saved)
+                grads = self._gradients(grad_output, kernel_saved, normalized_shape, axis)
             except ParameterChangedError as error:
                 raise _modified_in_place(self, error.name) from None
         # Every addition is tried before any is made: a gradient that cannot be added (a
@@ -406,9 +410,10 @@ class NormModule:
         self._saved = ()
         return cast(_FloatArray, grads[0])  # never masked off
 
-    def _gradients(self, grad_output: Any, saved: Tuple[Any, ...]) -> Tuple[Optional[_FloatArray], ...]:
+    def _gradients(self, grad_output: Any, saved: Tuple[Any, ...], normalized_shape: tuple[int, ...],
+                   axis: Optional[int | tuple[int, ...]]) -> Tuple[Optional[_FloatArray], ...]:
         """(grad_input, *one gradient per parameter, None where it is None) from what the last
-        training-mode call's kernel saved."""
+        training-mode call's kernel saved, with that call's normalized_shape and axis."""
         raise NotImplementedError
 
     def _check_parameters_not_replaced(self, params: Tuple[Any, ...]) -> None:
@@ -556,9 +561,7 @@ class NormModule:
         """Set training mode (the output is the same; only backward support differs); return self."""
         if not isinstance(mode, bool):
             raise _TrainingModeError("training mode is expected to be boolean")
-        self.training = mode
-        if not mode:
-            self._saved = None  # an eval-mode call must not back-propagate through stale values
+        self.training = mode  # what the last training-mode call saved stays, as torch's graph does
         return self
 
     def eval(self: _Module) -> _Module:
@@ -675,6 +678,7 @@ class LayerNorm(NormModule):
                 return self._lazy_call(input, params)
             input, weight, bias = _as_numpy(input), _as_numpy(weight), _as_numpy(bias)
         if not self.training:
+            self._saved = None  # backward() goes through the last call, which kept nothing
             try:
                 return _core.layer_norm(input, self.normalized_shape, weight, bias, self.eps, axis=self.axis)
             except UnsupportedDTypeError as error:
@@ -691,17 +695,18 @@ class LayerNorm(NormModule):
             if isinstance(error, UnsupportedDTypeError):
                 raise _torch_worded(error, _FORWARD_KERNEL) from None
             raise
-        self._saved = (kernel_saved, params)
+        self._saved = (kernel_saved, params, self.normalized_shape, self.axis)
         return output
 
     forward = __call__
 
-    def _gradients(self, grad_output: Any, saved: Tuple[Any, ...]) -> Tuple[Optional[_FloatArray], ...]:
+    def _gradients(self, grad_output: Any, saved: Tuple[Any, ...], normalized_shape: tuple[int, ...],
+                   axis: Optional[int | tuple[int, ...]]) -> Tuple[Optional[_FloatArray], ...]:
         weight, bias = _as_numpy(self.weight), _as_numpy(self.bias)
         input, stats = saved
         return _core.saved_backward(
-            grad_output, input, stats, self.normalized_shape, weight, bias,
-            (True, weight is not None, bias is not None), axis=self.axis,
+            grad_output, input, stats, normalized_shape, weight, bias,
+            (True, weight is not None, bias is not None), axis=axis,
         )
 
     def extra_repr(self) -> str:
@@ -782,6 +787,7 @@ class RMSNorm(NormModule):
                 return self._lazy_call(input, params)
             input, weight = _as_numpy(input), _as_numpy(weight)
         if not self.training:
+            self._saved = None  # see LayerNorm
             try:
                 return _core.rms_norm(input, self.normalized_shape, weight, self.eps, axis=self.axis)
             except UnsupportedDTypeError as error:
@@ -795,17 +801,17 @@ class RMSNorm(NormModule):
             if isinstance(error, UnsupportedDTypeError):
                 raise _torch_worded(error, _RMS_KERNEL) from None
             raise
-        self._saved = (kernel_saved, params)
+        self._saved = (kernel_saved, params, self.normalized_shape, self.axis)
         return output
 
     forward = __call__
 
-    def _gradients(self, grad_output: Any, saved: Tuple[Any, ...]) -> Tuple[Optional[_FloatArray], ...]:
+    def _gradients(self, grad_output: Any, saved: Tuple[Any, ...], normalized_shape: tuple[int, ...],
+                   axis: Optional[int | tuple[int, ...]]) -> Tuple[Optional[_FloatArray], ...]:
         weight = _as_numpy(self.weight)
         input, stats = saved
         return _core.rms_saved_backward(
-            grad_output, input, stats, self.normalized_shape, weight, (True, weight is not None),
-            axis=self.axis,
+            grad_output, input, stats, normalized_shape, weight, (True, weight is not None), axis=axis,
         )
 
     def extra_repr(self) -> str:

@@ -1295,6 +1295,60 @@ def test_module_eval_forward_then_backward_raises(kind):
     assert all(getattr(ours, name + "_grad") is None for name in kind.names)
 
 
+def _gradients_of(module, x, dy):
+    """(grad_input, *parameter gradients) of module.backward(dy); x is only for the shape."""
+    grad_input = module.backward(dy)
+    return (grad_input, *(getattr(module, name + "_grad") for name in module_kind(module).names))
+
+
+def module_kind(module):
+    return next(kind for kind in KINDS if type(module).__name__ == kind.name)
+
+
+@BY_KIND
+def test_module_put_in_eval_mode_after_a_training_forward_still_back_propagates(kind):
+    # as torch: eval() changes what later forwards save, not the graph of an earlier one
+    rng = np.random.default_rng(23)
+    x, dy = rng.standard_normal((2, 3, 6)).astype(np.float32)
+    expected_module = randomize(kind.ours(6), seed=24)
+    expected_module(x)
+    expected = _gradients_of(expected_module, x, dy)
+    ours = randomize(kind.ours(6), seed=24)
+    ours(x)
+    ours.eval()
+    for got, want in zip(_gradients_of(ours, x, dy), expected):
+        assert got.tobytes() == want.tobytes()
+
+
+@BY_KIND
+def test_module_eval_forward_after_a_training_forward_leaves_nothing_for_backward(kind):
+    # backward() follows the module's last call: an eval-mode one kept nothing to go through
+    ours = kind.ours(6)
+    x = np.random.default_rng(25).standard_normal((3, 6)).astype(np.float32)
+    ours(x)
+    ours.eval()(x)
+    ours.train()
+    with pytest.raises(RuntimeError, match="needs a training-mode forward first"):
+        ours.backward(np.ones((3, 6), np.float32))
+
+
+@pytest.mark.parametrize("change", ["axis", "normalized_shape"])
+@BY_KIND
+def test_module_backward_takes_the_layout_of_its_forward(kind, change):
+    # torch's graph keeps the forward's settings; changing the module's afterwards must not
+    # turn the gradients into those of another normalization
+    rng = np.random.default_rng(26)
+    x, dy = rng.standard_normal((2, 4, 4)).astype(np.float32)
+    expected_module = randomize(kind.ours(4), seed=27)
+    expected_module(x)
+    expected = _gradients_of(expected_module, x, dy)
+    ours = randomize(kind.ours(4), seed=27)
+    ours(x)
+    setattr(ours, change, 0 if change == "axis" else (2, 2))
+    for got, want in zip(_gradients_of(ours, x, dy), expected):
+        assert got.tobytes() == want.tobytes()
+
+
 # ---------------------------------------------------------------------------------------------
 # Parameters changed between the training forward and backward: torch refuses a backward
 # through a saved tensor modified in place; silently using the new values would give gradients
