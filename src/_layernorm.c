@@ -843,8 +843,41 @@ arrays_overlap(PyArrayObject *a, PyArrayObject *b)
     return a_lo < a_hi && b_lo < b_hi && a_lo < b_hi && b_lo < a_hi;
 }
 
-/* 1 when a and b (of one shape) are the same elements in the same places, else 0: a result
-   may be written over such an input, element onto element. */
+/* 1 when two elements of `a` may share memory (a zero stride, or axes whose steps interleave),
+   else 0.  The test is sufficient, not necessary: taken by increasing step, each axis of more
+   than one element must step past all that the axes before it span. */
+static int
+may_overlap_itself(PyArrayObject *a)
+{
+    npy_intp steps[NPY_MAXDIMS], counts[NPY_MAXDIMS];
+    int axes = 0;
+    if (PyArray_SIZE(a) == 0) {
+        return 0;
+    }
+    for (int d = 0; d < PyArray_NDIM(a); d++) {
+        if (PyArray_DIM(a, d) > 1) {
+            const npy_intp step = PyArray_STRIDE(a, d) < 0 ? -PyArray_STRIDE(a, d) : PyArray_STRIDE(a, d);
+            int k = axes++;
+            for (; k > 0 && steps[k - 1] > step; k--) {
+                steps[k] = steps[k - 1];
+                counts[k] = counts[k - 1];
+            }
+            steps[k] = step;
+            counts[k] = PyArray_DIM(a, d);
+        }
+    }
+    npy_intp spanned = PyArray_ITEMSIZE(a);
+    for (int k = 0; k < axes; k++) {
+        if (steps[k] < spanned) {
+            return 1;
+        }
+        spanned += steps[k] * (counts[k] - 1);
+    }
+    return 0;
+}
+
+/* 1 when a and b (of one shape) are the same elements in the same places, and no two of them
+   share memory, else 0: a result may be written over such an input, element onto element. */
 static int
 same_elements(PyArrayObject *a, PyArrayObject *b)
 {
@@ -856,7 +889,7 @@ same_elements(PyArrayObject *a, PyArrayObject *b)
             return 0;
         }
     }
-    return 1;
+    return !may_overlap_itself(a);
 }
 
 /* Replaces *arr (owned, may be NULL) with a private copy when it overlaps `result`, unless

@@ -214,6 +214,19 @@ def test_out_is_input_in_place(dtype, shape, ns, affine):
     np.testing.assert_array_equal(x, expected)
 
 
+@pytest.mark.parametrize("shape,strides,axis", [((3, 16), (0, 4), None), ((16, 3), (4, 0), 0)],
+                         ids=["rows-one-memory", "axis0-columns-one-memory"])
+def test_out_is_an_input_whose_rows_share_memory(shape, strides, axis):
+    # out=x where x's rows are one row of memory: the result is that of a copy of x, as NumPy's
+    # ufuncs give (written over x in place, a row would be read after another row's result
+    # had replaced it)
+    base = make_input((16,), np.float32, seed=7)
+    x = np.lib.stride_tricks.as_strided(base, shape, strides)
+    expected = layernorm.layer_norm(x.copy(), 16, axis=axis)
+    assert layernorm.layer_norm(x, 16, axis=axis, out=x) is x
+    np.testing.assert_array_equal(x, expected)
+
+
 def test_out_none_explicit():
     x = make_input((3, 7), np.float32)
     np.testing.assert_array_equal(layernorm.layer_norm(x, (7,), out=None), layernorm.layer_norm(x, (7,)))
