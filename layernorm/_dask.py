@@ -349,7 +349,7 @@ class _Graph:
         assert meta is not None
         outputs: Dict[str, Any] = {}
         if self.family.kind == "add":
-            input = outputs["sum"] = self._blockwise("sum", np.add, input, self.index, arrays["residual"],
+            input = outputs["sum"] = self._blockwise("sum", _sum, input, self.index, arrays["residual"],
                                                      self.index, meta=self.metas["sum"])
         eps = self.options["eps"]
         if eps is None:  # RMSNorm's default, torch's rule
@@ -513,6 +513,15 @@ class _Scratch:
         if size > self._buffers[0].size:
             self._buffers = [np.empty(size) for _ in self._buffers]
         return [buffer[:size].reshape(shape) for buffer in self._buffers]
+
+
+def _sum(input: np.ndarray, residual: np.ndarray) -> np.ndarray:
+    """input + residual as the kernels form it: NumPy's sum, but a NaN is the one quiet NaN,
+    and without NumPy's warnings of overflow and invalid operations, as the kernels give none."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        total = np.add(input, residual)
+    total[np.isnan(total)] = np.nan
+    return total
 
 
 def _block_moments(block: np.ndarray, *, axes: Tuple[int, ...], centred: bool) -> np.ndarray:

@@ -624,15 +624,18 @@ static LN_ALWAYS_INLINE void normalize_row(ln_norm_kind kind, ln_dtype dtype, in
 
 /* sum[i .. i + 16) = x + residual rounded to the element type as NumPy's add rounds it:
    float16 and bfloat16 through float32, whose 24 bits (at least 2 * 11 + 2) make rounding twice the
-   same as rounding once; float32 and float64 in their own precision.  sum may be x's or
-   residual's own memory: each group is loaded before it is stored. */
+   same as rounding once; float32 and float64 in their own precision.  A NaN sum is the one
+   quiet NaN: which operand's NaN an add returns is up to the compiler's operand order and
+   the CPU.  sum may be x's or residual's own memory: each group is loaded before it is stored. */
 static LN_ALWAYS_INLINE void add_group(ln_dtype dtype, const void *x, const void *residual, void *sum, ptrdiff_t i)
 {
     if (dtype == LN_F64) {
-        gd_store((double *)sum + i, gd_add(gd_load((const double *)x + i), gd_load((const double *)residual + i)));
+        gd_store((double *)sum + i,
+                 gd_quiet_nans(gd_add(gd_load((const double *)x + i), gd_load((const double *)residual + i))));
     }
     else {
-        store_from_f32(dtype, sum, i, gf_add(load_as_f32(dtype, x, i), load_as_f32(dtype, residual, i)), 1);
+        store_from_f32(dtype, sum, i, gf_quiet_nans(gf_add(load_as_f32(dtype, x, i), load_as_f32(dtype, residual, i))),
+                       1);
     }
 }
 
@@ -640,13 +643,12 @@ static LN_ALWAYS_INLINE void add_group(ln_dtype dtype, const void *x, const void
 static LN_ALWAYS_INLINE void add_one(ln_dtype dtype, const void *x, const void *residual, void *sum, ptrdiff_t i)
 {
     if (dtype == LN_F64) {
-        ((double *)sum)[i] = ((const double *)x)[i] + ((const double *)residual)[i];
-    }
-    else if (dtype == LN_F32) {
-        ((float *)sum)[i] = ((const float *)x)[i] + ((const float *)residual)[i];
+        const double value = ((const double *)x)[i] + ((const double *)residual)[i];
+        ((double *)sum)[i] = isnan(value) ? NAN : value;
     }
     else {
-        ln_store1_from_f64(dtype, sum, i, (float)ln_load1_as_f64(dtype, x, i) + (float)ln_load1_as_f64(dtype, residual, i));
+        const float value = (float)ln_load1_as_f64(dtype, x, i) + (float)ln_load1_as_f64(dtype, residual, i);
+        ln_store1_from_f64(dtype, sum, i, isnan(value) ? NAN : value);
     }
 }
 

@@ -179,6 +179,25 @@ static LN_ALWAYS_INLINE ln_vu32 bf16_rounded(ln_vf value, int nan_lanes)
 
 #endif
 
+/* a with each NaN lane the one quiet NaN, as gd_quiet_nans. */
+#if LN_VF_LANES > 1
+static LN_ALWAYS_INLINE gf gf_quiet_nans(gf a)
+{
+    const ln_vu32 quiet = (ln_vu32)((ln_vf){0} + NAN);
+    FOR_VF(k) {
+        const ln_vu32 is_number = (ln_vu32)(a.v[k] == a.v[k]);
+        a.v[k] = (ln_vf)(((ln_vu32)a.v[k] & is_number) | (quiet & ~is_number));
+    }
+    return a;
+}
+#else
+static LN_ALWAYS_INLINE gf gf_quiet_nans(gf a)
+{
+    FOR_VF(k) { a.v[k] = isnan(a.v[k]) ? NAN : a.v[k]; }
+    return a;
+}
+#endif
+
 /* a in lanes 0 .. count - 1, 0.0 in the rest. */
 #if LN_VD_LANES > 1
 typedef int64_t ln_vi64 __attribute__((vector_size(sizeof(ln_vd))));

@@ -97,6 +97,26 @@ def make_input(shape, dtype, seed=0, scale=2.0, offset=0.0):
     return (offset + scale * rng.standard_normal(shape)).astype(dtype)
 
 
+def nan_pairs(dtype, shape):
+    """(input, residual) holding NaNs of either sign, quiet and signalling, with payloads, one
+    operand a NaN or both, where the rest are random numbers."""
+    uint = np.dtype(f"u{np.dtype(dtype).itemsize}")
+    width = 8 * uint.itemsize
+    mantissa = {2: 10 if np.dtype(dtype) == np.float16 else 7, 4: 23, 8: 52}[uint.itemsize]
+    exponent_all = ((1 << (width - 1)) - 1) & ~((1 << mantissa) - 1)
+    quiet = 1 << (mantissa - 1)
+    sign = 1 << (width - 1)
+    nans = np.array([exponent_all | quiet, exponent_all | quiet | 3, sign | exponent_all | quiet | 5,
+                     exponent_all | 1, sign | exponent_all | 2], uint)  # quiet ones, then signalling
+    rng = np.random.default_rng(61)
+    x = make_input(shape, dtype, seed=61)
+    residual = make_input(shape, dtype, seed=62)
+    for array in (x, residual):
+        places = rng.random(shape) < 0.3
+        array.view(uint)[places] = rng.choice(nans, size=int(places.sum()))
+    return x, residual
+
+
 def make_params(normalized_shape, dtype, affine, seed=1):
     """(weight, bias) for affine in AFFINES."""
     rng = np.random.default_rng(seed)

@@ -30,6 +30,7 @@ from helpers import (  # noqa: E402
     assert_within,
     dtype_id,
     make_input,
+    nan_pairs,
     param_dtype,
 )
 
@@ -492,6 +493,18 @@ def test_split_rows_holding_nan_or_inf_give_the_one_quiet_nan(kind, dtype, value
         assert nan.any()
         np.testing.assert_array_equal(np.isnan(got), nan)
         assert {value.tobytes() for value in got[nan]} == {quiet[got.dtype]}
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("kind", KINDS, ids=str)
+def test_split_rows_sum_nans_as_the_numpy_call_does(kind, dtype):
+    # the fused adds on rows split across chunks sum them chunk by chunk, with the kernels'
+    # NaN: the one quiet NaN, whichever NaN either operand held
+    x, residual = nan_pairs(dtype, (4, 40))
+    whole = kind.add(x, residual, (40,))
+    split = computed(kind.add(da.from_array(x, chunks=(2, 15)), da.from_array(residual, chunks=(2, 15)), (40,)))
+    assert split[1].tobytes() == whole[1].tobytes()
+    np.testing.assert_array_equal(np.isnan(split[0]), np.isnan(whole[0]))
 
 
 @hypothesis.settings(max_examples=40, derandomize=True, database=None, deadline=None)

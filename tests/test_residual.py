@@ -20,13 +20,16 @@ from helpers import (
     axes_last,
     bits,
     dtype_id,
+    dtype_named,
     empty_at,
     grad_input_scale,
     grad_weight_scale,
     kind_affines,
     make_input,
     make_params,
+    nan_pairs,
     param_dtype,
+    requires_ml_dtypes,
     requires_torch,
     same_bits,
     torch,
@@ -119,6 +122,7 @@ def test_float16_sum_rounds_as_numpy(kind):
     residual = np.array([row for _, row in FLOAT16_ROWS], np.float16)
     with np.errstate(over="ignore", invalid="ignore"):
         expected_sum = x + residual
+    expected_sum[np.isnan(expected_sum)] = np.nan  # the one quiet NaN, where Inf - Inf gives x86's -NaN
     out, total = kind.add(x, residual, (4,))
     assert bits(total) == bits(expected_sum)
     assert np.isinf(total[1, 0]) and np.isnan(total[4, 0])
@@ -126,6 +130,27 @@ def test_float16_sum_rounds_as_numpy(kind):
     np.testing.assert_array_equal(np.isnan(out), np.isnan(expected))
     assert np.isnan(out[[1, 4]]).all() and not np.isnan(out[[0, 2, 3]]).any()
     np.testing.assert_array_equal(out[[0, 2, 3]], expected[[0, 2, 3]])
+
+
+@pytest.mark.parametrize("case", ["rows-of-5", "rows-of-40", "axis0"])
+@pytest.mark.parametrize("dtype_name", ["float16", "float32", "float64",
+                                        pytest.param("bfloat16", marks=requires_ml_dtypes)])
+@pytest.mark.parametrize("kind", KINDS, ids=str)
+def test_a_nan_sum_is_the_one_quiet_nan_at_every_level(kind, dtype_name, case, restore_runtime):
+    # which operand's NaN an add returns is up to the compiler and the CPU; the sum's NaNs are
+    # the one quiet NaN, its other elements NumPy's bits
+    dtype = dtype_named(dtype_name)
+    shape, ns, axis = {"rows-of-5": ((40, 5), (5,), None), "rows-of-40": ((9, 40), (40,), None),
+                       "axis0": ((24, 7), (24,), 0)}[case]
+    x, residual = nan_pairs(dtype, shape)
+    with np.errstate(invalid="ignore"):
+        numpy_sum = x + residual
+    quiet_nan = np.full(shape, np.nan, dtype)
+    expected = np.where(np.isnan(numpy_sum), quiet_nan, numpy_sum).astype(dtype)
+    for level in layernorm.available_simd_levels():
+        layernorm.set_simd_level(level)
+        _, total = kind.add(x, residual, ns, axis=axis)
+        assert bits(total) == bits(expected), level
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=str)
