@@ -185,6 +185,18 @@ def test_eps_real_number_types(eps):
     assert_matches_reference(out, x, (7,), eps=float(eps))
 
 
+def test_eps_is_added_to_the_float64_variance():
+    # a deliberate difference: torch rounds eps to the input's float32 first, where 1e-50 is 0
+    x = np.full((1, 4), 5.0, np.float32)
+    np.testing.assert_array_equal(layernorm.layer_norm(x, 4, eps=1e-50), np.zeros((1, 4), np.float32))
+
+
+@requires_torch
+def test_torch_rounds_eps_to_float32():
+    x = np.full((1, 4), 5.0, np.float32)
+    assert np.isnan(torch_layer_norm(x, (4,), eps=1e-50)).all()
+
+
 # ---------------------------------------------------------------------------
 # out=
 # ---------------------------------------------------------------------------
