@@ -197,10 +197,13 @@ static LN_ALWAYS_INLINE void store_from_f64(ln_dtype dtype, void *p, gd v)
    float16/float32 data.  Even and odd groups use separate accumulators, so no add waits
    on the one before it.  The accumulator is a type of its own so that the pipelined row
    loop (forward_rows_pipelined) performs exactly the same operations.  RMSNorm's chunk
-   sums x^2 alone, K = 0.  read_ahead: ln_read_ahead's distance, 0 for none. */
+   sums x^2 alone, K = 0.  read_ahead: ln_read_ahead's distance, 0 for none.  narrow:
+   float16/bfloat16 data summed in float32 blocks (below), but where moments_sums redoes a
+   chunk in float64. */
 typedef struct {
     double shift;
     ptrdiff_t read_ahead;
+    int narrow;
     gd shift_v, s1_even, s2_even, s1_odd, s2_odd;
     /* float16 and bfloat16 data: float32 sums over blocks of LN_F16_BLOCK groups, added into
        s1_even and s2_even (float64) at the end of each block */
@@ -211,10 +214,11 @@ static LN_ALWAYS_INLINE void moments_start(moments_acc *acc, ln_norm_kind kind, 
                                            ptrdiff_t read_ahead)
 {
     acc->read_ahead = read_ahead;
+    acc->narrow = ln_dtype_is_16bit(dtype);
     acc->shift = kind == LN_NORM_RMS ? 0.0 : ln_load1_as_f64(dtype, x, 0);
     acc->shift_v = gd_splat(acc->shift);
     acc->s1_even = acc->s2_even = acc->s1_odd = acc->s2_odd = gd_splat(0.0);
-    if (ln_dtype_is_16bit(dtype)) {
+    if (acc->narrow) {
         acc->shift_f = gf_splat((float)acc->shift);
         acc->block_s1_even = acc->block_s2_even = acc->block_s1_odd = acc->block_s2_odd = gf_splat(0.0f);
     }
@@ -253,7 +257,7 @@ static LN_ALWAYS_INLINE void moments_add_group(moments_acc *acc, ln_norm_kind ki
 {
     const int has_mean = kind == LN_NORM_LAYER;
     read_ahead_of_group(dtype, group, i, acc->read_ahead);
-    if (ln_dtype_is_16bit(dtype)) {
+    if (acc->narrow) {
         /* x - K is exact in float32 for float16 or bfloat16 values of similar size (11 or 8
            significant bits), and the squares of such differences are too; the float32 block
            sums of 8 terms round at 2^-24 relative, far below float16's 2^-11 and bfloat16's
@@ -301,11 +305,11 @@ typedef struct {
     double shift, sum1, sum2;
 } chunk_sums;
 
-static LN_ALWAYS_INLINE chunk_sums moments_sums(moments_acc *acc, ln_norm_kind kind, ln_dtype dtype,
-                                                const void *x, ptrdiff_t i, ptrdiff_t n)
+static LN_ALWAYS_INLINE chunk_sums lane_sums(moments_acc *acc, ln_norm_kind kind, ln_dtype dtype, const void *x,
+                                             ptrdiff_t i, ptrdiff_t n)
 {
     assert(i % 16 == 0 && 0 <= n - i && n - i < 16);
-    if (ln_dtype_is_16bit(dtype)) {
+    if (acc->narrow) {
         moments_flush_16bit(acc, kind);
     }
     gd s1 = gd_add(acc->s1_even, acc->s1_odd), s2 = gd_add(acc->s2_even, acc->s2_odd);
@@ -317,6 +321,56 @@ static LN_ALWAYS_INLINE chunk_sums moments_sums(moments_acc *acc, ln_norm_kind k
     }
     const chunk_sums sums = {acc->shift, kind == LN_NORM_RMS ? 0.0 : gd_sum_lanes(s1), gd_sum_lanes(s2)};
     return sums;
+}
+
+/* Adds the whole groups of chunk x[0 .. n) from the first; returns where they end. */
+static LN_ALWAYS_INLINE ptrdiff_t moments_add_groups(moments_acc *acc, ln_norm_kind kind, ln_dtype dtype,
+                                                     const void *x, ptrdiff_t n)
+{
+    ptrdiff_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        moments_add(acc, kind, dtype, x, i, 0);
+        moments_add(acc, kind, dtype, x, i + 16, 1);
+    }
+    if (i + 16 <= n) {
+        moments_add(acc, kind, dtype, x, i, 0);
+        i += 16;
+    }
+    return i;
+}
+
+/* The LayerNorm sums of a float16/bfloat16 chunk x[0 .. n) in float64, as float32 data's: for
+   a chunk whose first element K lies far from its mean (an outlier), where the float32 block
+   sums of x - K, each of about |K - mean| * 8, would round at that scale and take the
+   deviations' own digits (rows of 4096 float16 with x[0] = 1e4: outputs 3.7 units in the last
+   place off, 0.8% of them misrounded; the mean 130 float32 units off).  Out of line: only such
+   chunks pay for it. */
+__attribute__((noinline, cold)) static chunk_sums chunk_sums_wide(ln_dtype dtype, const void *x, ptrdiff_t n)
+{
+    moments_acc acc;
+    moments_start(&acc, LN_NORM_LAYER, dtype, x, 0);
+    acc.narrow = 0;
+    const ptrdiff_t i = moments_add_groups(&acc, LN_NORM_LAYER, dtype, x, n);
+    return lane_sums(&acc, LN_NORM_LAYER, dtype, x, i, n);
+}
+
+/* Whether a float16/bfloat16 chunk of n elements, summed in float32 blocks, must be summed
+   again by chunk_sums_wide: where its shift K lies more than about 4 standard deviations from
+   its mean, sum2 = M2 + n (mean - K)^2 exceeds 16 M2, and the blocks' rounding, relative to
+   sum2, would be that much larger relative to M2.  Random rows rarely have such a first
+   element (a normal one, about once in 9000 rows). */
+static LN_ALWAYS_INLINE int sums_need_wide(ln_norm_kind kind, ln_dtype dtype, chunk_sums sums, ptrdiff_t n)
+{
+    return ln_dtype_is_16bit(dtype) && kind == LN_NORM_LAYER &&
+           __builtin_expect(sums.sum1 * sums.sum1 > (15.0 / 16.0) * (double)n * sums.sum2, 0);
+}
+
+/* A chunk's sums: lane_sums, or chunk_sums_wide's where sums_need_wide. */
+static LN_ALWAYS_INLINE chunk_sums moments_sums(moments_acc *acc, ln_norm_kind kind, ln_dtype dtype,
+                                                const void *x, ptrdiff_t i, ptrdiff_t n)
+{
+    const chunk_sums sums = lane_sums(acc, kind, dtype, x, i, n);
+    return sums_need_wide(kind, dtype, sums, n) ? chunk_sums_wide(dtype, x, n) : sums;
 }
 
 /* The moments of a chunk of n elements from its sums: mean = K + sum1 / n and
@@ -332,23 +386,24 @@ static LN_ALWAYS_INLINE ln_moments moments_of_sums(ln_norm_kind kind, chunk_sums
     return m;
 }
 
-/* The sums of a chunk of 1 <= n <= LN_CHUNK elements. */
-static LN_ALWAYS_INLINE chunk_sums chunk_sums_of(ln_norm_kind kind, ln_dtype dtype, const void *x, ptrdiff_t n,
-                                                 ptrdiff_t read_ahead)
+/* The sums of a chunk of 1 <= n <= LN_CHUNK elements, as lane_sums gives them: the caller
+   applies sums_need_wide. */
+static LN_ALWAYS_INLINE chunk_sums chunk_lane_sums(ln_norm_kind kind, ln_dtype dtype, const void *x, ptrdiff_t n,
+                                                   ptrdiff_t read_ahead)
 {
     assert(x && 1 <= n && n <= LN_CHUNK);
     moments_acc acc;
     moments_start(&acc, kind, dtype, x, read_ahead);
-    ptrdiff_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        moments_add(&acc, kind, dtype, x, i, 0);
-        moments_add(&acc, kind, dtype, x, i + 16, 1);
-    }
-    if (i + 16 <= n) {
-        moments_add(&acc, kind, dtype, x, i, 0);
-        i += 16;
-    }
-    return moments_sums(&acc, kind, dtype, x, i, n);
+    const ptrdiff_t i = moments_add_groups(&acc, kind, dtype, x, n);
+    return lane_sums(&acc, kind, dtype, x, i, n);
+}
+
+/* The sums of a chunk of 1 <= n <= LN_CHUNK elements. */
+static LN_ALWAYS_INLINE chunk_sums chunk_sums_of(ln_norm_kind kind, ln_dtype dtype, const void *x, ptrdiff_t n,
+                                                 ptrdiff_t read_ahead)
+{
+    const chunk_sums sums = chunk_lane_sums(kind, dtype, x, n, read_ahead);
+    return sums_need_wide(kind, dtype, sums, n) ? chunk_sums_wide(dtype, x, n) : sums;
 }
 
 static LN_ALWAYS_INLINE ln_moments chunk_moments(ln_norm_kind kind, ln_dtype dtype, const void *x, ptrdiff_t n,
@@ -1131,7 +1186,7 @@ static LN_ALWAYS_INLINE void forward_rows_pipelined(ln_norm_kind kind, ln_dtype 
             const ptrdiff_t len = n - start < LN_CHUNK ? n - start : LN_CHUNK;
             const char *chunk = gather ? x + start * elsize : NULL;
             char *chunk_copy = copy ? copy + start * elsize : NULL;
-            moments_acc acc = {0};
+            moments_acc acc = {.narrow = ln_dtype_is_16bit(dtype)};  /* moments_start's: a constant */
             if (gather) {
                 moments_start(&acc, kind, dtype, chunk, read_ahead);
             }
@@ -1209,10 +1264,25 @@ static LN_ALWAYS_INLINE void forward_rows_batched(ln_norm_kind kind, ln_dtype dt
             if (a->copy.data) {
                 copy_elements(dtype, x, ln_row_address(&a->copy, &a->extent, block + k), 0, n);
             }
-            const chunk_sums sums = chunk_sums_of(kind, dtype, x, n, read_ahead);
+            const chunk_sums sums = chunk_lane_sums(kind, dtype, x, n, read_ahead);
             shifts[k] = sums.shift;
             sum1s[k] = sums.sum1;
             sum2s[k] = sums.sum2;
+        }
+        /* chunk_sums_of's test, 16 rows in one vector test first (rows of 64 float16: 2.6 ns a
+           row when each row took it) */
+        const gd sum1 = gd_load(sum1s);
+        if (ln_dtype_is_16bit(dtype) && kind == LN_NORM_LAYER &&
+            !gd_all_within(gd_sub(gd_mul(gd_splat((15.0 / 16.0) * (double)n), gd_load(sum2s)), gd_mul(sum1, sum1)),
+                           0.0, INFINITY)) {
+            for (int k = 0; k < rows; k++) {
+                const chunk_sums sums = {shifts[k], sum1s[k], sum2s[k]};
+                if (sums_need_wide(kind, dtype, sums, n)) {
+                    const chunk_sums wide = chunk_sums_wide(dtype, ln_row_address(&a->input, &a->extent, block + k), n);
+                    sum1s[k] = wide.sum1;
+                    sum2s[k] = wide.sum2;
+                }
+            }
         }
         double means[16], m2s[16], rstds[16];
         if (kind == LN_NORM_RMS) {
@@ -1220,9 +1290,9 @@ static LN_ALWAYS_INLINE void forward_rows_batched(ln_norm_kind kind, ln_dtype dt
             gd_store(m2s, gd_load(sum2s));
         }
         else {
-            const gd sum1 = gd_load(sum1s), mean_offset = gd_div(sum1, gd_splat((double)n));
+            const gd sum1_final = gd_load(sum1s), mean_offset = gd_div(sum1_final, gd_splat((double)n));
             gd_store(means, gd_add(gd_load(shifts), mean_offset));
-            gd_store(m2s, gd_sub(gd_load(sum2s), gd_mul(sum1, mean_offset)));
+            gd_store(m2s, gd_sub(gd_load(sum2s), gd_mul(sum1_final, mean_offset)));
         }
         lane_rstds(n, a->eps, means, m2s, rstds);
         for (int k = 0; k < rows; k++) {

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import layernorm
-from helpers import (BF16, HALF_DTYPES, KINDS, LAYER_NORM, F, dtype_named, empty_at, from_torch, ml_dtypes,
-                     requires_ml_dtypes, requires_torch, same_bits, torch)
+from helpers import (BF16, HALF_DTYPES, KINDS, LAYER_NORM, RMS_NORM, F, dtype_named, empty_at, from_torch,
+                     ml_dtypes, requires_ml_dtypes, requires_torch, same_bits, torch)
 
 # Significand bits after the point and the smallest normal exponent, for ulps.
 FORMATS = {"float16": (10, -14), "bfloat16": (7, -126)}
@@ -109,6 +109,37 @@ CORRECTLY_ROUNDED = 0.999
 def test_outputs_are_correctly_rounded(name, kind):
     fraction, worst, outside = accuracy(name, kind, ours(kind))
     assert outside == 0 and fraction >= CORRECTLY_ROUNDED, (fraction, worst, outside)
+
+
+OUTLIER_CASES = [(64, 0, 1e3), (300, 0, -1e4), (4096, 0, 1e4), (5000, 2048, 1e4), (5000, 0, 3e2)]
+
+
+@pytest.mark.parametrize("n, at, outlier", OUTLIER_CASES, ids=[f"{n}-at{at}-{v:g}" for n, at, v in OUTLIER_CASES])
+@pytest.mark.parametrize("name", HALF_DTYPES)
+def test_a_chunks_first_element_far_from_its_mean_keeps_the_contract(name, n, at, outlier):
+    # The float32 sums of x - K, K a chunk's first element, round at |K - mean| scale: an
+    # outlier there (a "massive activation") must not cost the other elements their digits.
+    dtype = dtype_named(name)
+    x = (0.3 + np.random.default_rng(n).standard_normal((8, n))).astype(dtype)
+    x[:, at] = outlier
+    y, mean, rstd = layernorm.native_layer_norm(x, (n,))
+    expected, want_mean, want_rstd = LAYER_NORM.reference(x, n, None, None, 1e-5)
+    error = ulps(y, expected, name)
+    assert np.count_nonzero(error <= 0.5) / error.size >= CORRECTLY_ROUNDED and error.max() <= 1, error.max()
+    # the statistics are float32 roundings of float64 ones: within a float32 ulp or two
+    np.testing.assert_allclose(mean, want_mean, rtol=2**-22)
+    np.testing.assert_allclose(rstd, want_rstd, rtol=2**-22)
+
+
+@requires_ml_dtypes
+def test_products_on_bfloat16_ties_stay_within_an_ulp():
+    # outside the 99.9%: rstd = 9.99999999995 is 10.0 in float32, so x * 10 of 8-bit values
+    # lands exactly on bfloat16 ties that the exact answer lies just below
+    x = (np.random.default_rng(31).standard_normal((64, 32)) * 1e-6).astype(BF16)
+    y = layernorm.rms_norm(x, 32, None, 1e-2)
+    expected = RMS_NORM.reference(x, 32, None, None, 1e-2)[0]
+    error = ulps(y, expected, "bfloat16")
+    assert error.max() <= 1 and np.count_nonzero(error > 0.5) > 0
 
 
 @requires_torch
