@@ -1844,9 +1844,9 @@ stats_input(module_state *state, PyObject *obj, const char *source, const char *
     if (PyArray_SIZE(arr) != rows) {
         PyErr_Format(PyExc_ValueError,
                      "%s must be a float array with one value per normalized row (%zd)%s%s%s; got "
-                     "dtype %S and %zd values",
-                     name, (Py_ssize_t)rows, as, source ? source : "", returns, (PyObject *)PyArray_DESCR(arr),
-                     (Py_ssize_t)PyArray_SIZE(arr));
+                     "%zd value%s of dtype %S",
+                     name, (Py_ssize_t)rows, as, source ? source : "", returns, (Py_ssize_t)PyArray_SIZE(arr),
+                     PyArray_SIZE(arr) == 1 ? "" : "s", (PyObject *)PyArray_DESCR(arr));
         goto done;
     }
     Py_INCREF(arr);

@@ -413,7 +413,7 @@ CASES = {
     "layer_norm_backward-mean-too-short": Case(
         "layer_norm_backward(x, x, 4, mean[:1], rstd)", ValueError,
         "mean must be a float array with one value per normalized row (2), as native_layer_norm returns it; "
-        "got dtype float32 and 1 values"),
+        "got 1 value of dtype float32"),
     "layer_norm_backward-rstd-None": Case(
         "layer_norm_backward(x, x, 4, mean, None)", TypeError,
         "rstd must be a float array, as native_layer_norm returns it; got None of dtype object"),
