@@ -519,7 +519,7 @@ def _sum(input: np.ndarray, residual: np.ndarray) -> np.ndarray:
     """input + residual as the kernels form it: NumPy's sum, but a NaN is the one quiet NaN,
     and without NumPy's warnings of overflow and invalid operations, as the kernels give none."""
     with np.errstate(over="ignore", invalid="ignore"):
-        total = np.add(input, residual)
+        total: np.ndarray = np.add(input, residual)
     total[np.isnan(total)] = np.nan
     return total
 
