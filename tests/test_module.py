@@ -1295,29 +1295,27 @@ def test_module_eval_forward_then_backward_raises(kind):
     assert all(getattr(ours, name + "_grad") is None for name in kind.names)
 
 
-def _gradients_of(module, x, dy):
-    """(grad_input, *parameter gradients) of module.backward(dy); x is only for the shape."""
-    grad_input = module.backward(dy)
-    return (grad_input, *(getattr(module, name + "_grad") for name in module_kind(module).names))
-
-
-def module_kind(module):
-    return next(kind for kind in KINDS if type(module).__name__ == kind.name)
+def _gradients_after(kind, n, change, seed):
+    """(grad_input, *parameter gradients) of a module of ours after a training forward, then
+    change(module), then backward, and those of the same module without the change."""
+    rng = np.random.default_rng(seed)
+    x, dy = rng.standard_normal((2, 3, n)).astype(np.float32)
+    results = []
+    for changed in (False, True):
+        module = randomize(kind.ours(n), seed=seed + 1)
+        module(x)
+        if changed:
+            change(module)
+        grad_input = module.backward(dy)
+        results.append((grad_input, *(getattr(module, name + "_grad") for name in kind.names)))
+    return results
 
 
 @BY_KIND
 def test_module_put_in_eval_mode_after_a_training_forward_still_back_propagates(kind):
     # as torch: eval() changes what later forwards save, not the graph of an earlier one
-    rng = np.random.default_rng(23)
-    x, dy = rng.standard_normal((2, 3, 6)).astype(np.float32)
-    expected_module = randomize(kind.ours(6), seed=24)
-    expected_module(x)
-    expected = _gradients_of(expected_module, x, dy)
-    ours = randomize(kind.ours(6), seed=24)
-    ours(x)
-    ours.eval()
-    for got, want in zip(_gradients_of(ours, x, dy), expected):
-        assert got.tobytes() == want.tobytes()
+    expected, got = _gradients_after(kind, 6, lambda module: module.eval(), seed=23)
+    assert [g.tobytes() for g in got] == [e.tobytes() for e in expected]
 
 
 @BY_KIND
@@ -1337,16 +1335,9 @@ def test_module_eval_forward_after_a_training_forward_leaves_nothing_for_backwar
 def test_module_backward_takes_the_layout_of_its_forward(kind, change):
     # torch's graph keeps the forward's settings; changing the module's afterwards must not
     # turn the gradients into those of another normalization
-    rng = np.random.default_rng(26)
-    x, dy = rng.standard_normal((2, 4, 4)).astype(np.float32)
-    expected_module = randomize(kind.ours(4), seed=27)
-    expected_module(x)
-    expected = _gradients_of(expected_module, x, dy)
-    ours = randomize(kind.ours(4), seed=27)
-    ours(x)
-    setattr(ours, change, 0 if change == "axis" else (2, 2))
-    for got, want in zip(_gradients_of(ours, x, dy), expected):
-        assert got.tobytes() == want.tobytes()
+    value = 0 if change == "axis" else (2, 2)
+    expected, got = _gradients_after(kind, 4, lambda module: setattr(module, change, value), seed=26)
+    assert [g.tobytes() for g in got] == [e.tobytes() for e in expected]
 
 
 # ---------------------------------------------------------------------------------------------
