@@ -363,8 +363,9 @@ class NormModule:
         Raises
         ------
         RuntimeError
-            When the last call was not a training-mode forward or was back-propagated already, or when a parameter was
-            changed in place (torch's text) or replaced since that forward.
+            When the last call was not a training-mode forward or was back-propagated already,
+            or when a parameter was changed in place (torch's text) or replaced since that
+            forward.
         """
         saved = self._saved
         if not saved:
