@@ -2504,9 +2504,11 @@ static LN_ALWAYS_INLINE int backward_rows(ln_norm_kind kind, ln_dtype dtype, con
  *     a two-pass mean would read the tile a third time for no accuracy that matters here
  *     output: normalize_one's formulas, with each lane's own mean and rstd
  *     backward: float16/bfloat16/float32 data the contiguous route's float32 arithmetic
- *     (backward_tile_f32), but for tiles with a row that fails that route's test for
- *     ln_backward_exact_row, which go as float64 data goes: backward_short_rows' formulas, in float64; dweight and dbias added
- *     into per-lane column sums over the tiles, whose lanes ln_backward.c adds by ln_sum_lanes
+ *     (backward_tile_f32), but for the rows that fail that route's test for
+ *     ln_backward_exact_row, which go as float64 data goes: backward_short_rows' formulas,
+ *     in float64 (so a row's bits do not depend on the rows beside it in its tile); dweight
+ *     and dbias added into per-lane column sums over the tiles, whose lanes ln_backward.c
+ *     adds by ln_sum_lanes
  *
  * A tile is read twice, for the statistics and then for the output (or for the backward's
  * two passes): 16 rows of up to a few thousand elements are still in cache the second time,
@@ -2833,11 +2835,37 @@ static LN_ALWAYS_INLINE void forward_tiles(ln_norm_kind kind, ln_dtype dtype, co
     }
 }
 
-/* backward_tile's work once its views are made (see tile_load for `adjacent`). */
+/* A set of a tile's lanes: bit k for lane k. */
+#define LN_ALL_LANES 0xffffu
+
+/* chosen's lanes in `lanes`, other's elsewhere.  Through memory: only tiles whose lanes go
+   two ways take it. */
+static LN_ALWAYS_INLINE gd gd_lanes_from(gd chosen, gd other, unsigned lanes)
+{
+    double values[16], others[16];
+    gd_store(values, chosen);
+    gd_store(others, other);
+    for (int k = 0; k < 16; k++) {
+        values[k] = lanes >> k & 1u ? values[k] : others[k];
+    }
+    return gd_load(values);
+}
+
+/* v with the lanes outside `lanes` +0.0: a term those lanes must not add to their sums
+   (adding +0.0 leaves a sum's bits as they are, and no sum is -0.0: each starts as +0.0). */
+static LN_ALWAYS_INLINE gd gd_lanes_only(gd v, unsigned lanes)
+{
+    return gd_lanes_from(v, gd_splat(0.0), lanes);
+}
+
+/* backward_tile's work in float64, once its views are made (see tile_load for `adjacent`), for
+   the lanes in `lanes` (LN_ALL_LANES: every lane): the others' dx is left as it is and their
+   terms are not added. */
 static LN_ALWAYS_INLINE void backward_tile_from_views(ln_norm_kind kind, ln_dtype dtype, const ln_backward_args *a,
                                                       const tile_view *dy, const tile_view *x, const tile_view *dx,
                                                       int count, const double means[16], const double rstds[16],
-                                                      int adjacent, double *dweight_lanes, double *dbias_lanes)
+                                                      int adjacent, double *dweight_lanes, double *dbias_lanes,
+                                                      unsigned lanes)
 {
     const ptrdiff_t n = a->extent.row_len;
     const int has_mean = kind == LN_NORM_LAYER;
@@ -2871,15 +2899,23 @@ static LN_ALWAYS_INLINE void backward_tile_from_views(ln_norm_kind kind, ln_dtyp
         if (dx->first) {
             const gd g = weight ? gd_mul(dy_v, gd_splat(ln_load1_param_as_f64(dtype, weight, j))) : dy_v;
             const gd inner = gd_sub(has_mean ? gd_sub(g, g_mean) : g, gd_mul(xhat, gx_mean));
+            gd value = gd_quiet_nans(gd_mul(inner, rstd_v));  /* a NaN the one quiet NaN */
+            if (lanes != LN_ALL_LANES) {  /* the other lanes' dx as it is (exact both ways) */
+                const gd kept = load_as_f64(dtype, tile_load(dtype, dx, count, j, dx_lanes, adjacent), 0);
+                value = gd_lanes_from(value, kept, lanes);
+            }
             void *target = tile_target(dtype, dx, j, dx_lanes, adjacent);
-            store_from_f64(dtype, target, gd_quiet_nans(gd_mul(inner, rstd_v)));  /* a NaN the one quiet NaN */
+            store_from_f64(dtype, target, value);
             tile_scatter(dtype, dx, count, j, target, adjacent);
         }
         if (dweight_lanes) {
-            gd_store(dweight_lanes + 16 * j, gd_add(gd_load(dweight_lanes + 16 * j), gd_mul(dy_v, xhat)));
+            const gd term = gd_mul(dy_v, xhat);
+            gd_store(dweight_lanes + 16 * j, gd_add(gd_load(dweight_lanes + 16 * j),
+                                                    lanes == LN_ALL_LANES ? term : gd_lanes_only(term, lanes)));
         }
         if (dbias_lanes) {
-            gd_store(dbias_lanes + 16 * j, gd_add(gd_load(dbias_lanes + 16 * j), dy_v));
+            gd_store(dbias_lanes + 16 * j, gd_add(gd_load(dbias_lanes + 16 * j),
+                                                  lanes == LN_ALL_LANES ? dy_v : gd_lanes_only(dy_v, lanes)));
         }
     }
 }
@@ -2897,12 +2933,12 @@ static LN_ALWAYS_INLINE void tile_grad_sums_term(ln_norm_kind kind, ln_dtype dty
     grad_sums_terms(kind, dy_v, g, value_x, weight != NULL, TOPS_OF_LANES, mean_v, sum_g, sum_gc, tops);
 }
 
-/* Whether a lane (of the first count) of a float32 tile fails ln_backward_exact_row's test,
+/* The lanes (of the first count) of a float32 tile that fail ln_backward_exact_row's test,
    applied to the tile's own sums (whose order differs from a contiguous row's): the scalar
    test, for the tiles whose lanes the vector test of the common rows did not all pass (a
    row whose dy is all 0.0, or a factor with a zero operand, passes this one). */
-static LN_ALWAYS_INLINE int tile_lanes_need_exact(ln_dtype dtype, int count, gd rstd, gd g_mean, gd gx_mean,
-                                                  const gd tops[LN_LARGEST_COUNT])
+static LN_ALWAYS_INLINE unsigned tile_lanes_need_exact(ln_dtype dtype, int count, gd rstd, gd g_mean, gd gx_mean,
+                                                       const gd tops[LN_LARGEST_COUNT])
 {
     double lanes[3 + LN_LARGEST_COUNT][16];
     gd_store(lanes[0], rstd);
@@ -2911,16 +2947,55 @@ static LN_ALWAYS_INLINE int tile_lanes_need_exact(ln_dtype dtype, int count, gd 
     for (int i = 0; i < LN_LARGEST_COUNT; i++) {
         gd_store(lanes[3 + i], tops[i]);
     }
+    unsigned exact = 0;
     for (int k = 0; k < count; k++) {
         double largest[LN_LARGEST_COUNT];
         for (int i = 0; i < LN_LARGEST_COUNT; i++) {
             largest[i] = lanes[3 + i][k];
         }
-        if (ln_grad_row_needs_exact(dtype, lanes[0][k], lanes[1][k], lanes[2][k], largest)) {
-            return 1;
+        exact |= (unsigned)ln_grad_row_needs_exact(dtype, lanes[0][k], lanes[1][k], lanes[2][k], largest) << k;
+    }
+    return exact;
+}
+
+/* A float32 tile's lane constants for pass 2 (see backward_tile_f32). */
+typedef struct {
+    gf mean, rstd, xc_scale, offset;
+} tile_f32_factors;
+
+/* backward_tile_f32's pass 2: dx of every lane, the terms of dweight and dbias of the lanes
+   in `terms` (LN_ALL_LANES, a constant in the instance of the tiles whose lanes all go in
+   float32: every lane, with nothing to mask). */
+static LN_ALWAYS_INLINE void backward_tile_f32_pass2(ln_norm_kind kind, ln_dtype dtype, const ln_backward_args *a,
+                                                     const tile_view *dy, const tile_view *x, const tile_view *dx,
+                                                     int count, tile_f32_factors f, int adjacent,
+                                                     double *dweight_lanes, double *dbias_lanes, double *dy_lanes,
+                                                     double *x_lanes, double *dx_lanes, unsigned terms)
+{
+    const ptrdiff_t n = a->extent.row_len;
+    const int want_dx = dx->first != NULL;
+    const float *weight = a->weight;
+    for (ptrdiff_t j = 0; j < n; j++) {
+        const gf dy_v = load_as_f32(dtype, tile_load(dtype, dy, count, j, dy_lanes, adjacent), 0);
+        const gf value_x = load_as_f32(dtype, tile_load(dtype, x, count, j, x_lanes, adjacent), 0);
+        const gf xc = kind == LN_NORM_LAYER ? gf_sub(value_x, f.mean) : value_x;
+        if (want_dx) {
+            const gf g = weight ? gf_mul(dy_v, gf_splat(weight[j])) : dy_v;
+            void *target = tile_target(dtype, dx, j, dx_lanes, adjacent);
+            store_from_f32(dtype, target, 0, grad_dx(kind, g, xc, f.rstd, f.xc_scale, f.offset), 1);
+            tile_scatter(dtype, dx, count, j, target, adjacent);
+        }
+        if (dweight_lanes) {
+            const gd term = gf_widen(gf_mul(gf_mul(dy_v, xc), f.rstd));
+            gd_store(dweight_lanes + 16 * j, gd_add(gd_load(dweight_lanes + 16 * j),
+                                                    terms == LN_ALL_LANES ? term : gd_lanes_only(term, terms)));
+        }
+        if (dbias_lanes) {
+            const gd term = gf_widen(dy_v);
+            gd_store(dbias_lanes + 16 * j, gd_add(gd_load(dbias_lanes + 16 * j),
+                                                  terms == LN_ALL_LANES ? term : gd_lanes_only(term, terms)));
         }
     }
-    return 0;
 }
 
 /* Tile backward in float32, for float16/bfloat16/float32 data: per lane, the contiguous
@@ -2932,21 +3007,22 @@ static LN_ALWAYS_INLINE int tile_lanes_need_exact(ln_dtype dtype, int count, gd 
        pass 2: dx = fma(rstd, g, fma(-rstd^2 * gx_mean, x - mean, -rstd * g_mean)),
                dweight's term (dy * (x - mean)) * rstd, both in float32; the terms of dweight
                and dbias added, widened, into the per-lane column sums
-   Returns 0, having written nothing, where a lane fails the test that sends a contiguous row
-   to ln_backward_exact_row (ln_grad_row_needs_exact on the tile's own sums, its common rows
-   tested in vectors): the tile then goes in float64.  Which way a
-   tile goes depends on dy, x, the weight and the statistics, not on which gradients are
-   asked for, so neither do dweight's bits (dbias' are the same both ways).
+   Returns the lanes that fail the test that sends a contiguous row to ln_backward_exact_row
+   (ln_grad_row_needs_exact on the tile's own sums, its common rows tested in vectors),
+   which then go in float64: their terms are not added here, and their dx is written here
+   and then over (when every lane fails, nothing is written).  Which way a row goes depends
+   on its dy and x, the weight and its statistics, not on the rows beside it nor on which
+   gradients are asked for, so neither do dweight's bits (dbias' are the same both ways).
    One vector op over a group of 16 float32 lanes where float64 takes two: 8x64x56x56 float32
    over axis=1, A/B in alternating processes, 627-647 -> 498-519 us at one thread, 321-323 ->
    252-258 us at two. */
-static LN_ALWAYS_INLINE int backward_tile_f32(ln_norm_kind kind, ln_dtype dtype, const ln_backward_args *a,
-                                              const tile_view *dy, const tile_view *x, const tile_view *dx,
-                                              int count, const double means[16], const double rstds[16],
-                                              int adjacent, double *dweight_lanes, double *dbias_lanes)
+static LN_ALWAYS_INLINE unsigned backward_tile_f32(ln_norm_kind kind, ln_dtype dtype, const ln_backward_args *a,
+                                                   const tile_view *dy, const tile_view *x, const tile_view *dx,
+                                                   int count, const double means[16], const double rstds[16],
+                                                   int adjacent, double *dweight_lanes, double *dbias_lanes)
 {
     const ptrdiff_t n = a->extent.row_len;
-    const int has_mean = kind == LN_NORM_LAYER, want_dx = dx->first != NULL;
+    const int want_dx = dx->first != NULL;
     const float *weight = a->weight;
     double dy_lanes[16], x_lanes[16], dx_lanes[16];  /* 16 elements of any type, for tile_load */
     if (!adjacent) {
@@ -2960,6 +3036,7 @@ static LN_ALWAYS_INLINE int backward_tile_f32(ln_norm_kind kind, ln_dtype dtype,
         rstd_f[k] = (float)rstds[k];
     }
     const gf mean_v = gf_load(mean_f), rstd_v = gf_load(rstd_f), zero_f = gf_splat(0.0f);
+    unsigned exact = 0;
     if (want_dx || dweight_lanes) {
         gd g_sum = gd_splat(0.0), gc_sum = g_sum;
         grad_tops tops = {zero_f, zero_f, zero_f};
@@ -2985,9 +3062,11 @@ static LN_ALWAYS_INLINE int backward_tile_f32(ln_norm_kind kind, ln_dtype dtype,
         const gd xc_scale = gd_mul(gd_mul(neg_rstd, rstd), gx_mean), offset = gd_mul(neg_rstd, g_mean);
         const gd widened[LN_LARGEST_COUNT] = {
             [LN_LARGEST_G] = gf_widen(tops.g), [LN_LARGEST_DY] = gf_widen(tops.dy), [LN_LARGEST_XC] = gf_widen(tops.xc)};
-        if (!grad_lanes_common(kind, dtype, count, rstd, xc_scale, offset, widened) &&
-            tile_lanes_need_exact(dtype, count, rstd, g_mean, gx_mean, widened)) {
-            return 0;
+        if (!grad_lanes_common(kind, dtype, count, rstd, xc_scale, offset, widened)) {
+            exact = tile_lanes_need_exact(dtype, count, rstd, g_mean, gx_mean, widened);
+            if (exact == (1u << count) - 1) {
+                return exact;
+            }
         }
         double factors[2][16];
         gd_store(factors[0], xc_scale);
@@ -2997,29 +3076,20 @@ static LN_ALWAYS_INLINE int backward_tile_f32(ln_norm_kind kind, ln_dtype dtype,
             offset_f[k] = (float)factors[1][k];
         }
     }
-    const gf xc_scale_v = gf_load(xc_scale_f), offset_v = gf_load(offset_f);
-    for (ptrdiff_t j = 0; j < n; j++) {
-        const gf dy_v = load_as_f32(dtype, tile_load(dtype, dy, count, j, dy_lanes, adjacent), 0);
-        const gf value_x = load_as_f32(dtype, tile_load(dtype, x, count, j, x_lanes, adjacent), 0);
-        const gf xc = has_mean ? gf_sub(value_x, mean_v) : value_x;
-        if (want_dx) {
-            const gf g = weight ? gf_mul(dy_v, gf_splat(weight[j])) : dy_v;
-            void *target = tile_target(dtype, dx, j, dx_lanes, adjacent);
-            store_from_f32(dtype, target, 0, grad_dx(kind, g, xc, rstd_v, xc_scale_v, offset_v), 1);
-            tile_scatter(dtype, dx, count, j, target, adjacent);
-        }
-        if (dweight_lanes) {
-            const gd term = gf_widen(gf_mul(gf_mul(dy_v, xc), rstd_v));
-            gd_store(dweight_lanes + 16 * j, gd_add(gd_load(dweight_lanes + 16 * j), term));
-        }
-        if (dbias_lanes) {
-            gd_store(dbias_lanes + 16 * j, gd_add(gd_load(dbias_lanes + 16 * j), gf_widen(dy_v)));
-        }
+    const tile_f32_factors factors = {mean_v, rstd_v, gf_load(xc_scale_f), gf_load(offset_f)};
+    if (exact) {
+        backward_tile_f32_pass2(kind, dtype, a, dy, x, dx, count, factors, adjacent, dweight_lanes, dbias_lanes,
+                                dy_lanes, x_lanes, dx_lanes, ~exact & LN_ALL_LANES);
     }
-    return 1;
+    else {
+        backward_tile_f32_pass2(kind, dtype, a, dy, x, dx, count, factors, adjacent, dweight_lanes, dbias_lanes,
+                                dy_lanes, x_lanes, dx_lanes, LN_ALL_LANES);
+    }
+    return exact;
 }
 
-/* Tile `tile` backward, in float32 (backward_tile_f32) or else in float64: pass 1 the lanes'
+/* Tile `tile` backward, in float32 (backward_tile_f32), and for float64 data or the lanes
+   that float32 cannot take, in float64: pass 1 the lanes'
    sums of g and g * xhat (float32: when dx or dweight is wanted; float64: when dx is), pass
    2 dx and the parameter gradients' terms, added into the per-lane column sums
    dweight_lanes and dbias_lanes (each may be NULL).  Lanes past count hold zeros, whose
@@ -3042,16 +3112,24 @@ static LN_ALWAYS_INLINE void backward_tile(ln_norm_kind kind, ln_dtype dtype, co
         means[k] = has_mean ? ln_load1_param_as_f64(dtype, mean_in.first + k * mean_in.row_step, 0) : 0.0;
         rstds[k] = ln_load1_param_as_f64(dtype, rstd_in.first + k * rstd_in.row_step, 0);
     }
+    /* the lanes for float64: every one for float64 data (and where every lane fails the
+       float32 test), else those that fail it */
+    const unsigned every = (1u << count) - 1;
     if (dy.adjacent && x.adjacent && (!dx.first || dx.adjacent)) {
-        if (dtype == LN_F64 || !backward_tile_f32(kind, dtype, a, &dy, &x, &dx, count, means, rstds, 1,
-                                                  dweight_lanes, dbias_lanes)) {
+        const unsigned exact = dtype == LN_F64 ? every : backward_tile_f32(kind, dtype, a, &dy, &x, &dx, count,
+                                                                           means, rstds, 1, dweight_lanes, dbias_lanes);
+        if (exact) {
             backward_tile_from_views(kind, dtype, a, &dy, &x, &dx, count, means, rstds, 1, dweight_lanes,
-                                     dbias_lanes);
+                                     dbias_lanes, exact == every ? LN_ALL_LANES : exact);
         }
     }
-    else if (dtype == LN_F64 || !backward_tile_f32(kind, dtype, a, &dy, &x, &dx, count, means, rstds, 0,
-                                                   dweight_lanes, dbias_lanes)) {
-        backward_tile_from_views(kind, dtype, a, &dy, &x, &dx, count, means, rstds, 0, dweight_lanes, dbias_lanes);
+    else {
+        const unsigned exact = dtype == LN_F64 ? every : backward_tile_f32(kind, dtype, a, &dy, &x, &dx, count,
+                                                                           means, rstds, 0, dweight_lanes, dbias_lanes);
+        if (exact) {
+            backward_tile_from_views(kind, dtype, a, &dy, &x, &dx, count, means, rstds, 0, dweight_lanes,
+                                     dbias_lanes, exact == every ? LN_ALL_LANES : exact);
+        }
     }
 }
 

@@ -28,6 +28,7 @@ from helpers import (
     axes_back,
     axes_last,
     dtype_id,
+    dtype_named,
     empty_at,
     grad_input_scale,
     grad_weight_scale,
@@ -37,6 +38,7 @@ from helpers import (
     make_input,
     make_params,
     param_dtype,
+    requires_ml_dtypes,
     requires_torch,
     same_bits,
     shape_id,
@@ -379,6 +381,33 @@ def test_backward_output_mask_over_axes(kind):
         for i, (mine, all_of_them) in enumerate(zip(got, full)):
             if i != masked and all_of_them is not None:
                 np.testing.assert_array_equal(mine, all_of_them)
+
+
+NEIGHBOURS = {
+    "nan-dy": lambda x, dy: dy.__setitem__((0, 3, 0, 15), np.nan),
+    "huge-row": lambda x, dy: x.__setitem__((0, slice(None), 0, 15), x[0, :, 0, 15] * 1e19),
+    "zero-dy-row": lambda x, dy: dy.__setitem__((0, slice(None), 0, 15), 0.0),
+}
+
+
+@pytest.mark.parametrize("change", list(NEIGHBOURS))
+@pytest.mark.parametrize("dtype_name", ["float16", "float32", pytest.param("bfloat16", marks=requires_ml_dtypes)])
+@pytest.mark.parametrize("kind", KINDS, ids=str)
+def test_backward_over_axes_row_bits_do_not_depend_on_its_neighbours(kind, dtype_name, change, restore_runtime):
+    # channels-first rows go 16 at a time; one that takes the float64 path (NaN, a huge row,
+    # an all-zero dy) must leave the other 15 rows' float32 results as they were
+    dtype = dtype_named(dtype_name)
+    x = make_input((1, 8, 1, 16), np.float32, seed=15, offset=1.0).astype(dtype)
+    dy = make_input(x.shape, np.float32, seed=16).astype(dtype)
+    w = make_params((8,), np.float32, "weight")[0]
+    changed_x, changed_dy = x.copy(), dy.copy()
+    with np.errstate(over="ignore"):  # float16's huge row is Inf: a row for float64 as well
+        NEIGHBOURS[change](changed_x, changed_dy)
+    for level in layernorm.available_simd_levels():
+        layernorm.set_simd_level(level)
+        before, after = (kind.backward(d, v, (8,), kind.native(v, (8,), w, axis=1)[1:], w, axis=1)[0]
+                         for v, d in ((x, dy), (changed_x, changed_dy)))
+        assert before[..., :15].tobytes() == after[..., :15].tobytes(), level
 
 
 # ---------------------------------------------------------------------------
