@@ -404,10 +404,13 @@ def _compare(actual_value: Any, p: _Problem, rtol: Optional[float], atol: Option
         return _Report(False, math.inf, (), tuple(lines))
     expected = _expected(p)
     misfit = _misfit(actual, expected, rtol, atol)
+    nan_mismatch = np.isnan(actual) != np.isnan(expected)
     with np.errstate(invalid="ignore"):
-        difference = np.abs(actual - expected)
-    both_finite = np.isfinite(actual) & np.isfinite(expected)
-    max_error = float(np.max(np.where(both_finite, difference, 0.0), initial=0.0))
+        # 0 where equal (an infinity of the right sign, NaN with NaN), inf against an infinity
+        difference = np.where((actual == expected) | np.isnan(actual) | np.isnan(expected), 0.0,
+                              np.abs(actual - expected))
+    # an element NaN on one side alone has no finite error either
+    max_error = math.inf if nan_mismatch.any() else float(np.max(difference, initial=0.0))
     dtype_finding = (_Finding("output-dtype", 0.0, "", _DTYPE_FIX),) if wrong_dtype else ()
     dtype_lines = _dtype_lines(p, dtype_name) if wrong_dtype else []
     if _worst(misfit) <= 1.0:
@@ -417,13 +420,25 @@ def _compare(actual_value: Any, p: _Problem, rtol: Optional[float], atol: Option
                                                 f" tolerances (max abs error {max_error:.2g})."]))
         return _Report(True, max_error, (), (f"max abs error {max_error:.2g}",))
     bad = misfit > 1.0
-    worst = int(np.argmax(np.where(both_finite, difference, -1.0)))
     measure = f"{expected_dtype}'s tolerances" if wrong_dtype else f"{dtype_name} output"
     lines = dtype_lines + [f"{p.op} output differs from the float64 reference ({measure}:"
-             f" rtol={rtol:g}, atol={atol:g}).",
-             f"Mismatched elements: {int(bad.sum())} / {bad.size} ({100 * bad.mean():.1f}%).",
-             f"Greatest absolute difference: {max_error:.3g} at index {_index(worst, actual.shape)}"
-             f" (up to {atol + rtol * abs(float(expected.flat[worst])):.2g} allowed there)."]
+                           f" rtol={rtol:g}, atol={atol:g}).",
+                           f"Mismatched elements: {int(bad.sum())} / {bad.size} ({100 * bad.mean():.1f}%)."]
+
+    def allowed(flat: int) -> str:
+        return f"up to {atol + rtol * abs(float(expected.flat[flat])):.2g} allowed there"
+
+    greatest = int(np.argmax(difference))
+    if difference.flat[greatest] > 0.0:
+        lines.append(f"Greatest absolute difference: {float(difference.flat[greatest]):.3g} at index"
+                     f" {_index(greatest, actual.shape)} ({allowed(greatest)}).")
+    # the element furthest outside its own tolerance, where that is another one (an error
+    # near zero fails with less difference than one on a large output passes with)
+    furthest = int(np.argmax(np.where(nan_mismatch, -1.0, misfit)))
+    if furthest != greatest and misfit.flat[furthest] > 1.0 and not nan_mismatch.flat[furthest]:
+        lines.append(f"Furthest outside its tolerance: {float(actual.flat[furthest]):.7g} at index"
+                     f" {_index(furthest, actual.shape)} where the reference is {float(expected.flat[furthest]):.7g}"
+                     f" ({allowed(furthest)}).")
     for where, what in ((np.isnan(actual) & ~np.isnan(expected), "NaN where the reference is not"),
                         (~np.isnan(actual) & np.isnan(expected), "Not NaN where the reference is NaN")):
         if where.any():
@@ -618,7 +633,8 @@ def _call(fn: Callable[[Any], Any], x: np.ndarray) -> Any:
 
 class Diagnosis(NamedTuple):
     """What :func:`diagnose` found: ``ok``, the ``findings`` (codes, most likely first; empty
-    when ok), the largest absolute error, and a readable ``str()``."""
+    when ok), the largest absolute error (inf where an element is infinite or NaN and the
+    float64 reference is not), and a readable ``str()``."""
 
     ok: bool
     findings: Tuple[str, ...]

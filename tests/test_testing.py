@@ -496,6 +496,37 @@ def test_extra_nan_fails():
     assert "NaN where the reference is not: 1 element, the first at index (0, 1, 3)" in message
 
 
+@pytest.mark.parametrize("value", [np.inf, -np.inf], ids=["inf", "-inf"])
+def test_an_infinite_output_is_the_greatest_difference(value):
+    x = rows_of_different_scales()
+    y = layernorm.layer_norm(x, ROW_LEN)
+    y[1, 0, 4] = value
+    message = failure_message(assert_layer_norm_close, y, x, ROW_LEN)
+    assert "Greatest absolute difference: inf at index (1, 0, 4)" in message
+    assert diagnose(lambda x: np.full_like(x, value), ROW_LEN).max_error == np.inf
+
+
+def test_a_nan_output_has_no_finite_max_error():
+    assert diagnose(lambda x: np.full_like(x, np.nan), ROW_LEN).max_error == np.inf
+
+
+def test_the_element_furthest_outside_its_tolerance_is_named():
+    # an error that passes on the largest output, a smaller one that fails near zero
+    x = rows_of_different_scales()
+    y = layernorm.layer_norm(x, ROW_LEN)
+    reference = _reference.layer_norm(x, ROW_LEN)[0]
+    largest = tuple(int(i) for i in np.unravel_index(np.argmax(np.abs(reference)), y.shape))
+    smallest = tuple(int(i) for i in np.unravel_index(np.argmin(np.abs(reference)), y.shape))
+    rtol, atol = 1.3e-6, 1e-5  # float32's
+    y[largest] = reference[largest] + 0.97 * (atol + rtol * abs(reference[largest]))
+    y[smallest] = reference[smallest] + 1.05 * atol
+    assert abs(y[largest] - reference[largest]) > abs(y[smallest] - reference[smallest])
+    message = failure_message(assert_layer_norm_close, y, x, ROW_LEN)
+    assert "Mismatched elements: 1 / 96" in message
+    assert f"Greatest absolute difference: {abs(y[largest] - reference[largest]):.3g} at index {largest}" in message
+    assert f"Furthest outside its tolerance: {y[smallest]:.7g} at index {smallest}" in message
+
+
 # ------------------------------------------------------------------------------- diagnose
 
 
