@@ -109,8 +109,8 @@ def call(function: Callable[..., _Result], **arguments: Any) -> _Result:
     arrays = {key: _as_array(arguments.pop(key)) for key in family.rows + family.stats}
     params = {key: _as_param(arguments.pop(key)) for key in family.params}
     options = arguments  # normalized_shape, eps, output_mask, ...
-    chunked = [arrays[key] for key in family.rows if isinstance(arrays[key], da.Array)]
-    input = chunked[0] if chunked else da.asarray(arrays[family.rows[0]])
+    leader = next((key for key in family.rows if isinstance(arrays[key], da.Array)), family.rows[0])
+    input = arrays[leader] if isinstance(arrays[leader], da.Array) else da.asarray(arrays[leader])
     axes, results = _checked_call(function, family, input.shape, arrays, params, options)
     metas = {
         key: None if result is None else np.empty((0,) * result.ndim, result.dtype)
@@ -124,9 +124,10 @@ def call(function: Callable[..., _Result], **arguments: Any) -> _Result:
     stats_chunks = tuple((1,) if a in axes else c for a, c in enumerate(chunks))
     param_chunks = tuple(chunks[a] for a in axes)
     aligned: Dict[str, Optional[da.Array]] = {
-        key: _chunked(value, chunks if key in family.rows else stats_chunks) for key, value in arrays.items()
+        key: _chunked(value, chunks if key in family.rows else stats_chunks, name, key, leader)
+        for key, value in arrays.items()
     }
-    aligned.update((key, None if value is None else _chunked(value, param_chunks))
+    aligned.update((key, None if value is None else _chunked(value, param_chunks, name, key, leader))
                    for key, value in params.items())
 
     graph = _Graph(name, family, axes, input.ndim, options, metas)
@@ -233,11 +234,12 @@ def _checked(function: Callable[..., Any], arrays: Dict[str, Any], params: Dict[
     before anything is computed."""
     try:
         return _probe(function, arrays, params, options, shapes)
-    except ValueError:
-        caller = {key: value.shape for key, value in arrays.items()}
-        if not any(math.isnan(n) for shape in caller.values() for n in shape):
-            _probe(function, arrays, params, options, caller)
-        raise
+    except ValueError as error:
+        refusal = error
+    caller = {key: value.shape for key, value in arrays.items()}
+    if not any(math.isnan(n) for shape in caller.values() for n in shape):
+        _probe(function, arrays, params, options, caller)  # raises, outside the handler of the first
+    raise refusal
 
 
 def _probe(function: Callable[..., Any], arrays: Dict[str, Any], params: Dict[str, Any],
@@ -254,11 +256,22 @@ def _probe(function: Callable[..., Any], arrays: Dict[str, Any], params: Dict[st
     return function(**stand_ins, **options)
 
 
-def _chunked(value: Any, chunks: Tuple[Tuple[float, ...], ...]) -> da.Array:
-    """`value` (a dask or NumPy array) as a dask array of these chunks."""
+def _chunked(value: Any, chunks: Tuple[Tuple[float, ...], ...], name: str, key: str, leader: str) -> da.Array:
+    """`value` (a dask or NumPy array, argument `key` of function `name`) as a dask array of
+    these chunks, those of argument `leader`.  Chunks of unknown size (NaN, as after boolean
+    indexing) can only be those of a dask array that has them already."""
+    if isinstance(value, da.Array) and value.chunks == chunks:
+        return value
+    unknown = next((a for a, sizes in enumerate(chunks) if any(math.isnan(n) for n in sizes)), None)
+    if unknown is not None:
+        raise ValueError(
+            f"{name}(): {leader} has chunks of unknown size along axis {unknown} (as after boolean "
+            f"indexing), which {key} cannot be split into; pass {key} as a dask array chunked like "
+            f"{leader}, or call {leader}.compute_chunk_sizes() first"
+        )
     if not isinstance(value, da.Array):
         return da.from_array(np.asarray(value), chunks=chunks)
-    return value if value.chunks == chunks else value.rechunk(chunks)
+    return value.rechunk(chunks)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -575,7 +588,7 @@ def _row_statistics(moments: np.ndarray, eps: float) -> np.ndarray:
     or eps / s**2 overflows, eps is all there is, rstd = 1 / sqrt(eps), in units of 1."""
     scale = moments["scale"]
     variance = moments["m2"] / moments["count"]
-    with np.errstate(over="ignore", divide="ignore"):
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):  # a negative eps: NaN, as the kernels give
         eps_scaled = eps / scale / scale
         eps_only = (variance == 0.0) | ~np.isfinite(eps_scaled)
         stats = np.empty(moments.shape, _STATS)

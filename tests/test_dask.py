@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 from typing import NamedTuple
 
 import hypothesis
@@ -707,6 +708,17 @@ def test_bad_arguments_raise_the_numpy_calls_error(make_call):
     with pytest.raises(type(numpy_error.value)) as dask_error:
         make_call(da.from_array(x, chunks=(2, 4, 3)), da.from_array(w, chunks=3))
     assert str(dask_error.value) == str(numpy_error.value)
+    assert dask_error.value.__context__ is None  # no error of the stand-ins' shapes before it
+
+
+def test_a_negative_eps_gives_nan_without_warnings_on_split_rows():
+    x = make_input((4, 8), np.float32, scale=0.5)
+    expected = layernorm.layer_norm(x, 8, eps=-0.5)  # rows of variance below 0.5: NaN
+    assert np.isnan(expected).any()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = layernorm.layer_norm(da.from_array(x, chunks=(3, 4)), 8, eps=-0.5).compute()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
 
 
 def test_an_integer_input_is_refused_as_numpy_refuses_it():
@@ -733,6 +745,37 @@ def test_unknown_chunk_sizes_along_the_batch_axes_are_fine():
         expected = kind.native(args.x[keep], 6, *params)
         for g, e in zip(computed(kind.native(filtered, 6, *params)), expected):
             np.testing.assert_array_equal(g, e)
+
+
+def filtered_rows(x, chunks):
+    """x's rows whose first element is positive, as NumPy and as dask of unknown row chunks."""
+    keep = x[:, 0] > 0
+    filtered = da.from_array(x, chunks=chunks)[da.from_array(keep, chunks=chunks[0])]
+    assert math.isnan(filtered.shape[0])
+    return x[keep], filtered
+
+
+# calls with the input of unknown row chunks and one argument as NumPy (True) or dask (False)
+UNKNOWN_ROWS_CALLS = {
+    "add_layer_norm residual": lambda x, xd, numpy: layernorm.add_layer_norm(xd, x if numpy else xd, 6),
+    "add_rms_norm residual": lambda x, xd, numpy: layernorm.add_rms_norm(xd, x if numpy else xd, 6),
+    "layer_norm_backward grad_output": lambda x, xd, numpy: layernorm.layer_norm_backward(
+        x if numpy else xd, xd, 6, *layernorm.native_layer_norm(xd, 6)[1:]),
+    "layer_norm_backward statistics": lambda x, xd, numpy: layernorm.layer_norm_backward(
+        xd, xd, 6, *(layernorm.native_layer_norm(x if numpy else xd, 6)[1:])),
+    "rms_norm_backward rstd": lambda x, xd, numpy: layernorm.rms_norm_backward(
+        xd, xd, 6, layernorm.native_rms_norm(x if numpy else xd, 6)[1]),
+}
+
+
+@pytest.mark.parametrize("make_call", UNKNOWN_ROWS_CALLS.values(), ids=UNKNOWN_ROWS_CALLS)
+def test_unknown_row_chunks_with_a_numpy_argument_say_what_to_pass(make_call):
+    x, filtered = filtered_rows(make_input((20, 6), np.float32), (6, 6))
+    with pytest.raises(ValueError, match=r"chunks of unknown size along axis 0 .* pass \w+ as a dask array"):
+        make_call(x, filtered, True)
+    numpy_results = make_call(x, x, True)
+    for got, expected in zip(computed(make_call(x, filtered, False)), numpy_results):
+        np.testing.assert_array_equal(got, expected)
 
 
 def test_unknown_chunk_sizes_along_a_normalized_axis_say_to_compute_them():
