@@ -660,11 +660,12 @@ parse_one_axis(module_state *state, PyObject *obj, int ndim, int *axis)
 }
 
 /* Fills *ax from axis= (None: the last ns->ndim axes, as torch), checks the input's sizes
-   along them against normalized_shape, then stores their product in ns->size: only an
-   array's dims are known to multiply without overflow, not any sizes a caller writes.
-   Returns 0, or -1 with an exception set. */
+   along them against normalized_shape (a mismatch in torch's words for the norm `kind`),
+   then stores their product in ns->size: only an array's dims are known to multiply
+   without overflow, not any sizes a caller writes.  Returns 0, or -1 with an exception set. */
 static int
-resolve_axes(module_state *state, PyObject *axis_obj, PyArrayObject *input, shape_t *ns, norm_axes *ax)
+resolve_axes(module_state *state, ln_norm_kind kind, PyObject *axis_obj, PyArrayObject *input, shape_t *ns,
+             norm_axes *ax)
 {
     int status = -1;
     PyObject *seq = NULL, *ns_list = NULL, *size_list = NULL, *axis_tuple = NULL, *ns_text = NULL, *tail = NULL;
@@ -736,6 +737,12 @@ resolve_axes(module_state *state, PyObject *axis_obj, PyArrayObject *input, shap
     if (!size_list) {
         goto done;
     }
+    if (kind == LN_NORM_RMS && !ax->given && ndim < ns->ndim) {  /* F.rms_norm's own check, before the kernel's */
+        PyErr_Format(PyExc_ValueError,
+                     "Input tensor must have at least %d dimensions, but got %d (normalized_shape=%R, input of "
+                     "size%R)", ns->ndim, ndim, ns_list, size_list);
+        goto done;
+    }
     if (ax->given) {
         axis_tuple = PyTuple_New(ns->ndim);
         for (int i = 0; axis_tuple && i < ns->ndim; i++) {
@@ -754,13 +761,13 @@ resolve_axes(module_state *state, PyObject *axis_obj, PyArrayObject *input, shap
         }
         goto done;
     }
-    /* torch's text: "[*, 2, 2]" from "[2, 2]" */
+    /* torch's text: "[*, 2, 2]" from "[2, 2]" (F.layer_norm's), "[*2, 2]" (F.rms_norm's) */
     ns_text = PyObject_Repr(ns_list);
     tail = ns_text ? PyUnicode_Substring(ns_text, 1, PyUnicode_GET_LENGTH(ns_text)) : NULL;
     if (tail) {
         PyErr_Format(PyExc_ValueError,
-                     "Given normalized_shape=%R, expected input with shape [*, %U, but got input of size%R",
-                     ns_list, tail, size_list);
+                     "Given normalized_shape=%R, expected input with shape [*%s%U, but got input of size%R", ns_list,
+                     kind == LN_NORM_LAYER ? ", " : "", tail, size_list);
     }
 done:
     Py_XDECREF(seq);
@@ -1610,7 +1617,7 @@ forward(module_state *state, const norm_kind *kind, const char *what, const forw
         }
     }
     npy_intp batch;
-    if (resolve_axes(state, objs->axis, input, &ns, &ax) < 0 || batch_size(input, &ax, &batch) < 0) {
+    if (resolve_axes(state, kind->kernel, objs->axis, input, &ns, &ax) < 0 || batch_size(input, &ax, &batch) < 0) {
         goto done;
     }
     if (returns == RETURN_SUM) {
@@ -1921,7 +1928,7 @@ backward(module_state *state, const norm_kind *kind, const char *what, const bac
         }
     }
     npy_intp rows;
-    if (resolve_axes(state, objs->axis, input, &ns, &ax) < 0 || batch_size(input, &ax, &rows) < 0) {
+    if (resolve_axes(state, kind->kernel, objs->axis, input, &ns, &ax) < 0 || batch_size(input, &ax, &rows) < 0) {
         goto done;
     }
     grad_out = as_array(objs->grad_output);
@@ -2454,7 +2461,7 @@ part_moments(module_state *state, const norm_kind *kind, const char *what, const
         goto done;
     }
     const int dtype = kernel_dtype(state, input, what);
-    if (dtype < 0 || resolve_axes(state, objs->axis, input, &ns, &ax) < 0 || batch_size(input, &ax, &rows) < 0) {
+    if (dtype < 0 || resolve_axes(state, kind->kernel, objs->axis, input, &ns, &ax) < 0 || batch_size(input, &ax, &rows) < 0) {
         goto done;
     }
     if (kind->n_stats == 2) {
@@ -2543,7 +2550,7 @@ part_normalize(module_state *state, const norm_kind *kind, const char *what, con
             goto done;
         }
     }
-    if (resolve_axes(state, objs->axis, input, &ns, &ax) < 0 || batch_size(input, &ax, &rows) < 0) {
+    if (resolve_axes(state, kind->kernel, objs->axis, input, &ns, &ax) < 0 || batch_size(input, &ax, &rows) < 0) {
         goto done;
     }
     row_len = (Py_ssize_t)ns.size;
@@ -2771,7 +2778,7 @@ part_backward(module_state *state, const norm_kind *kind, const char *what, cons
     }
     const int dtype = kernel_dtype(state, input, what);
     if (dtype < 0 || param_array(state, what, objs->weight, "weight", &ns, param_type_num[dtype], &weight) < 0 ||
-        resolve_axes(state, objs->axis, input, &ns, &ax) < 0 || batch_size(input, &ax, &rows) < 0) {
+        resolve_axes(state, kind->kernel, objs->axis, input, &ns, &ax) < 0 || batch_size(input, &ax, &rows) < 0) {
         goto done;
     }
     grad_out = as_array(objs->grad_output);

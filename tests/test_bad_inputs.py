@@ -697,7 +697,17 @@ CASES = {
         torch="F.rms_norm(tx, ())"),
     "rms_norm-trailing-shape": Case(
         "layernorm.rms_norm(x, (3,))", ValueError,
-        "Given normalized_shape=[3], expected input with shape [*, 3], but got input of size[2, 4]"),
+        "Given normalized_shape=[3], expected input with shape [*3], but got input of size[2, 4]",
+        torch="F.rms_norm(tx, (3,))"),
+    "rms_norm-fewer-dims": Case(
+        "layernorm.rms_norm(x, (3, 2, 4))", ValueError,
+        "Input tensor must have at least 3 dimensions, but got 2 (normalized_shape=[3, 2, 4], input of "
+        "size[2, 4])",
+        torch="F.rms_norm(tx, (3, 2, 4))"),
+    "RMSNorm-forward-trailing-shape": Case(
+        "layernorm.RMSNorm(3)(x)", ValueError,
+        "Given normalized_shape=[3], expected input with shape [*3], but got input of size[2, 4]",
+        torch="torch.nn.RMSNorm(3)(tx)"),
     "native_rms_norm-weight-shape": Case(
         "layernorm.native_rms_norm(x, (4,), np.ones(3, np.float32))", ValueError,
         "Expected weight to be of same shape as normalized_shape, but got weight of shape [3] and "

@@ -713,12 +713,19 @@ def test_rms_bad_shape_pairs_raise_value_error(pair, entry):
 
 
 @requires_torch
+@pytest.mark.parametrize("entry", list(RMS_ENTRY_POINTS))
 @pytest.mark.parametrize("pair", BAD_SHAPE_PAIRS, ids=_pair_id)
-def test_torch_rms_norm_refuses_the_bad_shape_pairs(pair):
+def test_rms_bad_shape_pairs_raise_torch_text(pair, entry):
+    # F.rms_norm words a mismatch "[*2, 2]" where F.layer_norm has "[*, 2, 2]", and checks an
+    # input of fewer dims than normalized_shape in Python first, with a ValueError of its own
     ns, shape = pair
     ns_list = [ns] if isinstance(ns, int) else list(ns)
-    with pytest.raises((RuntimeError, ValueError)):  # the oracle: torch refuses them all
-        F.rms_norm(torch.ones(shape), ns_list)
+    x = np.ones(shape, np.float32)
+    with pytest.raises((RuntimeError, ValueError)) as torch_error:  # the oracle: torch refuses them all
+        F.rms_norm(torch.from_numpy(x), ns_list)
+    with pytest.raises(ValueError) as info:
+        RMS_ENTRY_POINTS[entry](x, ns)
+    assert str(torch_error.value) in str(info.value)
 
 
 @pytest.mark.parametrize("entry", list(RMS_ENTRY_POINTS))
