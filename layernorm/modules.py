@@ -569,6 +569,61 @@ class NormModule:
         """Same as ``train(False)``; return self."""
         return self.train(False)
 
+    # ------------------------------------------------------------ conversions
+
+    def to(self: _Module, *args: Any, **kwargs: Any) -> _Module:
+        """torch's ``Module.to`` on the CPU: ``to(dtype)``, ``to("cpu")``, ``to(device, dtype)``,
+        ``to(array_or_tensor)`` (its dtype), or the keywords ``device``, ``dtype`` and
+        ``non_blocking`` (ignored).  A float dtype (float16, bfloat16, float32, float64, named
+        as the constructor takes it) converts the parameters and their gradients to it, as new
+        arrays; a device must be the CPU.  Returns self."""
+        unknown = set(kwargs) - {"device", "dtype", "non_blocking", "memory_format"}
+        if unknown or len(args) > 3:
+            raise TypeError(f"to() got unexpected arguments: {sorted(unknown) or args}")
+        device, dtype = kwargs.get("device"), kwargs.get("dtype")
+        for arg in args:
+            if isinstance(arg, bool):
+                continue  # non_blocking, given positionally
+            if not isinstance(arg, (type, np.dtype)) and hasattr(arg, "dtype") and hasattr(arg, "shape"):
+                dtype = arg.dtype  # an array's or a tensor's
+            elif str(arg).partition(":")[0] in ("cpu", "cuda", "mps", "xpu", "meta") or type(arg).__name__ == "device":
+                device = arg
+            else:
+                dtype = arg
+        _check_device(device)
+        if dtype is not None:
+            target = _as_param_dtype(dtype, self._KIND)
+            for name, grad_name, _ in self._PARAMETERS:
+                for attribute in (name, grad_name):
+                    value = getattr(self, attribute)
+                    if value is not None and _param_array(value).dtype != target:
+                        setattr(self, attribute, _param_array(value).astype(target))
+        return self
+
+    def float(self: _Module) -> _Module:
+        """``to(float32)``, as torch's ``Module.float()``."""
+        return self.to(np.float32)
+
+    def double(self: _Module) -> _Module:
+        """``to(float64)``."""
+        return self.to(np.float64)
+
+    def half(self: _Module) -> _Module:
+        """``to(float16)``."""
+        return self.to(np.float16)
+
+    def bfloat16(self: _Module) -> _Module:
+        """``to("bfloat16")`` (needs ml_dtypes)."""
+        return self.to("bfloat16")
+
+    def cpu(self: _Module) -> _Module:
+        """Return self: everything is on the CPU already."""
+        return self
+
+    def type(self: _Module, dst_type: Any) -> _Module:
+        """``to(dst_type)``, a float dtype."""
+        return self.to(dtype=dst_type)
+
     # ------------------------------------------------------------------ printing
 
     def extra_repr(self) -> str:
@@ -583,9 +638,19 @@ class NormModule:
     # ----------------------------------------------------------------- pickling
 
     def __getstate__(self) -> dict[str, Any]:
+        """What a pickle or a deep copy keeps: not the values saved for backward, nor the
+        gradients (torch's pickles and deep copies of a module drop each parameter's .grad)."""
         state = self.__dict__.copy()
-        state["_saved"] = None  # values saved for backward are not part of the module
+        state["_saved"] = None
+        state.update((grad_name, None) for _, grad_name, _ in self._PARAMETERS)
         return state
+
+    def __copy__(self) -> "NormModule":
+        """A shallow copy: the same parameter and gradient arrays, as torch's copy.copy of a
+        module shares its parameters and their .grad; nothing saved for backward."""
+        copied = type(self).__new__(type(self))
+        copied.__dict__.update(self.__dict__, _saved=None)
+        return copied
 
 
 class LayerNorm(NormModule):

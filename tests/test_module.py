@@ -754,6 +754,79 @@ def test_copy_round_trip_outputs_identical(kind, how):
     np.testing.assert_array_equal(m2.weight, m.weight)
 
 
+# Conversions as torch's Module has them: (the call on a module, given the library of its
+# dtypes, np or torch; the dtype it gives).  bfloat16 needs ml_dtypes.
+CONVERSIONS = {
+    "half()": (lambda m, lib: m.half(), "float16"),
+    "float()": (lambda m, lib: m.float(), "float32"),
+    "double()": (lambda m, lib: m.double(), "float64"),
+    "bfloat16()": (lambda m, lib: m.bfloat16(), "bfloat16"),
+    "to(float16)": (lambda m, lib: m.to(lib.float16), "float16"),
+    "to(cpu, float64)": (lambda m, lib: m.to("cpu", lib.float64), "float64"),
+    "to(device=, dtype=)": (lambda m, lib: m.to(device="cpu", dtype=lib.float16), "float16"),
+    "to(array)": (lambda m, lib: m.to(lib.zeros(2, dtype=lib.float64)), "float64"),
+    "to(cpu)": (lambda m, lib: m.to("cpu"), "float32"),
+    "cpu()": (lambda m, lib: m.cpu(), "float32"),
+    "type(float64)": (lambda m, lib: m.type(lib.float64), "float64"),
+}
+
+
+@pytest.mark.parametrize("how", list(CONVERSIONS))
+@BY_KIND
+def test_conversions_change_the_parameters_dtype_as_torchs_do(kind, how):
+    convert, dtype_name = CONVERSIONS[how]
+    if dtype_name == "bfloat16":
+        pytest.importorskip("ml_dtypes")
+    x = spread_input((3, 4), (4,), np.float32, seed=15)
+    m = randomize(kind.ours(4), seed=16)
+    m(x)
+    m.backward(np.ones_like(x))
+    before = {name: getattr(m, name).copy() for name in kind.names + tuple(n + "_grad" for n in kind.names)}
+    assert convert(m, np) is m
+    for name, value in before.items():
+        assert getattr(m, name).dtype.name == dtype_name
+        np.testing.assert_array_equal(getattr(m, name), value.astype(getattr(m, name).dtype))
+    assert m(x).dtype == np.float32  # the input's dtype decides the output's
+    if torch is not None:
+        theirs = kind.theirs(4)
+        assert convert(theirs, torch) is theirs
+        assert all(str(getattr(theirs, name).dtype) == f"torch.{dtype_name}" for name in kind.names)
+
+
+@BY_KIND
+def test_conversions_refuse_other_dtypes_and_devices(kind):
+    m = kind.ours(4)
+    with pytest.raises(TypeError, match="float16, bfloat16, float32 and float64"):
+        m.to(np.int64)
+    with pytest.raises(ValueError, match="CPU only"):
+        m.to("cuda")
+    with pytest.raises(TypeError, match="unexpected"):
+        m.to(copy=True)
+    assert m.weight.dtype == np.float32
+
+
+COPIES = {"pickle": lambda m: pickle.loads(pickle.dumps(m)), "deepcopy": copy.deepcopy, "copy": copy.copy}
+
+
+@pytest.mark.parametrize("how", list(COPIES))
+@BY_KIND
+def test_copies_keep_the_gradients_where_torchs_do(kind, how):
+    # torch: pickle and deepcopy make parameters without .grad, copy.copy shares them, .grad too
+    x = spread_input((3, 4), (4,), np.float32, seed=14)
+    m = kind.ours(4)
+    m(x)
+    m.backward(np.ones_like(x))
+    m2 = COPIES[how](m)
+    for name in kind.names:
+        grad = getattr(m2, name + "_grad")
+        assert grad is getattr(m, name + "_grad") if how == "copy" else grad is None
+    if torch is not None:
+        theirs = kind.theirs(4)
+        theirs(torch.from_numpy(x)).sum().backward()
+        copied = COPIES[how](theirs)
+        assert all((getattr(copied, name).grad is not None) == (how == "copy") for name in kind.names)
+
+
 @pytest.mark.parametrize("how", ["pickle", "deepcopy"])
 @BY_KIND
 def test_copy_is_independent(kind, how):
