@@ -16,7 +16,7 @@ Usage, from the repository root:
     --markdown PATH   also write the report to PATH
     --plot PATH       write a PNG bar chart of ours/torch and of x floor per case against its
                       target, a column of panels per thread count (needs matplotlib:
-                      python -m pip install ".[bench]"; and torch)
+                      python -m pip install -e ".[bench]"; and torch)
 
 Examples:
     python -m benchmarks --quick
@@ -27,7 +27,7 @@ What is timed, per case (rows x cols, normalized over the last axis of cols elem
     ours   layernorm.layer_norm(x, (cols,), weight, bias)  (float32 weight/bias)
     torch  torch.nn.functional.layer_norm on torch.from_numpy(x), weight/bias in x's dtype, no_grad
     ort    ONNX Runtime's LayerNormalization (opset 17), a session per thread count, weight/bias
-           in x's dtype (when onnxruntime is installed: python -m pip install ".[bench]")
+           in x's dtype (when onnxruntime is installed: python -m pip install -e ".[bench]")
     jax    a jitted JAX layer norm in x's dtype called on the NumPy arrays, result back as one
            (when jax is installed); XLA sizes its pool once per process, so it is timed once
     numpy  (x - x.mean(-1)) / np.sqrt(x.var(-1) + eps) * weight + bias, all in x's dtype

@@ -1,7 +1,7 @@
 """The PNG bar charts: ours/torch time ratios above, x floor (ours / a copy of the bytes) below,
 one column of panels per thread count.
 
-matplotlib is optional (python -m pip install ".[bench]"); nothing else in the package needs it.
+matplotlib is optional (python -m pip install -e ".[bench]"); nothing else in the package needs it.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def check_plot_prerequisites():
     if not peers.torch_version():
         sys.exit("--plot draws ours/torch ratios, and torch is not installed")
     if import_pyplot() is None:
-        sys.exit('--plot needs matplotlib: python -m pip install ".[bench]" (from the repository root)')
+        sys.exit('--plot needs matplotlib: python -m pip install -e ".[bench]" (from the repository root)')
 
 
 def plot_title(options):
