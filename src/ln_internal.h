@@ -209,9 +209,10 @@ static inline void ln_run(int parallel, ptrdiff_t n, ptrdiff_t min_per_part, ln_
 /* Part `part` of [0, n) cut into `parts` contiguous parts. */
 void ln_range_of_part(ptrdiff_t n, int parts, int part, ptrdiff_t *begin, ptrdiff_t *end);
 
-/* ln_threads_default() with the cgroup CPU quota read under cgroup_dir instead of
-   /sys/fs/cgroup (tests give it made-up cgroup files). */
-int ln_threads_default_in(const char *cgroup_dir);
+/* ln_threads_default() with the cgroup CPU quotas read under cgroup_root instead of
+   /sys/fs/cgroup, for the process's cgroups as the file self_cgroup lists them instead of
+   /proc/self/cgroup (tests give it made-up cgroup files). */
+int ln_threads_default_in(const char *cgroup_root, const char *self_cgroup);
 
 /* Where ln_scratch_take's doubles came from. */
 typedef enum {

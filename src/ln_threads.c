@@ -289,30 +289,110 @@ static long ln_cpus_of_quota(long long quota, long long period)
     return cpus < LN_MAX_THREADS ? (long)cpus : LN_MAX_THREADS;
 }
 
-/* The CPUs the cgroup CPU quota under cgroup_dir allows, or 0 when it sets none: cgroup
-   v2's cpu.max ("<quota> <period>" or "max <period>"), else v1's cpu/cpu.cfs_quota_us
-   and cpu/cpu.cfs_period_us.  Containers see their own cgroup at /sys/fs/cgroup. */
-static long ln_cgroup_cpu_limit(const char *cgroup_dir)
+/* The CPUs one cgroup's quota allows, or 0 when it sets none: v2's cpu.max ("<quota>
+   <period>" or "max <period>") in `dir`, or v1's cpu.cfs_quota_us and cpu.cfs_period_us.
+   *found: whether the file was there to read. */
+static long ln_cgroup_v2_limit(const char *dir, int *found)
 {
-    char quota_line[64], period_line[64];
-    long long quota = 0, period = 0;
-    if (ln_read_first_line(cgroup_dir, "cpu.max", quota_line, sizeof quota_line) == 0) {
-        char *after_quota;
-        quota = strtoll(quota_line, &after_quota, 10);
-        period = strtoll(after_quota, NULL, 10);
+    char line[64];
+    *found = ln_read_first_line(dir, "cpu.max", line, sizeof line) == 0;
+    if (!*found) {
+        return 0;
     }
-    else if (ln_read_first_line(cgroup_dir, "cpu/cpu.cfs_quota_us", quota_line, sizeof quota_line) == 0 &&
-             ln_read_first_line(cgroup_dir, "cpu/cpu.cfs_period_us", period_line, sizeof period_line) == 0) {
-        quota = strtoll(quota_line, NULL, 10);
-        period = strtoll(period_line, NULL, 10);
-    }
-    return ln_cpus_of_quota(quota, period);
+    char *after_quota;
+    const long long quota = strtoll(line, &after_quota, 10);
+    return ln_cpus_of_quota(quota, strtoll(after_quota, NULL, 10));
 }
 
-int ln_threads_default_in(const char *cgroup_dir)
+static long ln_cgroup_v1_limit(const char *dir, int *found)
+{
+    char quota_line[64], period_line[64];
+    *found = ln_read_first_line(dir, "cpu.cfs_quota_us", quota_line, sizeof quota_line) == 0 &&
+             ln_read_first_line(dir, "cpu.cfs_period_us", period_line, sizeof period_line) == 0;
+    return *found ? ln_cpus_of_quota(strtoll(quota_line, NULL, 10), strtoll(period_line, NULL, 10)) : 0;
+}
+
+/* The process's cgroup in the hierarchy `want` of a /proc/self/cgroup file (lines
+   "<id>:<controllers>:<path>"): v2's, the line "0::<path>", where `want` is NULL, else the
+   v1 line whose controllers include `want`.  Into path; "" where there is none, or where the
+   cgroup lies outside the visible tree (a path with ".."). */
+static void ln_self_cgroup(const char *self_cgroup, const char *want, char *path, size_t size)
+{
+    char line[4096];
+    path[0] = '\0';
+    FILE *file = fopen(self_cgroup, "r");
+    while (file && fgets(line, sizeof line, file)) {
+        char *controllers = strchr(line, ':');
+        char *cgroup = controllers ? strchr(controllers + 1, ':') : NULL;
+        if (!cgroup) {
+            continue;
+        }
+        *controllers++ = '\0';
+        *cgroup++ = '\0';
+        cgroup[strcspn(cgroup, "\n")] = '\0';
+        int match = !want && strcmp(line, "0") == 0 && controllers[0] == '\0';
+        for (const char *name = controllers; want && !match && *name;) {  /* "cpu,cpuacct" */
+            const size_t length = strcspn(name, ",");
+            match = length == strlen(want) && strncmp(name, want, length) == 0;
+            name += length + (name[length] == ',');
+        }
+        if (match && strlen(cgroup) < size && !strstr(cgroup, "..")) {
+            strcpy(path, cgroup);
+            break;
+        }
+    }
+    if (file) {
+        fclose(file);
+    }
+}
+
+/* The smallest limit of the cgroups from mount + cgroup up to mount (limit_of's, 0 for none;
+   *found: whether any of them had the files). */
+static long ln_cgroup_tree_limit(const char *mount, const char *cgroup, long (*limit_of)(const char *, int *),
+                                 int *found)
+{
+    char dir[4096];
+    long limit = 0;
+    *found = 0;
+    if (snprintf(dir, sizeof dir, "%s%s", mount, cgroup) >= (int)sizeof dir) {
+        snprintf(dir, sizeof dir, "%s", mount);
+    }
+    const size_t mount_length = strlen(mount);
+    for (;;) {
+        int here;
+        const long cpus = limit_of(dir, &here);
+        *found |= here;
+        limit = cpus > 0 && (limit == 0 || cpus < limit) ? cpus : limit;
+        char *last = strrchr(dir + mount_length, '/');
+        if (!last) {
+            return limit;
+        }
+        *last = '\0';  /* the parent cgroup; the mount itself last */
+    }
+}
+
+/* The CPUs the cgroup CPU quota allows, or 0 when none is set: the smallest quota of the
+   process's cgroup and of every cgroup above it (a quota set on a parent limits its
+   children), v2's where cpu.max files exist, else v1's cpu controller's.  Containers see their
+   own cgroup as the root, a service on a host (systemd's CPUQuota=) sits below it. */
+static long ln_cgroup_cpu_limit(const char *cgroup_root, const char *self_cgroup)
+{
+    char cgroup[2048], mount[4096];
+    int found;
+    ln_self_cgroup(self_cgroup, NULL, cgroup, sizeof cgroup);
+    const long v2 = ln_cgroup_tree_limit(cgroup_root, cgroup, ln_cgroup_v2_limit, &found);
+    if (found) {
+        return v2;
+    }
+    ln_self_cgroup(self_cgroup, "cpu", cgroup, sizeof cgroup);
+    snprintf(mount, sizeof mount, "%s/cpu", cgroup_root);
+    return ln_cgroup_tree_limit(mount, cgroup, ln_cgroup_v1_limit, &found);
+}
+
+int ln_threads_default_in(const char *cgroup_root, const char *self_cgroup)
 {
     long cpus = ln_cpus_allowed();
-    const long limit = ln_cgroup_cpu_limit(cgroup_dir);
+    const long limit = ln_cgroup_cpu_limit(cgroup_root, self_cgroup);
     if (limit > 0 && limit < cpus) {
         cpus = limit;
     }
@@ -321,7 +401,7 @@ int ln_threads_default_in(const char *cgroup_dir)
 
 int ln_threads_default(void)
 {
-    return ln_threads_default_in("/sys/fs/cgroup");
+    return ln_threads_default_in("/sys/fs/cgroup", "/proc/self/cgroup");
 }
 
 int ln_threads_get(void)

@@ -14,7 +14,8 @@
  *   - a job does not wait for a sleeping worker: the caller runs the range the worker has not
  *     taken yet (at least once in 10 jobs of 2 one-element parts, each after 50 ms idle);
  *   - the default thread count is min(CPUs in the affinity mask, the cgroup CPU quota rounded
- *     up), from made-up cgroup v1 and v2 files.
+ *     up), from made-up cgroup v1 and v2 files: the root's, and a nested cgroup's and its
+ *     parents' as a made-up /proc/self/cgroup names them.
  */
 #define _GNU_SOURCE
 #include "ln_internal.h"
@@ -371,17 +372,24 @@ static long affinity_cpus(void)
     return sysconf(_SC_NPROCESSORS_ONLN);
 }
 
-static void expect_default(const char *dir, const char *what, long quota_cpus)
+/* The default under cgroup root `dir`, the process in the cgroups the file self_cgroup lists. */
+static void expect_default_of(const char *dir, const char *self_cgroup, const char *what, long quota_cpus)
 {
     long cpus = affinity_cpus();
     if (quota_cpus > 0 && quota_cpus < cpus) {
         cpus = quota_cpus;
     }
     cpus = cpus > LN_MAX_THREADS ? LN_MAX_THREADS : cpus;
-    const int got = ln_threads_default_in(dir);
+    const int got = ln_threads_default_in(dir, self_cgroup);
     if (got != cpus) {
         fail("default threads with %s: %d, not %ld", what, got, cpus);
     }
+}
+
+/* ... the process in the root cgroup (as in a container: no /proc/self/cgroup to read). */
+static void expect_default(const char *dir, const char *what, long quota_cpus)
+{
+    expect_default_of(dir, "/nonexistent", what, quota_cpus);
 }
 
 static void check_default_threads(void)
@@ -435,6 +443,44 @@ static void check_default_threads(void)
     expect_default(root, "v1 quota without a period", 0);
 
     remove_file(v1, "cpu.cfs_quota_us");
+
+    /* a process below the root (a service with systemd's CPUQuota=): its cgroup and every one
+       above it count, the smallest quota wins */
+    char self[sizeof root + 16], v2_a[sizeof root + 8], v2_ab[sizeof root + 8], v1_svc[sizeof root + 8];
+    snprintf(self, sizeof self, "%s/self-cgroup", root);
+    snprintf(v2_a, sizeof v2_a, "%s/a", root);
+    snprintf(v2_ab, sizeof v2_ab, "%s/a/b", root);
+    snprintf(v1_svc, sizeof v1_svc, "%s/cpu/svc", root);
+    mkdir(v2_a, 0700);
+    mkdir(v2_ab, 0700);
+    mkdir(v1_svc, 0700);
+    write_file(root, "self-cgroup", "0::/a/b\n");
+    write_file(root, "cpu.max", "max 100000\n");
+    write_file(v2_ab, "cpu.max", "100000 100000\n");
+    expect_default_of(root, self, "v2 quota of 1 CPU on the process's own cgroup", 1);
+    write_file(v2_ab, "cpu.max", "max 100000\n");
+    write_file(v2_a, "cpu.max", "150000 100000\n");
+    expect_default_of(root, self, "v2 quota of 1.5 CPUs on its parent", 2);
+    write_file(v2_ab, "cpu.max", "300000 100000\n");
+    write_file(v2_a, "cpu.max", "100000 100000\n");
+    expect_default_of(root, self, "v2 parent's 1 CPU below the child's 3", 1);
+    write_file(root, "self-cgroup", "0::/../a/b\n");
+    expect_default_of(root, self, "v2 cgroup outside the visible tree", 0);
+    remove_file(v2_ab, "cpu.max");
+    remove_file(v2_a, "cpu.max");
+    remove_file(root, "cpu.max");
+    write_file(root, "self-cgroup", "5:cpuset:/a\n3:cpu,cpuacct:/svc\n1:name=systemd:/a/b\n");
+    write_file(v1_svc, "cpu.cfs_quota_us", "100000\n");
+    write_file(v1_svc, "cpu.cfs_period_us", "100000\n");
+    expect_default_of(root, self, "v1 quota of 1 CPU on the process's cpu cgroup", 1);
+    write_file(root, "self-cgroup", "3:cpuacct:/svc\n");
+    expect_default_of(root, self, "v1 cpu cgroup not listed", 0);
+    remove_file(v1_svc, "cpu.cfs_quota_us");
+    remove_file(v1_svc, "cpu.cfs_period_us");
+    remove_file(root, "self-cgroup");
+    rmdir(v1_svc);
+    rmdir(v2_ab);
+    rmdir(v2_a);
     rmdir(v1);
     rmdir(root);
 
