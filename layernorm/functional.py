@@ -84,6 +84,11 @@ def _as_numpy(value: Any) -> Any:
     # The one place where array types other than NumPy's are recognised (dask arrays, which
     # stay lazy, are recognised next door, in _holds_dask_array).  torch is looked up, never
     # imported: without it there are no tensors.
+    masked = sys.modules.get("numpy.ma")
+    if masked is not None and isinstance(value, masked.MaskedArray) and masked.getmask(value) is not masked.nomask \
+            and value.mask.any():
+        raise ValueError("masked arrays with masked elements are not supported (the kernels would read the "
+                         "values under the mask): pass a.filled(fill_value), or the rows without masked elements")
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(value, torch.Tensor):
         # detached: a tensor that requires grad refuses .numpy(); on the CPU, where we compute

@@ -695,6 +695,16 @@ CASES = {
         "Expected normalized_shape to be at least 1-dimensional, i.e., containing at least one element, "
         "but got normalized_shape = []",
         torch="F.rms_norm(tx, ())"),
+    "layer_norm-masked-input": Case(
+        "layernorm.layer_norm(np.ma.masked_array(x, mask=x > 5), (4,))", ValueError,
+        "masked arrays with masked elements are not supported (the kernels would read the values under the "
+        "mask): pass a.filled(fill_value), or the rows without masked elements"),
+    "layer_norm_backward-masked-grad_output": Case(
+        "layernorm.layer_norm_backward(np.ma.masked_array(x, mask=x > 5), x, (4,), mean, rstd)", ValueError,
+        re.compile(r"masked arrays with masked elements are not supported .*")),
+    "RMSNorm-masked-input": Case(
+        "layernorm.RMSNorm(4)(np.ma.masked_array(x, mask=x > 5))", ValueError,
+        re.compile(r"masked arrays with masked elements are not supported .*")),
     "rms_norm-trailing-shape": Case(
         "layernorm.rms_norm(x, (3,))", ValueError,
         "Given normalized_shape=[3], expected input with shape [*3], but got input of size[2, 4]",
