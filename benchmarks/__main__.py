@@ -29,9 +29,11 @@ What is timed, per case (rows x cols, normalized over the last axis of cols elem
     ort    ONNX Runtime's LayerNormalization (opset 17), a session per thread count, weight/bias
            in x's dtype (when onnxruntime is installed: python -m pip install -e ".[bench]")
     jax    a jitted JAX layer norm in x's dtype called on the NumPy arrays, result back as one
-           (when jax is installed); XLA sizes its pool once per process, so it is timed once
+           (when jax is installed); XLA sizes its pool once per process (all cores), so it is timed
+           once and shown in every table, the 1-thread ones too
     numpy  (x - x.mean(-1)) / np.sqrt(x.var(-1) + eps) * weight + bias, all in x's dtype
-    copy   np.copyto(destination, x): the memory-bandwidth floor
+    copy   np.copyto(destination, x), cut into a part per thread at each thread count: the
+           memory-bandwidth floor; a table of n threads takes the fastest copy of at most n
 The "out=" case passes a preallocated output to ours (torch and numpy allocate as usual: torch
 has no allocation-free layer_norm), so its target is its x floor, not ours/torch.
 Backward: layernorm.layer_norm_backward vs torch.ops.aten.native_layer_norm_backward, each fed

@@ -4,10 +4,12 @@ residual adds, each against what a user would otherwise run and against its memo
 Usage, from the repository root:
     python -m benchmarks.family [--threads N[,M]] [--quick] [--fresh] [--markdown PATH]
 
-What is timed (one row per comparison, at each thread count; single-threaded peers once):
+What is timed (one row per comparison, at each thread count; single-threaded peers once; the
+copy cut into a part per thread, the fastest of at most the table's thread count):
     rms fwd/bwd    layernorm.rms_norm / rms_norm_backward vs torch.nn.functional.rms_norm and
-                   its autograd backward (forward included: torch 2.13 has no CPU kernel for
-                   aten._fused_rms_norm_backward), on the main benchmark's standard cases;
+                   its forward and autograd backward together (backward alone: ours; torch 2.13
+                   has no CPU kernel for aten._fused_rms_norm_backward), on the main benchmark's
+                   standard cases;
                    forward also vs ONNX Runtime's RMSNormalization (opset 23) when installed
     channels-first layer_norm(x, 64, w, b, axis=1) on (8, 64, 56, 56) float32 NCHW, and its
                    backward, vs torch's permute route (permute to NHWC, contiguous, layer_norm,
@@ -36,7 +38,7 @@ import numpy as np
 import layernorm
 from layernorm import _reference
 
-from . import timing
+from . import peers, timing
 from .cases import EPS
 from .peers import ort_timed, torch, torch_no_grad
 from .report import cpu_model_name, load_average_text, table_lines
@@ -129,13 +131,12 @@ def channels_first_comparisons(rng):
     _, mean, rstd = layernorm.native_layer_norm(x, channels, w, b, EPS, axis=1)
     forward = {
         "ours": threaded(lambda x, w, b: layernorm.layer_norm(x, channels, w, b, EPS, axis=1), x, w, b),
-        "copy": timing.Timed(np.copyto, (np.empty_like(x), x)),
+        "copy": peers.copy(x),
     }
     backward = {
         "ours": threaded(lambda dy, x, mean, rstd, w, b: layernorm.layer_norm_backward(
             dy, x, channels, mean, rstd, w, b, axis=1), dy, x, mean, rstd, w, b),
-        "copy": timing.Timed(np.copyto, (np.empty(x.size * 3 // 2, x.dtype), np.concatenate(
-            (x.ravel(), dy.ravel()[: x.size // 2])))),
+        "copy": peers.copy(np.concatenate((x.ravel(), dy.ravel()[: x.size // 2]))),
     }
     if torch:
         x_t, dy_t, w_t, b_t = map(torch.from_numpy, (x, dy, w, b))
@@ -171,7 +172,7 @@ def channels_first_in_place_comparison(rng, w, b):
     channels = IN_PLACE_SHAPE[1]
     calls = {
         "ours": threaded(lambda x, w, b: layernorm.layer_norm(x, channels, w, b, EPS, axis=1, out=x), x, w, b),
-        "copy": timing.Timed(np.copyto, (np.empty_like(x), x)),
+        "copy": peers.copy(x),
     }
     if torch:
         def torch_forward(x_t, w_t, b_t):
@@ -204,7 +205,7 @@ def add_comparisons(rng):
         np.add(x, residual, out=total)
         return layernorm.rms_norm(total, cols, w, EPS, out=out), total
 
-    copy = timing.Timed(np.copyto, (np.empty_like(x), x))
+    copy = peers.copy(x)
     checks = [("add vs copy", "copy"), ("add vs unfused", "unfused")]
     layer = Comparison(f"add_layer_norm {ADD_SHAPE[0]}x{cols} float32 out=", {
         "ours": threaded(lambda *a: layernorm.add_layer_norm(*a[:2], cols, *a[2:4], EPS, out=a[4], residual_out=a[5]),
@@ -233,7 +234,7 @@ def measure(comparisons, settings, thread_counts, fresh):
         for name, call in comparison.calls.items():
             for threads in thread_counts if call.threaded else [None]:
                 timed[name, threads] = call if threads is None else call.at(threads)
-        comparison.times = timing.best_times_round_robin(timed, settings, fresh)
+        comparison.times = peers.floor_times(timing.best_times_round_robin(timed, settings, fresh))
         print(f"  {comparison.label}: done", file=sys.stderr, flush=True)
 
 

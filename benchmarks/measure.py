@@ -86,7 +86,7 @@ def time_checked(functions, results, options):
     for name, timed in functions.items():
         for threads in passed if timed.threaded else [None]:
             timed_calls[name, threads] = timed if threads is None else timed.at(threads)
-    best = timing.best_times_round_robin(timed_calls, options.settings, options.fresh)
+    best = peers.floor_times(timing.best_times_round_robin(timed_calls, options.settings, options.fresh))
     for result in results:
         if not result.error:
             result.times = {name: seconds for (name, threads), seconds in best.items()

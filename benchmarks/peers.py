@@ -7,6 +7,7 @@ installed or cannot run the case; a report column of a peer that returned None s
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import sys
 
@@ -180,6 +181,47 @@ def numpy_forward(data):
     return Timed(numpy_layer_norm, (x, data.weight.astype(x.dtype), data.bias.astype(x.dtype), EPS))
 
 
+# The copy's thread count and the workers that copy the parts past the first.
+_copy_threads = 1
+_copy_workers = None
+
+
+def set_copy_threads(threads):
+    """The thread count of copyto_in_parts, as set_num_threads sets ours."""
+    global _copy_threads
+    _copy_threads = threads
+
+
+def copyto_in_parts(destination, source):
+    """np.copyto(destination, source), both C-contiguous, cut into one contiguous part per thread
+    of set_copy_threads, copied at once (np.copyto lets go of the GIL while it copies)."""
+    global _copy_workers
+    if _copy_threads == 1:
+        np.copyto(destination, source)
+        return
+    if _copy_workers is None or _copy_workers._max_workers < _copy_threads - 1:
+        _copy_workers = concurrent.futures.ThreadPoolExecutor(_copy_threads - 1)
+    parts = zip(np.array_split(destination.reshape(-1), _copy_threads), np.array_split(source.reshape(-1), _copy_threads))
+    first = next(parts)
+    pending = [_copy_workers.submit(np.copyto, *part) for part in parts]
+    np.copyto(*first)
+    for part in pending:
+        part.result()
+
+
 def copy(array):
-    """np.copyto of the array into another one of its size: the memory-bandwidth floor."""
-    return Timed(np.copyto, (np.empty_like(array), array))
+    """The memory-bandwidth floor: a copy of the array into another one of its size, at each
+    thread count as ours (cut into a part per thread: copyto_in_parts).  A table of n threads
+    takes the fastest copy of at most n threads (floor_times), as cutting a small array costs
+    more than it saves."""
+    return Timed(copyto_in_parts, (np.empty_like(array), array), set_num_threads=set_copy_threads)
+
+
+def floor_times(times, name="copy"):
+    """times ({(name, threads): seconds}) with each thread count's `name` time made the fastest
+    of those at that count or fewer."""
+    counts = sorted(threads for peer, threads in times if peer == name and threads is not None)
+    floors = dict(times)
+    for threads in counts:
+        floors[name, threads] = min(times[name, fewer] for fewer in counts if fewer <= threads)
+    return floors

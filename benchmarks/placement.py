@@ -36,7 +36,7 @@ import numpy as np
 import layernorm
 
 from .report import cpu_model_name, load_average_text, run_sweep_script, table_lines
-from .timing import garbage_collector_paused, threads_text
+from .timing import TURN_GAP_SECONDS, garbage_collector_paused, threads_text
 
 ROWS, COLS = 512, 4096
 PAGE = 4096
@@ -89,6 +89,7 @@ class Sweep:
 
     def time_round(self):
         for pair, call in self.calls.items():
+            time.sleep(TURN_GAP_SECONDS)  # torch's OpenMP workers spin on after its calls (timing.py)
             with garbage_collector_paused():
                 start = time.perf_counter()
                 for _ in range(self.loop_calls):

@@ -103,7 +103,7 @@ def test_module_section_reports_training_mode_against_eval_mode():
                           cwd=REPOSITORY, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "## Module, 1 thread: LayerNorm(768)(x)" in proc.stdout
-    assert "| np.copyto of x (single-threaded) |" in proc.stdout
+    assert "| copy of x (the fastest of at most this many threads) |" in proc.stdout
     assert "module 512x768 float32 (1 thread) module train / module eval ≤ 1.15" in proc.stdout.split("## Targets")[1]
 
 
@@ -145,3 +145,25 @@ def test_each_case_has_its_targets(monkeypatch):
             found.setdefault(case.label, {})[cases.SECTION_PREFIXES[section]] = (
                 checks.get("ours/torch"), checks.get("x floor"))
     assert found == TARGETS
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_the_copy_in_parts_copies_every_element(threads):
+    from benchmarks import peers
+
+    source = np.arange(1001, dtype=np.float32).reshape(7, 143)
+    destination = np.zeros_like(source)
+    peers.set_copy_threads(threads)
+    try:
+        peers.copyto_in_parts(destination, source)
+    finally:
+        peers.set_copy_threads(1)
+    np.testing.assert_array_equal(destination, source)
+
+
+def test_a_tables_floor_is_the_fastest_copy_of_at_most_its_threads():
+    from benchmarks import peers
+
+    times = {("ours", 1): 5.0, ("ours", 2): 3.0, ("copy", 1): 2.0, ("copy", 2): 2.5, ("copy", 4): 1.0}
+    floors = peers.floor_times(times)
+    assert floors == {("ours", 1): 5.0, ("ours", 2): 3.0, ("copy", 1): 2.0, ("copy", 2): 2.0, ("copy", 4): 1.0}
