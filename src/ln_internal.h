@@ -313,13 +313,21 @@ static inline ln_rstd_bounds ln_rstd_bounds_of(ln_dtype dtype, ptrdiff_t n, ln_p
                                                                             : 1.0;
     const double smallest = kept < 1.0 ? kept : 1.0;
     const double largest = params.weight_largest > 1.0 ? params.weight_largest : 1.0;
+    /* The squares of x - mean are summed in float64 (float32 in blocks for float16 and
+       bfloat16 data), where those below the normal range round to the subnormals' spacing,
+       2**-1074 (2**-149): up to half of it per square, in var as in m2.  A row's var + eps,
+       1 / rstd**2, must be at least 2**60 (2**40) times that for its rstd to be right:
+       rstd <= 2**507 (2**55).  Rows of smaller var + eps (float64 values near 1e-160, or
+       bfloat16 near 1e-20, with eps 0) go by the exact path, which scales them first. */
     if (dtype == LN_F64) {
-        return (ln_rstd_bounds){DBL_MIN / smallest, DBL_MAX / largest};
+        const double high = DBL_MAX / largest;
+        return (ln_rstd_bounds){DBL_MIN / smallest, high < 0x1p507 ? high : 0x1p507};
     }
     /* float32 arithmetic also needs x - mean finite: |x - mean| <= sqrt(m2) <= sqrt(n) / rstd,
        at most FLT_MAX / 2 once rstd >= 2 sqrt(n) / FLT_MAX (rows of std above ~1e37). */
     const double low = fmax((double)FLT_MIN / smallest, 2.0 * sqrt((double)n) / (double)FLT_MAX);
-    return (ln_rstd_bounds){low, (double)FLT_MAX / largest};
+    const double high = (double)FLT_MAX / largest;
+    return (ln_rstd_bounds){low, ln_dtype_is_16bit(dtype) && high > 0x1p55 ? 0x1p55 : high};
 }
 
 /* The rstd bounds of a call (its kind says whether its bias counts). */

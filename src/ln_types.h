@@ -249,6 +249,7 @@ static inline double ln_load1_param_as_f64(ln_dtype dtype, const void *p, ptrdif
 /* value rounded once to dtype's parameter type, into parameter i of p. */
 static inline void ln_store1_param(ln_dtype dtype, void *p, ptrdiff_t i, double value)
 {
+    value = isnan(value) ? NAN : value;  /* the one quiet NaN (x86's sqrt of a negative is -NaN) */
     if (dtype == LN_F64) {
         ((double *)p)[i] = value;
     }

@@ -55,12 +55,26 @@ def _extreme(kind, row_len):
     if kind == "bfloat16-constant-row-eps-1e-80":
         rows[0] = 1.0
         return BF16, rows, None, 1e-80
+    # squares below the normal range of the type they are summed in (float32 for bfloat16,
+    # float64 for float64), with no eps to outweigh their rounding
+    wave = np.sin(np.arange(row_len) + 1.0)
+    if kind == "bfloat16-squares-subnormal-eps-0":
+        rows[0] = 1e-30 * wave
+        return BF16, rows, None, 0.0
+    if kind == "bfloat16-squares-subnormal-eps-1e-70":
+        rows[0] = 1e-22 * wave
+        return BF16, rows, None, 1e-70
+    if kind == "float64-squares-subnormal-eps-0":
+        rows[0] = 1e-160 * wave
+        return np.float64, rows, None, 0.0
     raise AssertionError(kind)
 
 
 KINDS = ["float64-squares-overflow", "float64-squares-overflow-near-max", "float32-constant-row-eps-1e-80",
-         "float16-constant-row-eps-5e-324", "float32-subnormal-rstd-times-weight", "float32-centred-overflows"] + (
-    ["bfloat16-squares-overflow", "bfloat16-constant-row-eps-1e-80"] if BF16 else [])
+         "float16-constant-row-eps-5e-324", "float32-subnormal-rstd-times-weight", "float32-centred-overflows",
+         "float64-squares-subnormal-eps-0"] + (
+    ["bfloat16-squares-overflow", "bfloat16-constant-row-eps-1e-80", "bfloat16-squares-subnormal-eps-0",
+     "bfloat16-squares-subnormal-eps-1e-70"] if BF16 else [])
 
 
 def _run(norm, layout_name, x, weight, eps):
@@ -441,6 +455,24 @@ def test_a_row_holding_nan_or_inf_has_nan_statistics(value, row_len, layout_name
             where = f"{level}, {threads} threads, at {position}"
             assert mean[1].tobytes() == rstd[1].tobytes() == canonical, where
             assert np.isfinite(mean[[0, 2]]).all() and np.isfinite(rstd[[0, 2]]).all(), where
+
+
+@pytest.mark.parametrize("row_len", [3, 40, 5000])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("norm", ["layer", "rms"])
+def test_a_negative_variance_plus_eps_gives_one_quiet_nan_rstd(norm, dtype, row_len, restore_runtime):
+    # sqrt of a negative number is x86's negative default NaN, which the statistics must not keep
+    x = np.tile(np.linspace(-1.0, 1.0, row_len), (2, 1)).astype(dtype)
+    x[1] = 0.5
+    canonical = np.array(np.nan, np.float64 if np.dtype(dtype) == np.float64 else np.float32).tobytes()
+    for level, threads in _levels_and_threads():
+        layernorm.set_simd_level(level)
+        layernorm.set_num_threads(threads)
+        if norm == "layer":
+            rstd = layernorm.native_layer_norm(x, row_len, None, None, -10.0)[2]
+        else:
+            rstd = layernorm.native_rms_norm(x, row_len, None, -10.0)[1]
+        assert rstd[0].tobytes() == rstd[1].tobytes() == canonical, f"{level}, {threads} threads"
 
 
 @pytest.mark.parametrize("route", ["short-rows", "rows", "transposed", "axis"])
