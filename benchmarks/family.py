@@ -232,7 +232,7 @@ def measure(comparisons, settings, thread_counts, fresh):
             continue
         timed = {}
         for name, call in comparison.calls.items():
-            for threads in thread_counts if call.threaded else [None]:
+            for threads in peers.floor_thread_counts(name, thread_counts) if call.threaded else [None]:
                 timed[name, threads] = call if threads is None else call.at(threads)
         comparison.times = peers.floor_times(timing.best_times_round_robin(timed, settings, fresh))
         print(f"  {comparison.label}: done", file=sys.stderr, flush=True)

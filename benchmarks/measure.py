@@ -84,7 +84,7 @@ def time_checked(functions, results, options):
         return results
     timed_calls = {}
     for name, timed in functions.items():
-        for threads in passed if timed.threaded else [None]:
+        for threads in peers.floor_thread_counts(name, passed) if timed.threaded else [None]:
             timed_calls[name, threads] = timed if threads is None else timed.at(threads)
     best = peers.floor_times(timing.best_times_round_robin(timed_calls, options.settings, options.fresh))
     for result in results:

@@ -181,9 +181,10 @@ def numpy_forward(data):
     return Timed(numpy_layer_norm, (x, data.weight.astype(x.dtype), data.bias.astype(x.dtype), EPS))
 
 
-# The copy's thread count and the workers that copy the parts past the first.
+# The copy's thread count, and the workers that copy the parts past the first (with their count).
 _copy_threads = 1
 _copy_workers = None
+_copy_worker_count = 0
 
 
 def set_copy_threads(threads):
@@ -195,13 +196,17 @@ def set_copy_threads(threads):
 def copyto_in_parts(destination, source):
     """np.copyto(destination, source), both C-contiguous, cut into one contiguous part per thread
     of set_copy_threads, copied at once (np.copyto lets go of the GIL while it copies)."""
-    global _copy_workers
+    global _copy_workers, _copy_worker_count
     if _copy_threads == 1:
         np.copyto(destination, source)
         return
-    if _copy_workers is None or _copy_workers._max_workers < _copy_threads - 1:
+    if _copy_worker_count < _copy_threads - 1:
+        if _copy_workers is not None:
+            _copy_workers.shutdown()
         _copy_workers = concurrent.futures.ThreadPoolExecutor(_copy_threads - 1)
-    parts = zip(np.array_split(destination.reshape(-1), _copy_threads), np.array_split(source.reshape(-1), _copy_threads))
+        _copy_worker_count = _copy_threads - 1
+    parts = zip(np.array_split(destination.reshape(-1), _copy_threads),
+                np.array_split(source.reshape(-1), _copy_threads))
     first = next(parts)
     pending = [_copy_workers.submit(np.copyto, *part) for part in parts]
     np.copyto(*first)
@@ -215,6 +220,12 @@ def copy(array):
     takes the fastest copy of at most n threads (floor_times), as cutting a small array costs
     more than it saves."""
     return Timed(copyto_in_parts, (np.empty_like(array), array), set_num_threads=set_copy_threads)
+
+
+def floor_thread_counts(name, thread_counts):
+    """The thread counts to time call `name` at: the floor's at 1 thread too, which floor_times
+    needs (a small copy is fastest on one thread: handing half of it to another costs more)."""
+    return sorted(set(thread_counts) | {1}) if name == "copy" else thread_counts
 
 
 def floor_times(times, name="copy"):

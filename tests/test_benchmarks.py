@@ -167,3 +167,5 @@ def test_a_tables_floor_is_the_fastest_copy_of_at_most_its_threads():
     times = {("ours", 1): 5.0, ("ours", 2): 3.0, ("copy", 1): 2.0, ("copy", 2): 2.5, ("copy", 4): 1.0}
     floors = peers.floor_times(times)
     assert floors == {("ours", 1): 5.0, ("ours", 2): 3.0, ("copy", 1): 2.0, ("copy", 2): 2.0, ("copy", 4): 1.0}
+    # the copy is timed at 1 thread too, whatever counts the run asks for
+    assert peers.floor_thread_counts("copy", [2]) == [1, 2] and peers.floor_thread_counts("ours", [2]) == [2]
