@@ -87,7 +87,7 @@ void ln_forward_exact_row(const ln_forward_args *a, const ln_array *source, ptrd
         const double v = ln_element(dtype, x, x_step, i);
         const double xhat = scaled ? (v / s - mean_s) / root_s : (v - mean_s * s) * rstd;
         const double w = a->weight ? ln_load1_param_as_f64(dtype, a->weight, i) : 1.0;
-        const double out = xhat * w + (bias ? ln_load1_param_as_f64(dtype, bias, i) : 0.0);
+        const double out = xhat * w + (bias ? ln_load1_param_as_f64(dtype, bias, i) : ln_absent_bias(a->kind));
         ln_store1_from_f64(dtype, y + i * y_step, 0, isnan(out) ? NAN : out);
     }
 }

@@ -246,6 +246,14 @@ void ln_backward_exact_row(const ln_backward_args *a, ptrdiff_t r, double *dweig
 /* Helpers of drivers and levels alike                                       */
 /* ------------------------------------------------------------------------ */
 
+/* The addend of an output element without a bias: +0.0 for LayerNorm, as torch's; -0.0 for
+   RMSNorm, whose output is torch's product x * rstd * w: fma(c, s, -0.0) is c * s rounded,
+   a zero of either sign included (with +0.0, an input's -0.0 came out +0.0). */
+static inline double ln_absent_bias(ln_norm_kind kind)
+{
+    return kind == LN_NORM_RMS ? -0.0 : 0.0;
+}
+
 /* Chan et al.'s pairwise update: the moments of two parts' union. */
 static inline ln_moments ln_merge(ln_moments a, ln_moments b)
 {

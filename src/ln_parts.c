@@ -130,7 +130,7 @@ static void ln_part_normalize_exact(const ln_part_normalize_args *a, ptrdiff_t r
     for (ptrdiff_t i = 0; i < len; i++) {
         const double xhat = (ln_part_element(a->dtype, x, x_step, i) / s - mean_s) * rstd_s;
         const double w = weight ? ln_load1_param_as_f64(a->dtype, weight, i) : 1.0;
-        const double out = xhat * w + (bias ? ln_load1_param_as_f64(a->dtype, bias, i) : 0.0);
+        const double out = xhat * w + (bias ? ln_load1_param_as_f64(a->dtype, bias, i) : ln_absent_bias(a->kind));
         ln_store1_from_f64(a->dtype, y + i * y_step, 0, isnan(out) ? NAN : out);
     }
 }

@@ -32,7 +32,7 @@
  *
  *     RMSNorm: the same with the mean fixed at 0 and no bias: K = 0 and s1 unused, so
  *         moments_c = (n_c, 0, s2), the sum of squares, which ln_merge adds up (delta = 0);
- *         y_j = fma(x_j, a_j, 0), x - 0 - 0 being x exactly.
+ *         y_j = fma(x_j, a_j, -0.0), x - 0 - 0 being x exactly (ln_absent_bias).
  *
  *     With a residual: sum = x + residual as NumPy rounds it, and the rows normalized are
  *     sum's; the statistics are taken from the sum as it is formed (forward_sum_rows,
@@ -510,7 +510,7 @@ static LN_ALWAYS_INLINE gf normalized_f32(ln_norm_kind kind, ln_dtype dtype, con
     const gf value_x = load_as_f32(dtype, x, i);
     const gf centred = kind == LN_NORM_RMS ? value_x : gf_sub(gf_sub(value_x, k->mean_hi_v), k->mean_lo_v);
     const gf a = weight ? gf_mul(gf_load((const float *)weight + i), k->scale_v) : k->scale_v;
-    const gf b = bias ? gf_load((const float *)bias + i) : gf_splat(0.0f);
+    const gf b = bias ? gf_load((const float *)bias + i) : gf_splat((float)ln_absent_bias(kind));
     return gf_fma(centred, a, b);
 }
 
@@ -521,7 +521,7 @@ static LN_ALWAYS_INLINE gd normalized_f64(ln_norm_kind kind, const row_norm *k, 
     const gd value_x = gd_load((const double *)x + i);
     const gd centred = kind == LN_NORM_RMS ? value_x : gd_sub(value_x, k->mean_v);
     const gd a = weight ? gd_mul(gd_load((const double *)weight + i), k->rstd_v) : k->rstd_v;
-    const gd b = bias ? gd_load((const double *)bias + i) : gd_splat(0.0);
+    const gd b = bias ? gd_load((const double *)bias + i) : gd_splat(ln_absent_bias(kind));
     return gd_fma(centred, a, b);
 }
 
@@ -590,13 +590,13 @@ static LN_ALWAYS_INLINE void normalize_one(ln_norm_kind kind, ln_dtype dtype, co
         const double value_x = ((const double *)x)[i];
         const double a = weight ? ((const double *)weight)[i] * k->rstd : k->rstd;
         ((double *)y)[i] = fma(kind == LN_NORM_RMS ? value_x : value_x - k->mean, a,
-                               bias ? ((const double *)bias)[i] : 0.0);
+                               bias ? ((const double *)bias)[i] : ln_absent_bias(kind));
         return;
     }
     const float value_x = (float)ln_load1_as_f64(dtype, x, i);
     const float centred = kind == LN_NORM_RMS ? value_x : (value_x - k->mean_hi) - k->mean_lo;
     const float a = weight ? ((const float *)weight)[i] * k->scale : k->scale;
-    ln_store1_from_f64(dtype, y, i, fmaf(centred, a, bias ? ((const float *)bias)[i] : 0.0f));
+    ln_store1_from_f64(dtype, y, i, fmaf(centred, a, bias ? ((const float *)bias)[i] : (float)ln_absent_bias(kind)));
 }
 
 /* y[begin .. end) of a span of n elements, by ordinary stores: from a whole group of the
@@ -1128,12 +1128,12 @@ static LN_ALWAYS_INLINE void forward_short_rows(ln_norm_kind kind, ln_dtype dtyp
     const ptrdiff_t n = a->extent.row_len;
     assert(1 <= n && n < 16);
     /* the parameters, ones and zeros standing in for an absent weight and bias: rstd * 1 is
-       rstd and fma(c, s, +0) is c * s rounded, the bits of the tests they replace, and the
+       rstd and fma(c, s, ln_absent_bias) is c * s rounded, the bits of the tests they replace, and the
        output loops test nothing per column */
     short_rows_params p = {.n = n, .by_n = lane_divisor_of(n)};
     for (ptrdiff_t i = 0; i < n; i++) {
         p.weights[i] = a->weight ? ln_load1_param_as_f64(dtype, a->weight, i) : 1.0;
-        p.biases[i] = kind == LN_NORM_LAYER && a->bias ? ln_load1_param_as_f64(dtype, a->bias, i) : 0.0;
+        p.biases[i] = kind == LN_NORM_LAYER && a->bias ? ln_load1_param_as_f64(dtype, a->bias, i) : ln_absent_bias(kind);
         p.weight_lanes[i] = gf_splat((float)p.weights[i]);
         p.bias_lanes[i] = gf_splat((float)p.biases[i]);
     }
@@ -2700,7 +2700,7 @@ static void forward_tile_rows(ln_norm_kind kind, ln_dtype dtype, const ln_forwar
                 const double centred = kind == LN_NORM_RMS ? value_x : value_x - means[k];
                 const double scale = w_j ? ln_load1_param_as_f64(dtype, w_j, 0) * rstds[k] : rstds[k];
                 ln_store1_from_f64(dtype, y + j * y_step, 0,
-                                   fma(centred, scale, b_j ? ln_load1_param_as_f64(dtype, b_j, 0) : 0.0));
+                                   fma(centred, scale, b_j ? ln_load1_param_as_f64(dtype, b_j, 0) : ln_absent_bias(kind)));
             }
             else {
                 normalize_one(kind, dtype, &row, x + j * x_step, y + j * y_step, 0, w_j, b_j);
@@ -2774,7 +2774,7 @@ static LN_ALWAYS_INLINE void forward_tile_from_views(ln_norm_kind kind, ln_dtype
             const gd value_x = load_as_f64(dtype, group, 0);
             const gd centred = has_mean ? gd_sub(value_x, mean_v) : value_x;
             const gd scale = weight ? gd_mul(gd_splat(ln_load1_param_as_f64(dtype, weight, j)), rstd_v) : rstd_v;
-            const gd offset = gd_splat(bias ? ln_load1_param_as_f64(dtype, bias, j) : 0.0);
+            const gd offset = gd_splat(bias ? ln_load1_param_as_f64(dtype, bias, j) : ln_absent_bias(kind));
             void *target = tile_target(dtype, &t->y, j, buffers.y, adjacent);
             store_from_f64(dtype, target, gd_fma(centred, scale, offset));
             tile_scatter(dtype, &t->y, count, j, target, adjacent);
@@ -2788,7 +2788,7 @@ static LN_ALWAYS_INLINE void forward_tile_from_views(ln_norm_kind kind, ln_dtype
         const gf value_x = load_as_f32(dtype, group, 0);
         const gf centred = has_mean ? gf_sub(gf_sub(value_x, lanes.mean_hi), lanes.mean_lo) : value_x;
         const gf scale = weight ? gf_mul(gf_splat(((const float *)weight)[j]), lanes.scale) : lanes.scale;
-        const gf offset = gf_splat(bias ? ((const float *)bias)[j] : 0.0f);
+        const gf offset = gf_splat(bias ? ((const float *)bias)[j] : (float)ln_absent_bias(kind));
         void *target = tile_target(dtype, &t->y, j, buffers.y, adjacent);
         store_from_f32(dtype, target, 0, gf_fma(centred, scale, offset), 1);
         tile_scatter(dtype, &t->y, count, j, target, adjacent);

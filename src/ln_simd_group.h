@@ -33,10 +33,12 @@ typedef struct { ln_vf v[LN_VF_PER_GROUP]; } gf;
 typedef ln_vd ln_vd_mem __attribute__((aligned(1), may_alias));
 typedef ln_vf ln_vf_mem __attribute__((aligned(1), may_alias));
 
+/* Every lane `value`: value - (+0.0) is value bit for bit, -0.0 included, where the sum
+   0.0 + value would make -0.0 into +0.0. */
 static LN_ALWAYS_INLINE gd gd_splat(double value)
 {
     gd r;
-    FOR_VD(k) { r.v[k] = (ln_vd){0} + value; }
+    FOR_VD(k) { r.v[k] = value - (ln_vd){0}; }
     return r;
 }
 
@@ -131,7 +133,7 @@ static LN_ALWAYS_INLINE int gd_all_within(gd a, double low, double high)
 static LN_ALWAYS_INLINE gf gf_splat(float value)
 {
     gf r;
-    FOR_VF(k) { r.v[k] = (ln_vf){0} + value; }
+    FOR_VF(k) { r.v[k] = value - (ln_vf){0}; }  /* as gd_splat */
     return r;
 }
 

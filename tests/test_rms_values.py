@@ -13,9 +13,11 @@ import pytest
 
 import layernorm
 from helpers import (
+    BF16,
     FLOAT_DTYPES,
     GRAD_REFERENCE_RTOL,
     GRAD_TORCH_RTOL,
+    HALF_DTYPES,
     REF_REL_TOL,
     TORCH_REL_TOL,
     assert_close,
@@ -24,6 +26,7 @@ from helpers import (
     assert_within,
     check_output_array,
     dtype_id,
+    dtype_named,
     grad_input_scale,
     grad_weight_scale,
     make_backward_data,
@@ -245,6 +248,36 @@ def test_zero_row_gives_zeros(dtype, n):
     out = layernorm.rms_norm(x, (n,), w)
     np.testing.assert_array_equal(out[1], np.zeros(n, dtype))
     assert_matches_reference(out, x, (n,), w, None, None, centred=False)
+
+
+# RMSNorm's output is the product x * rstd * weight, whose sign a zero keeps: each route to it
+ZERO_SIGN_ROUTES = {
+    "rows": lambda x, n, w: layernorm.rms_norm(x, (n,), w),
+    "axis": lambda x, n, w: layernorm.rms_norm(np.ascontiguousarray(x.T), (n,), w, axis=0).T,
+    "fused-add": lambda x, n, w: layernorm.add_rms_norm(x, np.full_like(x, -0.0), (n,), w)[0],
+}
+
+
+@pytest.mark.parametrize("route", list(ZERO_SIGN_ROUTES))
+@pytest.mark.parametrize("weighted", [False, True], ids=["no-weight", "weight"])
+@pytest.mark.parametrize("n", [3, 40, 4097])
+@pytest.mark.parametrize("dtype_name", ["float32", "float64"] + HALF_DTYPES)
+def test_zeros_keep_their_sign(dtype_name, n, weighted, route):
+    dtype = dtype_named(dtype_name)
+    x = make_input((20, n), np.float32, seed=5).astype(dtype)
+    x[:, ::3] = -0.0
+    x[:, 1::3] = 0.0
+    x[1] = -0.0  # a row of zeros alone: rstd is 1 / sqrt(eps)
+    w = None
+    if weighted:
+        w = np.where(np.arange(n) % 2 == 0, 1.0, -1.0).astype(param_dtype(dtype))
+        w[n // 2] = -0.0
+    out = ZERO_SIGN_ROUTES[route](x, n, w)
+    product = x.astype(np.float64) * (1.0 if w is None else w.astype(np.float64))
+    np.testing.assert_array_equal(np.signbit(out), np.signbit(product))
+    if torch is not None and dtype != BF16:
+        theirs = torch.nn.functional.rms_norm(to_torch(x), (n,), None if w is None else to_torch(w, dtype))
+        np.testing.assert_array_equal(np.signbit(out), np.signbit(theirs.float().numpy()))
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
