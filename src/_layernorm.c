@@ -269,6 +269,22 @@ dims_as_list(const npy_intp *dims, int ndim)
     return list;
 }
 
+/* New reference: obj's items as a tuple that holds its own references, or NULL with a
+   TypeError(message) set where obj is not iterable.  PySequence_Fast hands a list back as it
+   is, and an item's __index__ or __bool__ that empties the list would leave its items
+   freed under the loop reading them. */
+static PyObject *
+items_of(PyObject *obj, const char *message)
+{
+    PyObject *seq = PySequence_Fast(obj, message);
+    if (!seq) {
+        return NULL;
+    }
+    PyObject *items = PySequence_Tuple(seq);
+    Py_DECREF(seq);
+    return items;
+}
+
 /* 1 when obj is a bool of Python or NumPy (which are ints to PyIndex_Check), else 0. */
 static int
 is_bool(PyObject *obj)
@@ -316,7 +332,7 @@ parse_normalized_shape(PyObject *obj, shape_t *shape)
         shape->dims[0] = n;
     }
     else if (PySequence_Check(obj) && !PyUnicode_Check(obj) && !PyBytes_Check(obj)) {
-        seq = PySequence_Fast(obj, "normalized_shape must be an int or a sequence of ints");
+        seq = items_of(obj, "normalized_shape must be an int or a sequence of ints");
         if (!seq) {
             goto done;
         }
@@ -393,7 +409,7 @@ parse_output_mask(PyObject *obj, int n, int mask[])
     if (!obj) {
         return 0;
     }
-    seq = PySequence_Fast(obj, message);
+    seq = items_of(obj, message);
     if (!seq) {
         goto done;
     }
@@ -1290,7 +1306,10 @@ call_use_copies(const char *fname, kernel_call *call)
         if (!view) {
             return -1;
         }
-        if (PyArray_IS_C_CONTIGUOUS(view) && PyArray_ISALIGNED(view) && PyArray_ISNOTSWAPPED(view)) {
+        /* (NumPy calls every empty array C-contiguous, whatever its strides: a new one has
+           the strides the plan expects) */
+        if (PyArray_SIZE(view) > 0 && PyArray_IS_C_CONTIGUOUS(view) && PyArray_ISALIGNED(view) &&
+            PyArray_ISNOTSWAPPED(view)) {
             Py_SETREF(slot->arr, view);
             continue;
         }
@@ -1515,17 +1534,19 @@ parse_eps(const norm_kind *kind, PyObject *obj, int dtype, double *eps)
        element (NumPy's, or another library's: a torch tensor) would pass for a number */
     const int complex_number = PyComplex_Check(obj) || PyArray_IsScalar(obj, ComplexFloating) ||
                                (PyArray_Check(obj) && PyArray_ISCOMPLEX((PyArrayObject *)obj));
-    int not_0_d = 0;
+    int not_0_d_number = 0;
     if (PyArray_Check(obj)) {
-        not_0_d = PyArray_NDIM((PyArrayObject *)obj) != 0;
+        /* a 0-d array of text or objects: PyFloat_AsDouble would parse the text */
+        PyArrayObject *arr = (PyArrayObject *)obj;
+        not_0_d_number = PyArray_NDIM(arr) != 0 || !PyTypeNum_ISNUMBER(PyArray_TYPE(arr));
     }
     else if (!PyFloat_Check(obj) && !PyLong_Check(obj) && !PyArray_IsScalar(obj, Generic)) {
-        not_0_d = has_dimensions(obj);
-        if (not_0_d < 0) {
+        not_0_d_number = has_dimensions(obj);
+        if (not_0_d_number < 0) {
             return -1;
         }
     }
-    if (complex_number || not_0_d || (!PyFloat_Check(obj) && !PyLong_Check(obj) && !PyNumber_Check(obj))) {
+    if (complex_number || not_0_d_number || (!PyFloat_Check(obj) && !PyLong_Check(obj) && !PyNumber_Check(obj))) {
         PyErr_Format(PyExc_TypeError, "eps must be a real number, got %.200s", Py_TYPE(obj)->tp_name);
         return -1;
     }
@@ -1611,6 +1632,11 @@ forward(module_state *state, const norm_kind *kind, const char *what, const forw
     if (dtype < 0 || parse_eps(kind, objs->eps, dtype, &eps) < 0) {
         goto done;
     }
+    /* Every conversion before any check of the shapes: a conversion runs the caller's code
+       (__array__), which may reshape an array converted already. */
+    if (returns == RETURN_SUM && !(residual = as_array(objs->residual))) {
+        goto done;
+    }
     for (int p = 0; p < kind->n_params; p++) {
         if (param_array(state, what, objs->params[p], param_names[p], &ns, param_type_num[dtype], &params[p]) < 0) {
             goto done;
@@ -1621,10 +1647,6 @@ forward(module_state *state, const norm_kind *kind, const char *what, const forw
         goto done;
     }
     if (returns == RETURN_SUM) {
-        residual = as_array(objs->residual);
-        if (!residual) {
-            goto done;
-        }
         if (!PyArray_SAMESHAPE(residual, input)) {
             PyObject *got = dims_as_list(PyArray_DIMS(residual), PyArray_NDIM(residual));
             PyObject *want = got ? dims_as_list(PyArray_DIMS(input), PyArray_NDIM(input)) : NULL;

@@ -46,6 +46,13 @@ class ArrayOfOne:  # another library's array of one element, which float() conve
 
 def broadcast_row(length, rows):  # `rows` rows that are one float32 row of ones, read in place
     return np.broadcast_to(np.ones(length, np.float32), (rows, length))
+
+class Reshaping:  # an argument whose conversion (the caller's own code) reshapes `array`
+    def __init__(self, array, shape):
+        self.array, self.shape = array, shape
+    def __array__(self, dtype=None, copy=None):
+        self.array.shape = self.shape
+        return np.zeros(self.shape, np.float32)
 """
 
 TORCH_SETUP = """
@@ -265,6 +272,8 @@ CASES = {
     "layer_norm-eps-str": Case(
         "layer_norm(x, 4, eps='1e-5')", TypeError, "eps must be a real number, got str",
         torch="F.layer_norm(tx, (4,), eps='1e-5')"),
+    "layer_norm-eps-0-d-text-array": Case(
+        "layer_norm(x, 4, eps=np.array('1e-5'))", TypeError, "eps must be a real number, got numpy.ndarray"),
     "LayerNorm-eps-None-at-forward": Case(
         "LayerNorm(4, eps=None)(x)", TypeError, "eps must be a real number, got NoneType",
         torch="torch.nn.LayerNorm(4, eps=None)(tx)"),
@@ -766,6 +775,11 @@ CASES = {
     "add_rms_norm-residual-list": Case(
         "layernorm.add_rms_norm(x, x.tolist(), 4)", TypeError,
         "residual has dtype float64, but input has dtype float32"),
+    # the residual's conversion runs after the input's: the shapes are checked after both
+    "add_layer_norm-residual-reshapes-input": Case(
+        "(lambda a: layernorm.add_layer_norm(a, Reshaping(a, (2, 6)), 4))(np.zeros((3, 4), np.float32))",
+        ValueError, "Given normalized_shape=[4], expected input with shape [*, 4], but got input of size[2, 6]",
+        isolated=True),
     "add_layer_norm-no-residual": Case(
         "layernorm.add_layer_norm(x, normalized_shape=4)", TypeError,
         "add_layer_norm() missing 1 required positional argument: 'residual'"),

@@ -72,6 +72,9 @@ SPLIT_ROWS = {
     "one row per chunk": Layout((12, 5, 8), (5, 8), None, (12, 1, 8)),
     "axis=1": Layout((4, 6, 5, 3), (6,), 1, (2, 4, 5, 3)),
     "axis=(2, 1)": Layout((4, 6, 5, 3), (5, 6), (2, 1), (2, 2, 3, 3)),
+    # empty chunks along a normalized axis: empty views with the strides of their slice
+    "empty chunks, last axis": Layout((12, 5, 8), (5, 8), None, (12, 5, (0, 8, 0))),
+    "empty chunks, both axes": Layout((12, 5, 8), (5, 8), None, (12, (2, 0, 3), (4, 0, 4))),
 }
 WHOLE, SPLIT = WHOLE_ROWS["trailing"], SPLIT_ROWS["both axes"]
 

@@ -106,6 +106,38 @@ def test_empty_rows_cost_nothing(kind):
     assert (outcome.error, outcome.message) == (None, "True")
 
 
+# A sequence argument whose items' own code (__index__, __bool__) empties it while the call
+# reads it: the call reads the items it was given, in a child process (a crash ends only it).
+EMPTIED_WHILE_READ = """
+class Emptying:  # an item that empties `items` when read as an int or as a truth value
+    def __init__(self, value):
+        self.value = value
+    def __index__(self):
+        items.clear()
+        return self.value
+class EmptyingBool(int):
+    def __bool__(self):
+        items.clear()
+        return True
+x = np.ones((4, 4), np.float32)
+y, mean, rstd = layernorm.native_layer_norm(x, (4, 4))
+"""
+EMPTIED_CALLS = {
+    "normalized_shape": ("items = [Emptying(4), 4]", "layernorm.layer_norm(x, items).shape", "(4, 4)"),
+    "output_mask": ("items = [EmptyingBool(1), True, False]",
+                    "[g is None for g in layernorm.layer_norm_backward(x, x, (4, 4), mean, rstd, np.ones((4, 4), "
+                    "np.float32), np.ones((4, 4), np.float32), output_mask=items)]",
+                    "[False, False, True]"),
+}
+
+
+@pytest.mark.parametrize("argument", list(EMPTIED_CALLS))
+def test_a_sequence_emptied_while_read(argument):
+    items, call, expected = EMPTIED_CALLS[argument]
+    outcome = run_in_child(call, EMPTIED_WHILE_READ + items, timeout=60)
+    assert (outcome.error, outcome.message) == (None, expected)
+
+
 # ---------------------------------------------------------------------------
 # Reference counts
 # ---------------------------------------------------------------------------
