@@ -9,7 +9,7 @@ Then it checks a few rows of the file against layernorm on NumPy (bit for bit: e
 whole rows, and layernorm's dask graph runs the same kernel on each).
 
     python examples/dask_larger_than_memory.py                       # 4 GiB in, 4 GiB out, 1 GiB allowed
-    python examples/dask_larger_than_memory.py --rows 65536 --memory-limit 256
+    python examples/dask_larger_than_memory.py --rows 65536 --chunk-rows 4096 --memory-limit 128
     python examples/dask_larger_than_memory.py --input big.npy --output normalized.npy
 
 Needs dask (python -m pip install "dask[array]") and the disk space for the output.

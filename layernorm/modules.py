@@ -126,6 +126,11 @@ def _as_axis(axis: Any, shape: tuple[int, ...]) -> Optional[int | tuple[int, ...
     return axes if isinstance(axis, tuple) else axes[0]
 
 
+# torch's float tensor types, by the names Module.type takes, and the dtypes they hold.
+_TENSOR_TYPES = {"torch.HalfTensor": "torch.float16", "torch.BFloat16Tensor": "torch.bfloat16",
+                 "torch.FloatTensor": "torch.float32", "torch.DoubleTensor": "torch.float64"}
+
+
 def _as_param_dtype(dtype: Any, kind: str) -> np.dtype[Any]:
     """Return the native float16/bfloat16/float32/float64 dtype that `dtype` (None, NumPy-like,
     ml_dtypes' or torch's) names; `kind` (the module's name) is what the refusal says supports them.
@@ -133,6 +138,9 @@ def _as_param_dtype(dtype: Any, kind: str) -> np.dtype[Any]:
     if dtype is None:
         return _FLOAT_DTYPES["float32"]
     name = str(dtype)
+    if isinstance(dtype, type) and dtype.__module__ == "torch":  # a tensor type, torch.DoubleTensor
+        name = f"torch.{dtype.__name__}"
+    name = _TENSOR_TYPES.get(name, name)  # its name, as Module.type takes it too
     if name in ("bfloat16", "torch.bfloat16"):
         return _bfloat16_dtype()
     if name.startswith("torch."):  # a torch.dtype, recognised without importing torch
@@ -142,7 +150,7 @@ def _as_param_dtype(dtype: Any, kind: str) -> np.dtype[Any]:
         return found
     try:
         np_dtype: np.dtype[Any] = np.dtype(dtype)
-    except TypeError:
+    except (TypeError, ValueError):
         raise TypeError(
             f"dtype must be a float dtype (float16, bfloat16, float32, float64), got {dtype!r}"
         ) from None
@@ -170,6 +178,15 @@ def _checkpoint_array(value: Any) -> np.ndarray:
         except TypeError:
             value = value.float()
     return np.asarray(_as_numpy(value))
+
+
+def _rounded_as_torch(value: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray:
+    """value, to be converted to dtype, first rounded as torch rounds it there: float64 becomes
+    float16 through float32 in torch (rounded twice: 1 + 2**-11 + 2**-40 becomes 1.0, where
+    NumPy's one rounding gives 1 + 2**-10), as it becomes bfloat16 in ml_dtypes."""
+    if value.dtype == np.float64 and dtype == np.float16:
+        return value.astype(np.float32)
+    return value
 
 
 def _quote(name: str) -> str:
@@ -472,8 +489,13 @@ class NormModule:
                    keep_vars: bool = False) -> MutableMapping[str, Any]:
         """Return an OrderedDict of copies of the parameters, with torch's keys after `prefix`
         (``"norm."``, say); with `keep_vars`, the parameters themselves instead of copies.
-        `destination` is filled and returned instead of a new OrderedDict."""
+        `destination` is filled and returned instead of a new OrderedDict.  As torch's, a new
+        one has ``_metadata``, the module's version under its prefix, ``{"": {"version": 1}}``."""
         state: MutableMapping[str, Any] = OrderedDict() if destination is None else destination
+        if destination is None:
+            setattr(state, "_metadata", OrderedDict())
+        if hasattr(state, "_metadata"):
+            state._metadata[prefix[:-1]] = {"version": 1}  # torch's Module._version
         for name, value in self.named_parameters():
             state[prefix + name] = value if keep_vars else _param_array(value).copy()
         return state
@@ -553,7 +575,8 @@ class NormModule:
                 kept = value if float_kind else value.astype(_param_array(own[name]).dtype)
                 setattr(self, name, kept if kept.flags.writeable else kept.copy())
             else:
-                np.copyto(_param_array(own[name]), value, casting="unsafe")
+                target = _param_array(own[name])
+                np.copyto(target, _rounded_as_torch(value, target.dtype), casting="unsafe")
         return IncompatibleKeys(missing, unexpected)
 
     # ------------------------------------------------------------------- modes
@@ -597,7 +620,7 @@ class NormModule:
                 for attribute in (name, grad_name):
                     value = getattr(self, attribute)
                     if value is not None and _param_array(value).dtype != target:
-                        setattr(self, attribute, _param_array(value).astype(target))
+                        setattr(self, attribute, _rounded_as_torch(_param_array(value), target).astype(target))
         return self
 
     def float(self: _Module) -> _Module:

@@ -429,7 +429,9 @@ def _compare(actual_value: Any, p: _Problem, rtol: Optional[float], atol: Option
         return f"up to {atol + rtol * abs(float(expected.flat[flat])):.2g} allowed there"
 
     greatest = int(np.argmax(difference))
-    if difference.flat[greatest] > 0.0:
+    # (where the only mismatches are NaNs, the lines below name them; the greatest finite
+    # difference would point at an element that passes)
+    if difference.flat[greatest] > 0.0 and (bad & ~nan_mismatch).any():
         lines.append(f"Greatest absolute difference: {float(difference.flat[greatest]):.3g} at index"
                      f" {_index(greatest, actual.shape)} ({allowed(greatest)}).")
     # the element furthest outside its own tolerance, where that is another one (an error

@@ -454,9 +454,11 @@ def test_parameter_and_state_dict_names_take_torchs_prefix(kind, prefix):
     assert ours.state_dict(destination=destination, prefix=lead) is destination
     assert list(destination) == ["other"] + [lead + name for name in kind.names]
     assert len(ours.parameters(recurse=False)) == len(kind.names)
+    assert ours.state_dict(prefix=lead)._metadata == {prefix: {"version": 1}}
     if torch is not None:
         theirs = kind.theirs(4)
         assert list(ours.state_dict(prefix=lead)) == list(theirs.state_dict(prefix=lead))
+        assert ours.state_dict(prefix=lead)._metadata == theirs.state_dict(prefix=lead)._metadata
         assert ([name for name, _ in ours.named_parameters(prefix=prefix)]
                 == [name for name, _ in theirs.named_parameters(prefix=prefix)])
 
@@ -768,6 +770,7 @@ CONVERSIONS = {
     "to(cpu)": (lambda m, lib: m.to("cpu"), "float32"),
     "cpu()": (lambda m, lib: m.cpu(), "float32"),
     "type(float64)": (lambda m, lib: m.type(lib.float64), "float64"),
+    "type('torch.DoubleTensor')": (lambda m, lib: m.type("torch.DoubleTensor"), "float64"),
 }
 
 
@@ -791,6 +794,48 @@ def test_conversions_change_the_parameters_dtype_as_torchs_do(kind, how):
         theirs = kind.theirs(4)
         assert convert(theirs, torch) is theirs
         assert all(str(getattr(theirs, name).dtype) == f"torch.{dtype_name}" for name in kind.names)
+
+
+@requires_torch
+@BY_KIND
+def test_type_takes_torchs_tensor_types(kind):
+    for tensor_type, dtype in ((torch.HalfTensor, np.float16), (torch.DoubleTensor, np.float64)):
+        m, theirs = kind.ours(4).type(tensor_type), kind.theirs(4).type(tensor_type)
+        assert m.weight.dtype == dtype and str(theirs.weight.dtype) == f"torch.{np.dtype(dtype).name}"
+
+
+# float64 values that round to float16 differently once (NumPy's astype) and twice, through
+# float32: 1 + 2**-11 + 2**-40 is 1 + 2**-11 in float32, a tie that float16 rounds to even, 1.0
+TWICE_ROUNDED = np.array([1 + 2**-11 + 2**-40, 1 - 2**-12 - 2**-40, 2048 + 1 + 2**-30, 0.1])
+
+
+@pytest.mark.parametrize("how", ["half()", "to(float16)", "load_state_dict"])
+@BY_KIND
+def test_float64_parameters_become_float16_as_torchs_do(kind, how):
+    expected = TWICE_ROUNDED.astype(np.float32).astype(np.float16)
+    assert not np.array_equal(expected, TWICE_ROUNDED.astype(np.float16))  # the case is one
+    n = TWICE_ROUNDED.size
+    if how == "load_state_dict":
+        m = kind.ours(n, dtype=np.float16)
+        m.load_state_dict({name: TWICE_ROUNDED.copy() for name in kind.names})
+    else:
+        m = kind.ours(n, dtype=np.float64)
+        for name in kind.names:
+            getattr(m, name)[...] = TWICE_ROUNDED
+        m.half() if how == "half()" else m.to(np.float16)
+    for name in kind.names:
+        np.testing.assert_array_equal(getattr(m, name), expected)
+    if torch is not None:
+        theirs = kind.theirs(n, dtype=torch.float16 if how == "load_state_dict" else torch.float64)
+        if how == "load_state_dict":
+            theirs.load_state_dict({name: torch.from_numpy(TWICE_ROUNDED) for name in kind.names})
+        else:
+            with torch.no_grad():
+                for name in kind.names:
+                    getattr(theirs, name).copy_(torch.from_numpy(TWICE_ROUNDED))
+            theirs.half()
+        for name in kind.names:
+            np.testing.assert_array_equal(getattr(theirs, name).detach().numpy(), expected)
 
 
 @BY_KIND
