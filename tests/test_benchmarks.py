@@ -169,3 +169,37 @@ def test_a_tables_floor_is_the_fastest_copy_of_at_most_its_threads():
     assert floors == {("ours", 1): 5.0, ("ours", 2): 3.0, ("copy", 1): 2.0, ("copy", 2): 2.0, ("copy", 4): 1.0}
     # the copy is timed at 1 thread too, whatever counts the run asks for
     assert peers.floor_thread_counts("copy", [2]) == [1, 2] and peers.floor_thread_counts("ours", [2]) == [2]
+
+
+def test_two_runs_counts_a_target_met_only_when_both_runs_meet_it(monkeypatch, tmp_path):
+    monkeypatch.syspath_prepend(str(REPOSITORY))
+    from benchmarks import report, two_runs
+    runs = {"first": [("a", "0.4", True), ("b", "1.2", False), ("c", "0.9", True), ("d", "n/a", None)],
+            "second": [("a", "0.5", True), ("b", "1.0", True), ("c", "1.1", False), ("d", "0.3", True)]}
+    paths = []
+    for name, checks in runs.items():
+        path = tmp_path / f"{name}.md"
+        lines = [report.checklist_line(report.Check(target, value, met, "torch not installed"))
+                 for target, value, met in checks]
+        path.write_text("# a report\n\n" + "\n".join(lines) + "\n", encoding="utf-8")
+        paths.append(str(path))
+    first, second = (two_runs.read_checks(path) for path in paths)
+    assert first == {"a": ("0.4", True), "b": ("1.2", False), "c": ("0.9", True), "d": ("n/a", None)}
+    lines = two_runs.two_runs_lines(first, second)
+    assert lines[0] == ("Targets of two runs: met 1 in both, 2 in one, 0 in neither, 1 not measured in one run or"
+                        " both (of 4).")
+    assert lines[4:] == ["| a | 0.4 | 0.5 | both |", "| b | 1.2 | 1.0 | one |", "| c | 0.9 | 1.1 | one |",
+                         "| d | n/a | 0.3 | not measured |"]
+
+
+def test_two_runs_reads_the_norm_familys_checklist(monkeypatch, tmp_path):
+    monkeypatch.syspath_prepend(str(REPOSITORY))
+    from benchmarks import two_runs
+    path = tmp_path / "family.md"
+    path.write_text("## Targets\n\n- [met] rms fwd 4x20 float32, 1 thread: ours / torch = 0.07 (target <= 0.5)\n"
+                    "- [NOT met] add_rms_norm 2048x4096 float32 out=, 2 threads: ours / copy = 2.50 (target <= 2.2)\n"
+                    "- [n/a] rms fwd 4x20 float32, 1 thread: ours / ort = n/a (target <= 0.8)\n", encoding="utf-8")
+    assert two_runs.read_checks(str(path)) == {
+        "rms fwd 4x20 float32, 1 thread: ours / torch (target <= 0.5)": ("0.07", True),
+        "add_rms_norm 2048x4096 float32 out=, 2 threads: ours / copy (target <= 2.2)": ("2.50", False),
+        "rms fwd 4x20 float32, 1 thread: ours / ort (target <= 0.8)": ("n/a", None)}
