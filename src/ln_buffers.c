@@ -141,14 +141,21 @@ static void ln_block_unmap(char *data)
     munmap(header->mapping, header->length);
 }
 
-/* The index of the smallest cached block that holds `bytes` without wasting more than an
-   eighth of it, or -1 (the lock is held). */
+/* Whether a block of `capacity` bytes is the one for `bytes`: it holds them without wasting
+   more than an eighth of itself. */
+static inline int ln_block_fits(size_t capacity, size_t bytes)
+{
+    return capacity >= bytes && capacity - bytes <= capacity / 8;
+}
+
+/* The index of the smallest cached block that fits `bytes` (ln_block_fits), or -1 (the lock
+   is held). */
 static int ln_best_cached(size_t bytes)
 {
     int best = -1;
     for (int i = 0; i < ln_buffers.count; i++) {
         const size_t capacity = ln_capacity_of(ln_header_of(ln_buffers.data[i]));
-        if (capacity >= bytes && capacity - bytes <= capacity / 8 &&
+        if (ln_block_fits(capacity, bytes) &&
             (best < 0 || capacity < ln_capacity_of(ln_header_of(ln_buffers.data[best])))) {
             best = i;
         }
@@ -234,14 +241,16 @@ void *ln_buffer_realloc(void *data, size_t bytes)
     if (!data) {
         return ln_buffer_alloc(bytes, 0);
     }
+    /* a result shrunk (ndarray.resize) to much less than its block moves to one of its new
+       size, as a block that grows does: it would keep the whole block mapped otherwise */
     ln_buffer_header *header = ln_header_of(data);
-    if (bytes <= ln_capacity_of(header)) {
+    if (ln_block_fits(ln_capacity_of(header), bytes)) {
         header->requested = bytes;
         return data;
     }
     void *moved = ln_buffer_alloc(bytes, 0);
     if (moved) {
-        memcpy(moved, data, header->requested);
+        memcpy(moved, data, header->requested < bytes ? header->requested : bytes);
         ln_buffer_free(data);
     }
     return moved;

@@ -179,6 +179,19 @@ def test_resizing_a_result_keeps_its_values(grow):
         assert not y[1024:].any()  # ndarray.resize fills what it adds with zeros
 
 
+def test_a_result_shrunk_to_much_less_gives_its_block_back():
+    y = _results("layer_norm", (4096, 1024))[0]  # 16 MiB
+    before = y[:4].copy()
+    y.resize((4, 1024), refcheck=False)
+    np.testing.assert_array_equal(y, before)
+    # the 16 MiB block went to the cache, where the next large result can take it
+    assert layernorm.result_cache_info()["bytes"] >= 16 * MIB
+    z = _results("layer_norm", (4096, 1024), seed=1)[0]
+    assert layernorm.result_cache_info()["bytes"] < 16 * MIB
+    np.testing.assert_array_equal(y, before)  # still its own memory
+    assert z.shape == (4096, 1024)
+
+
 def test_memory_stays_flat_over_calls_of_many_sizes():
     def rss():
         with open("/proc/self/statm") as f:
