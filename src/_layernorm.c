@@ -1546,7 +1546,8 @@ parse_eps(const norm_kind *kind, PyObject *obj, int dtype, double *eps)
             return -1;
         }
     }
-    if (complex_number || not_0_d_number || (!PyFloat_Check(obj) && !PyLong_Check(obj) && !PyNumber_Check(obj))) {
+    if (complex_number || not_0_d_number ||
+        (!PyFloat_Check(obj) && !PyLong_Check(obj) && !PyNumber_Check(obj))) {
         PyErr_Format(PyExc_TypeError, "eps must be a real number, got %.200s", Py_TYPE(obj)->tp_name);
         return -1;
     }
