@@ -649,30 +649,17 @@ typedef struct {
     int given;  /* axis= was given: results keep the input's memory order */
 } norm_axes;
 
-/* Stores into *axis the axis obj names in an array of ndim dims, negatives counted from the
-   end.  Returns 0, or -1 with an exception set (NumPy's AxisError when out of range). */
+/* Stores into *value the axis obj names, as an index.  Returns 0, or -1 with an exception set. */
 static int
-parse_one_axis(module_state *state, PyObject *obj, int ndim, int *axis)
+parse_one_axis(PyObject *obj, Py_ssize_t *value)
 {
     if (!PyIndex_Check(obj) || is_bool(obj)) {
         PyErr_Format(PyExc_TypeError, "axis must be an int or a tuple of ints, but found an element of type %.200s",
                      Py_TYPE(obj)->tp_name);
         return -1;
     }
-    const Py_ssize_t value = PyNumber_AsSsize_t(obj, PyExc_OverflowError);
-    if (value == -1 && PyErr_Occurred()) {
-        return -1;
-    }
-    if (value < -ndim || value >= ndim) {
-        PyObject *error = PyObject_CallFunction(state->axis_error, "ni", value, ndim);
-        if (error) {
-            PyErr_SetObject(state->axis_error, error);
-            Py_DECREF(error);
-        }
-        return -1;
-    }
-    *axis = (int)(value < 0 ? value + ndim : value);
-    return 0;
+    *value = PyNumber_AsSsize_t(obj, PyExc_OverflowError);
+    return *value == -1 && PyErr_Occurred() ? -1 : 0;
 }
 
 /* Fills *ax from axis= (None: the last ns->ndim axes, as torch), checks the input's sizes
@@ -685,17 +672,10 @@ resolve_axes(module_state *state, ln_norm_kind kind, PyObject *axis_obj, PyArray
 {
     int status = -1;
     PyObject *seq = NULL, *ns_list = NULL, *size_list = NULL, *axis_tuple = NULL, *ns_text = NULL, *tail = NULL;
-    const int ndim = PyArray_NDIM(input);
+    Py_ssize_t values[LN_MAX_DIMS];
     ax->given = axis_obj && axis_obj != Py_None;
     ax->naxes = ns->ndim;
-    int sizes_match = 1;
-    if (!ax->given) {
-        sizes_match = ndim >= ns->ndim;
-        for (int i = 0; sizes_match && i < ns->ndim; i++) {
-            ax->axes[i] = ndim - ns->ndim + i;
-        }
-    }
-    else {
+    if (ax->given) {
         /* one axis: an int, NumPy's integer scalars and 0-d integer arrays (as np.sum takes) */
         const int zero_d = PyArray_Check(axis_obj) && PyArray_NDIM((PyArrayObject *)axis_obj) == 0;
         const int one = PyIndex_Check(axis_obj) && !is_bool(axis_obj) && (zero_d || !PySequence_Check(axis_obj));
@@ -721,11 +701,33 @@ resolve_axes(module_state *state, ln_norm_kind kind, PyObject *axis_obj, PyArray
             }
             goto done;
         }
-        int seen[LN_MAX_DIMS] = {0};
         for (int i = 0; i < ns->ndim; i++) {
-            if (parse_one_axis(state, PyTuple_GET_ITEM(seq, i), ndim, &ax->axes[i]) < 0) {
+            if (parse_one_axis(PyTuple_GET_ITEM(seq, i), &values[i]) < 0) {
                 goto done;
             }
+        }
+    }
+    /* the input's dims only now: an axis' __index__ may have reshaped it */
+    const int ndim = PyArray_NDIM(input);
+    int sizes_match = 1;
+    if (!ax->given) {
+        sizes_match = ndim >= ns->ndim;
+        for (int i = 0; sizes_match && i < ns->ndim; i++) {
+            ax->axes[i] = ndim - ns->ndim + i;
+        }
+    }
+    else {
+        int seen[LN_MAX_DIMS] = {0};
+        for (int i = 0; i < ns->ndim; i++) {
+            if (values[i] < -ndim || values[i] >= ndim) {  /* NumPy's AxisError */
+                PyObject *error = PyObject_CallFunction(state->axis_error, "ni", values[i], ndim);
+                if (error) {
+                    PyErr_SetObject(state->axis_error, error);
+                    Py_DECREF(error);
+                }
+                goto done;
+            }
+            ax->axes[i] = (int)(values[i] < 0 ? values[i] + ndim : values[i]);
             if (seen[ax->axes[i]]++) {
                 PyErr_Format(PyExc_ValueError, "repeated axis in axis=%R", seq);
                 goto done;
@@ -1849,27 +1851,23 @@ done:
     return result;
 }
 
-/* New reference: a statistic (mean or rstd) handed to backward as an array, checked to hold
-   one float per row (bfloat16 too: torch returns them so for bfloat16 parameters); NULL with
-   an exception set.  source: the function that returns it, for the messages, or NULL. */
-static PyArrayObject *
-stats_input(module_state *state, PyObject *obj, const char *source, const char *name, npy_intp rows)
+/* 0 if the statistic `arr` (mean or rstd, converted from `obj`) handed to backward holds one
+   float per row (bfloat16 too: torch returns them so for bfloat16 parameters), else -1 with an
+   exception set.  source: the function that returns it, for the messages, or NULL. */
+static int
+stats_check(module_state *state, PyArrayObject *arr, PyObject *obj, const char *source, const char *name,
+            npy_intp rows)
 {
-    PyArrayObject *result = NULL, *arr = NULL;
-    arr = as_array(obj);
-    if (!arr) {
-        goto done;
-    }
     const int is_float = is_float_array(state, arr);
     if (is_float < 0) {
-        goto done;
+        return -1;
     }
     const char *as = source ? ", as " : "", *returns = source ? " returns it" : "";
     if (!is_float) {
         PyErr_Format(PyExc_TypeError, "%s must be a float array%s%s%s; got %R of dtype %S", name, as,
                      source ? source : "", returns, obj == Py_None ? Py_None : (PyObject *)Py_TYPE(obj),
                      (PyObject *)PyArray_DESCR(arr));
-        goto done;
+        return -1;
     }
     if (PyArray_SIZE(arr) != rows) {
         PyErr_Format(PyExc_ValueError,
@@ -1877,13 +1875,9 @@ stats_input(module_state *state, PyObject *obj, const char *source, const char *
                      "%zd value%s of dtype %S",
                      name, (Py_ssize_t)rows, as, source ? source : "", returns, (Py_ssize_t)PyArray_SIZE(arr),
                      PyArray_SIZE(arr) == 1 ? "" : "s", (PyObject *)PyArray_DESCR(arr));
-        goto done;
+        return -1;
     }
-    Py_INCREF(arr);
-    result = arr;
-done:
-    Py_XDECREF(arr);
-    return result;
+    return 0;
 }
 
 /* New reference: the statistic `stats` (one value per row, any shape) with the statistics'
@@ -1945,6 +1939,20 @@ backward(module_state *state, const norm_kind *kind, const char *what, const bac
     if (dtype < 0) {
         goto done;
     }
+    /* Every conversion before any check of the shapes, as in forward: a grad_output or a
+       statistic whose __array__ reshaped the input made the kernel walk rows longer than the
+       weight. */
+    grad_out = as_array(objs->grad_output);
+    if (!grad_out) {
+        goto done;
+    }
+    const int first_stat = 2 - kind->n_stats;  /* index into (mean, rstd) */
+    for (int s = first_stat; objs->stats && s < 2; s++) {
+        stats[s] = as_array(objs->stats[s - first_stat]);
+        if (!stats[s]) {
+            goto done;
+        }
+    }
     for (int p = 0; p < kind->n_params; p++) {
         if (param_array(state, what, objs->params[p], param_names[p], &ns, param_type_num[dtype], &params[p]) < 0) {
             goto done;
@@ -1952,10 +1960,6 @@ backward(module_state *state, const norm_kind *kind, const char *what, const bac
     }
     npy_intp rows;
     if (resolve_axes(state, kind->kernel, objs->axis, input, &ns, &ax) < 0 || batch_size(input, &ax, &rows) < 0) {
-        goto done;
-    }
-    grad_out = as_array(objs->grad_output);
-    if (!grad_out) {
         goto done;
     }
     const int is_float = is_float_array(state, grad_out);
@@ -1976,11 +1980,9 @@ backward(module_state *state, const norm_kind *kind, const char *what, const bac
         }
         goto done;
     }
-    const int first_stat = 2 - kind->n_stats;  /* index into (mean, rstd) */
     if (objs->stats) {
         for (int s = first_stat; s < 2; s++) {
-            stats[s] = stats_input(state, objs->stats[s - first_stat], kind->stats_source, stat_names[s], rows);
-            if (!stats[s]) {
+            if (stats_check(state, stats[s], objs->stats[s - first_stat], kind->stats_source, stat_names[s], rows) < 0) {
                 goto done;
             }
         }
@@ -2568,6 +2570,17 @@ part_normalize(module_state *state, const norm_kind *kind, const char *what, con
     if (dtype < 0) {
         goto done;
     }
+    /* every conversion before any check of the shapes (see backward) */
+    const int first_stat = 2 - kind->n_stats;  /* index into (mean, rstd) */
+    for (int s = first_stat; s < 2; s++) {
+        stats[s] = as_array(objs->stats[s - first_stat]);
+        if (!stats[s]) {
+            goto done;
+        }
+    }
+    if (objs->scale && objs->scale != Py_None && !(scale = as_array(objs->scale))) {
+        goto done;
+    }
     for (int p = 0; p < kind->n_params; p++) {
         if (param_array(state, what, objs->params[p], param_names[p], &ns, param_type_num[dtype], &params[p]) < 0) {
             goto done;
@@ -2588,10 +2601,8 @@ part_normalize(module_state *state, const norm_kind *kind, const char *what, con
             goto done;
         }
     }
-    const int first_stat = 2 - kind->n_stats;  /* index into (mean, rstd) */
     for (int s = first_stat; s < 2; s++) {
-        stats[s] = stats_input(state, objs->stats[s - first_stat], NULL, stat_names[s], rows);
-        if (!stats[s]) {
+        if (stats_check(state, stats[s], objs->stats[s - first_stat], NULL, stat_names[s], rows) < 0) {
             goto done;
         }
         Py_SETREF(stats[s], stats_shaped(what, stat_names[s], stats[s], input, &ax, NPY_DOUBLE));
@@ -2599,9 +2610,8 @@ part_normalize(module_state *state, const norm_kind *kind, const char *what, con
             goto done;
         }
     }
-    if (objs->scale && objs->scale != Py_None) {
-        scale = stats_input(state, objs->scale, NULL, "scale", rows);
-        if (!scale) {
+    if (scale) {
+        if (stats_check(state, scale, objs->scale, NULL, "scale", rows) < 0) {
             goto done;
         }
         Py_SETREF(scale, stats_shaped(what, "scale", scale, input, &ax, NPY_DOUBLE));
@@ -2800,12 +2810,26 @@ part_backward(module_state *state, const norm_kind *kind, const char *what, cons
         goto done;
     }
     const int dtype = kernel_dtype(state, input, what);
-    if (dtype < 0 || param_array(state, what, objs->weight, "weight", &ns, param_type_num[dtype], &weight) < 0 ||
-        resolve_axes(state, kind->kernel, objs->axis, input, &ns, &ax) < 0 || batch_size(input, &ax, &rows) < 0) {
+    if (dtype < 0) {
         goto done;
     }
-    grad_out = as_array(objs->grad_output);
-    if (!grad_out) {
+    /* every conversion before any check of the shapes (see backward) */
+    const int first_stat = 2 - kind->n_stats;  /* index into (mean, rstd) and the row sums */
+    if (!(grad_out = as_array(objs->grad_output))) {
+        goto done;
+    }
+    for (int s = first_stat; s < 2; s++) {
+        if (!(stats[s] = as_array(objs->stats[s - first_stat]))) {
+            goto done;
+        }
+    }
+    for (int s = first_stat; objs->row_means && s < ROW_VALUES; s++) {
+        if (!(rows_g[s] = as_array(objs->row_means[s - first_stat]))) {
+            goto done;
+        }
+    }
+    if (param_array(state, what, objs->weight, "weight", &ns, param_type_num[dtype], &weight) < 0 ||
+        resolve_axes(state, kind->kernel, objs->axis, input, &ns, &ax) < 0 || batch_size(input, &ax, &rows) < 0) {
         goto done;
     }
     if (!PyArray_SAMESHAPE(grad_out, input)) {
@@ -2821,10 +2845,8 @@ part_backward(module_state *state, const norm_kind *kind, const char *what, cons
             goto done;
         }
     }
-    const int first_stat = 2 - kind->n_stats;  /* index into (mean, rstd) and the row sums */
     for (int s = first_stat; s < 2; s++) {
-        stats[s] = stats_input(state, objs->stats[s - first_stat], NULL, stat_names[s], rows);
-        if (!stats[s]) {
+        if (stats_check(state, stats[s], objs->stats[s - first_stat], NULL, stat_names[s], rows) < 0) {
             goto done;
         }
         Py_SETREF(stats[s], stats_shaped(what, stat_names[s], stats[s], input, &ax, NPY_DOUBLE));
@@ -2834,8 +2856,7 @@ part_backward(module_state *state, const norm_kind *kind, const char *what, cons
     }
     for (int s = first_stat; s < ROW_VALUES; s++) {
         if (objs->row_means) {
-            rows_g[s] = stats_input(state, objs->row_means[s - first_stat], NULL, row_mean_names[s], rows);
-            if (!rows_g[s]) {
+            if (stats_check(state, rows_g[s], objs->row_means[s - first_stat], NULL, row_mean_names[s], rows) < 0) {
                 goto done;
             }
             Py_SETREF(rows_g[s], stats_shaped(what, row_mean_names[s], rows_g[s], input, &ax, NPY_DOUBLE));

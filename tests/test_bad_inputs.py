@@ -53,6 +53,14 @@ class Reshaping:  # an argument whose conversion (the caller's own code) reshape
     def __array__(self, dtype=None, copy=None):
         self.array.shape = self.shape
         return np.zeros(self.shape, np.float32)
+
+class ReshapingIndex(Reshaping):  # an axis whose __index__ reshapes `array`
+    def __init__(self, array, shape, value):
+        super().__init__(array, shape)
+        self.value = value
+    def __index__(self):
+        self.array.shape = self.shape
+        return self.value
 """
 
 TORCH_SETUP = """
@@ -780,6 +788,25 @@ CASES = {
         "(lambda a: layernorm.add_layer_norm(a, Reshaping(a, (2, 6)), 4))(np.zeros((3, 4), np.float32))",
         ValueError, "Given normalized_shape=[4], expected input with shape [*, 4], but got input of size[2, 6]",
         isolated=True),
+    # backward's grad_output and statistics, and an axis' __index__, likewise
+    "layer_norm_backward-grad-output-reshapes-input": Case(
+        "(lambda a: layernorm.layer_norm_backward(Reshaping(a, (2, 6)), a, 4, mean[:1], rstd[:1]))"
+        "(np.zeros((3, 4), np.float32))",
+        ValueError, "Given normalized_shape=[4], expected input with shape [*, 4], but got input of size[2, 6]",
+        isolated=True),
+    "layer_norm_backward-mean-reshapes-input": Case(
+        "(lambda a: layernorm.layer_norm_backward(a, a, 4, Reshaping(a, (2, 6)), rstd[:1], np.ones(4, np.float32)))"
+        "(np.zeros((3, 4), np.float32))",
+        ValueError, "Given normalized_shape=[4], expected input with shape [*, 4], but got input of size[2, 6]",
+        isolated=True),
+    "rms_norm_backward-rstd-reshapes-input": Case(
+        "(lambda a: layernorm.rms_norm_backward(a, a, 4, Reshaping(a, (2, 6)), np.ones(4, np.float32)))"
+        "(np.zeros((3, 4), np.float32))",
+        ValueError, "Given normalized_shape=[4], expected input with shape [*4], but got input of size[2, 6]",
+        isolated=True),
+    "layer_norm-axis-index-reshapes-input": Case(
+        "(lambda a: layernorm.layer_norm(a, 4, axis=ReshapingIndex(a, (12, 4), 2)))(np.zeros((2, 6, 4), np.float32))",
+        AxisError, "axis 2 is out of bounds for array of dimension 2", isolated=True),
     "add_layer_norm-no-residual": Case(
         "layernorm.add_layer_norm(x, normalized_shape=4)", TypeError,
         "add_layer_norm() missing 1 required positional argument: 'residual'"),
