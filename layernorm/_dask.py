@@ -530,7 +530,11 @@ class _Scratch:
 
 def _sum(input: np.ndarray, residual: np.ndarray) -> np.ndarray:
     """input + residual as the kernels form it: NumPy's sum, but a NaN is the one quiet NaN,
-    and without NumPy's warnings of overflow and invalid operations, as the kernels give none."""
+    and without NumPy's warnings of overflow and invalid operations, as the kernels give none.
+    Chunks of other shapes (sizes unknown when the graph was built) are refused, not broadcast."""
+    if input.shape != residual.shape:
+        raise ValueError(f"residual has a chunk of shape {list(residual.shape)}, but input has one of shape "
+                         f"{list(input.shape)} there: their sizes along an axis of unknown chunks differ")
     with np.errstate(over="ignore", invalid="ignore"):
         total: np.ndarray = np.add(input, residual)
     total[np.isnan(total)] = np.nan

@@ -781,6 +781,19 @@ def test_unknown_row_chunks_with_a_numpy_argument_say_what_to_pass(make_call):
         np.testing.assert_array_equal(got, expected)
 
 
+@pytest.mark.parametrize("add", [layernorm.add_layer_norm, layernorm.add_rms_norm], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("row_chunk", [6, 3], ids=["whole-rows", "split-rows"])
+def test_a_residual_of_other_unknown_row_chunks_is_refused(add, row_chunk):
+    """Input and residual filtered by different masks: their row chunks, unknown when the
+    graph is built, differ, and computing refuses them (a chunk of 1 row would broadcast)."""
+    x = make_input((8, 6), np.float32)
+    xd = da.from_array(x, chunks=(4, row_chunk))
+    input = xd[da.from_array(np.array([1, 0, 0, 0, 1, 1, 1, 1], bool), chunks=4)]
+    residual = xd[da.from_array(np.array([1, 0, 0, 0, 1, 0, 0, 0], bool), chunks=4)]
+    with pytest.raises(ValueError, match=r"residual has .*shape \[1, \d\], but input has .*shape \[[14], \d\]"):
+        computed(add(input, residual, 6))
+
+
 def test_unknown_chunk_sizes_along_a_normalized_axis_say_to_compute_them():
     x = da.from_array(make_input((4, 20), np.float32), chunks=(2, 5))
     filtered = x[:, da.from_array(np.arange(20) % 3 > 0, chunks=5)]
