@@ -49,6 +49,14 @@ def test_transformer_blocks_at_other_sizes(builder):
 
 
 @requires_torch
+def test_transformer_blocks_tolerance_catches_a_wrong_eps():
+    """The Llama stack in NumPy with eps 1e-5 against torch's with 1e-6 (the same weights)."""
+    example = load("transformer_blocks")
+    right, wrong = example.build_llama(eps=1e-6), example.build_llama(eps=1e-5)
+    assert example.difference(example.Built(wrong.numpy, right.torch, right.input)) > example.TOLERANCE
+
+
+@requires_torch
 def test_convnext_norm_at_another_size():
     example = load("convnext_norm")
     built = example.build_convnext_norm(shape=(1, 40, 7, 9), seed=3)
