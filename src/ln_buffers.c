@@ -261,11 +261,14 @@ void ln_buffer_free(void *data)
     if (!data) {
         return;
     }
-    const size_t length = ln_header_of(data)->length;
+    const ln_buffer_header *header = ln_header_of(data);
+    const size_t length = header->length;
     char *evicted = NULL;
     pthread_mutex_lock(&ln_buffers.lock);
     const size_t limit = ln_buffers.limit;
-    const int kept = length <= limit;
+    /* a block smaller than any result the cache serves (a result shrunk by ndarray.resize
+       has one) would take the place of one it can serve */
+    const int kept = length <= limit && ln_capacity_of(header) >= LN_BUFFER_MIN_BYTES;
     if (kept) {
         if (ln_buffers.count == LN_BUFFER_CACHE_BLOCKS) {
             evicted = ln_uncache(0);

@@ -192,6 +192,17 @@ def test_a_result_shrunk_to_much_less_gives_its_block_back():
     assert z.shape == (4096, 1024)
 
 
+def test_results_shrunk_to_a_few_elements_leave_the_kept_blocks_in_place():
+    """Their small blocks, which no result the cache serves fits, are not kept in its slots."""
+    del _results("layer_norm", (4096, 1024))[0]  # 16 MiB kept
+    for _ in range(20):
+        y = _results("layer_norm", LARGE)[0]
+        y.resize((4,), refcheck=False)
+        del y
+    info = layernorm.result_cache_info()
+    assert info["blocks"] <= 2 and info["bytes"] >= 16 * MIB
+
+
 def test_memory_stays_flat_over_calls_of_many_sizes():
     def rss():
         with open("/proc/self/statm") as f:
