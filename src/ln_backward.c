@@ -311,6 +311,17 @@ int ln_backward(const ln_backward_args *a)
     if (!a->grad_input.data && !want_params) {
         return 0;
     }
+    if (elements == 0) {
+        /* no rows: the parameter gradients are zeros, with no scratch (an empty strided call's
+           lanes of partial sums for rows of 2**26 elements took 16 GiB) */
+        for (int p = 0; p < 2; p++) {
+            void *grad = p == 0 ? a->grad_weight : a->grad_bias;
+            if (grad) {
+                memset(grad, 0, (size_t)n * (size_t)job.param_elsize);
+            }
+        }
+        return 0;
+    }
     const int contiguous = ln_elements_adjacent(&a->grad_output, a->dtype) &&
                            ln_elements_adjacent(&a->input, a->dtype) && ln_elements_adjacent(&a->grad_input, a->dtype);
     job.lanes = contiguous ? 1 : 16;
@@ -328,25 +339,22 @@ int ln_backward(const ln_backward_args *a)
     job.adds_as_it_goes = contiguous && !by_column_spans && want_params && job.grad_blocks > 1 &&
                           ln_rows_add_to_totals(a->dtype, (rows + job.grad_blocks - 1) / job.grad_blocks, n);
     if (want_params) {
-        /* +1 so that row_len == 0 still allocates; backward_rows writes its block's sums
-           before it adds to them (or adds them to block 0's, leaving its own unwritten and
-           unread), the other routes add into zeros */
+        /* backward_rows writes its block's sums before it adds to them (or adds them to block
+           0's, leaving its own unwritten and unread), the other routes add into zeros */
         const int rows_write_sums = contiguous && !by_column_spans;
-        job.dparams = ln_scratch_take((size_t)(2 * job.grad_blocks * job.lanes * n + 1), !rows_write_sums,
+        job.dparams = ln_scratch_take((size_t)(2 * job.grad_blocks * job.lanes * n), !rows_write_sums,
                                       &dparams_source);
         if (!job.dparams) {
             goto done;
         }
     }
-    if (elements > 0) {
-        if (by_column_spans) {
-            if (ln_backward_by_column_spans(&job) < 0) {
-                goto done;
-            }
+    if (by_column_spans) {
+        if (ln_backward_by_column_spans(&job) < 0) {
+            goto done;
         }
-        else {
-            ln_parallel_for(job.grad_blocks, 1, contiguous ? ln_backward_blocks : ln_backward_tile_blocks, &job);
-        }
+    }
+    else {
+        ln_parallel_for(job.grad_blocks, 1, contiguous ? ln_backward_blocks : ln_backward_tile_blocks, &job);
     }
     if (want_params) {
         /* the blocks left to add, and block 0's sums to store */

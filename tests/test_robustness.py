@@ -106,6 +106,22 @@ def test_empty_rows_cost_nothing(kind):
     assert (outcome.error, outcome.message) == (None, "True")
 
 
+# Backward of no rows with parameter gradients: zeros, without scratch in proportion to the row
+# length (a lazy dask call runs it to learn its result types; it took 4 GiB for rows of 2**24)
+NO_ROWS_SETUP = "z = np.zeros((0, 2**24), np.float32); s = np.zeros((0, 1), np.float32); w = np.ones(2**24, np.float32)"
+NO_ROWS_BACKWARD = {
+    "layer_norm_backward": "[(g.shape, bool(g.any())) for g in layernorm.layer_norm_backward(z, z, 2**24, s, s, w, w)]",
+    "rms_norm_backward": "[(g.shape, bool(g.any())) for g in layernorm.rms_norm_backward(z, z, 2**24, s, w)]",
+}
+
+
+@pytest.mark.parametrize("call", list(NO_ROWS_BACKWARD))
+def test_backward_of_no_rows_needs_no_scratch(call):
+    outcome = run_in_child(NO_ROWS_BACKWARD[call], NO_ROWS_SETUP, memory=2**30, timeout=60)
+    grads = [((0, 2**24), False)] + [((2**24,), False)] * (2 if call == "layer_norm_backward" else 1)
+    assert (outcome.error, outcome.message) == (None, repr(grads))
+
+
 # A sequence argument whose items' own code (__index__, __bool__) empties it while the call
 # reads it: the call reads the items it was given, in a child process (a crash ends only it).
 EMPTIED_WHILE_READ = """
