@@ -1649,7 +1649,8 @@ static LN_ALWAYS_INLINE void grad_sums_single(ln_norm_kind kind, ln_dtype dtype,
 /* Whether ln_grad_row_needs_exact would find a float16/bfloat16/float32 row common (and return
    0), from its means and pass 1's maxima as they are, in vectors, without their largest lanes:
    its factors in the normal range (or zero with a zero operand: g_mean or gx_mean 0), some
-   lane of |g|'s and of |dy|'s at least twice max(precise_min, 2 precise_min rstd), every lane
+   lane of |g|'s and of |dy|'s at least twice max(precise_min, 2 precise_min rstd) and of
+   |xc|'s times rstd at least 0.5, every lane
    of |dy|'s times max(rstd, 1) and of |xc|'s at most half the square root of the term limit
    (their product a quarter of it), and |xc| |xc_scale| at most a quarter of FLT_MAX and
    |offset| an eighth (the inner term under half, with room for the float32 roundings).  The margins cover the float32 rounding of the bounds, so a
@@ -1667,6 +1668,7 @@ static LN_ALWAYS_INLINE int grad_row_common(double rstd, double g_mean, double g
         return 0;
     }
     return gf_any_at_least(tops->g, (float)least) && gf_any_at_least(tops->dy, (float)least) &&
+           gf_any_at_least(gf_mul(tops->xc, gf_splat((float)rstd)), 0.5f) &&
            gf_all_at_most(gf_mul(tops->dy, gf_splat((float)(rstd > 1.0 ? rstd : 1.0))), root) &&
            gf_all_at_most(tops->xc, root) && gf_all_at_most(gf_mul(tops->xc, gf_splat((float)xc_scale)), FLT_MAX / 4);
 }
@@ -1681,7 +1683,8 @@ static LN_ALWAYS_INLINE gd lanes_padded(gd a, int count)
 /* Whether ln_grad_row_needs_exact returns 0 for each row in the first count lanes, lane k
    holding a row's rstd, its factors xc_scale = -rstd^2 * gx_mean and offset = -rstd * g_mean,
    and the largest magnitudes of its pass 1 (widened): its common rows' test, in vectors,
-   largest >= max(precise_min, 2 * precise_min * rstd) as largest - that >= 0, |v| as
+   largest >= max(precise_min, 2 * precise_min * rstd) as largest - that >= 0, the largest
+   |xc| times rstd at least 0.5, |v| as
    max(|v|, 0), which a NaN fails.  RMSNorm's offset is -0.0 (g_mean = 0), which that test
    refuses and its zero-operand rule accepts: it is left out.  Rows with a zero factor
    otherwise (g_mean or gx_mean exactly 0, dy all zero) fail here though that rule passes
@@ -1703,6 +1706,7 @@ static LN_ALWAYS_INLINE int grad_lanes_common(ln_norm_kind kind, ln_dtype dtype,
     }
     common &= gd_all_within(lanes_padded(gd_sub(widened[LN_LARGEST_G], least), count), 0.0, INFINITY);
     common &= gd_all_within(lanes_padded(gd_sub(widened[LN_LARGEST_DY], least), count), 0.0, INFINITY);
+    common &= gd_all_within(lanes_padded(gd_mul(widened[LN_LARGEST_XC], rstd), count), 0.5, INFINITY);
     common &= gd_all_within(lanes_padded(inner_top, count), 0.0, (double)FLT_MAX / 2);
     common &= gd_all_within(lanes_padded(term_top, count), 0.0, ln_grad_term_limit(dtype));
     return common;

@@ -421,13 +421,23 @@ if BF16 is not None:
 GRAD_REFERENCE_RTOL = {np.dtype(np.float16): 2e-3, np.dtype(np.float32): 1e-6, np.dtype(np.float64): 1e-13}
 GRAD_TORCH_RTOL = {np.dtype(np.float16): 2e-3, np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-12}
 
-# (x, dy) magnitudes whose products dy * (x - mean) lie below the compute type's normal range
-# while x, dy and the gradients do not: float32 arithmetic for float16/bfloat16/float32 data
+# (x, dy, eps) magnitudes whose products dy * (x - mean) lie below the compute type's normal
+# range while x, dy and the gradients do not: float32 arithmetic for float16/bfloat16/float32
+# data.  With eps 0, |x - mean| ~ 1 / rstd; with an eps that outweighs the variance, |x - mean|
+# is far below 1 / rstd (rstd 1e15 for float32, 1e125 for float64).
 TINY_PRODUCT_MAGNITUDES = {
-    np.dtype(np.float16): [(1e-4, 1e-7)],
-    np.dtype(np.float32): [(1e-30, 1e-20), (1e-20, 1e-30), (1e-18, 1e-25), (1e-36, 1e-6)],
-    np.dtype(np.float64): [(1e-150, 1e-170), (1e-100, 1e-215), (1e-300, 1e-20)],
+    np.dtype(np.float16): [(1e-4, 1e-7, 0.0)],
+    np.dtype(np.float32): [(1e-30, 1e-20, 0.0), (1e-20, 1e-30, 0.0), (1e-18, 1e-25, 0.0), (1e-36, 1e-6, 0.0),
+                           (1e-36, 1e-11, 1e-30)],
+    np.dtype(np.float64): [(1e-150, 1e-170, 0.0), (1e-100, 1e-215, 0.0), (1e-300, 1e-20, 0.0),
+                           (1e-300, 1e-20, 1e-250)],
 }
+
+
+def tiny_product_id(case):
+    """A test id for a (dtype, (x, dy, eps)) case of TINY_PRODUCT_MAGNITUDES."""
+    dtype, (x_size, dy_size, eps) = case
+    return f"{dtype.name}-x{x_size:g}-dy{dy_size:g}" + (f"-eps{eps:g}" if eps else "")
 
 
 def f16_ulp(values, dtype=np.float16):

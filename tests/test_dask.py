@@ -33,6 +33,7 @@ from helpers import (  # noqa: E402
     make_input,
     nan_pairs,
     param_dtype,
+    tiny_product_id,
 )
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -425,20 +426,21 @@ def test_split_rows_of_extreme_magnitude_get_the_numpy_calls_gradients(kind, mag
 
 
 @pytest.mark.parametrize("dtype_magnitudes", [(dtype, m) for dtype, ms in TINY_PRODUCT_MAGNITUDES.items() for m in ms],
-                         ids=lambda p: f"{p[0].name}-x{p[1][0]:g}-dy{p[1][1]:g}")
+                         ids=tiny_product_id)
 @pytest.mark.parametrize("kind", KINDS, ids=str)
 def test_split_rows_with_tiny_products_get_the_numpy_calls_gradients(kind, dtype_magnitudes):
-    """Rows whose products dy * (x - mean) underflow the compute type (eps 0), split so that
-    only one chunk holds the row's largest |dy|: grad_input is the NumPy call's, within the
-    float64 truth's tolerance (each chunk's kernels need the whole row's largest magnitudes)."""
-    dtype, (x_size, dy_size) = dtype_magnitudes
+    """Rows whose products dy * (x - mean) underflow the compute type (eps 0, or one that
+    outweighs their variance), split so that only one chunk holds the row's largest |dy|:
+    grad_input is the NumPy call's, within the float64 truth's tolerance (each chunk's kernels
+    need the whole row's largest magnitudes)."""
+    dtype, (x_size, dy_size, eps) = dtype_magnitudes
     rng = np.random.default_rng(8)
     x = (rng.standard_normal(EXTREME_SHAPE) * x_size).astype(dtype)
     dy = (rng.standard_normal(EXTREME_SHAPE) * dy_size).astype(dtype)
     dy[:, :EXTREME_CHUNKS[1]] *= np.asarray(0.5, dtype)  # the largest |dy| in a later chunk
     ns = (x.shape[1],)
     weight = rng.uniform(0.5, 2.0, ns).astype(param_dtype(dtype))
-    stats = kind.native(x, ns, weight, eps=0.0)[1:]
+    stats = kind.native(x, ns, weight, eps=eps)[1:]
     whole = kind.backward(dy, x, ns, stats, weight)
     chunked = [da.from_array(s, chunks=(EXTREME_CHUNKS[0], 1)) for s in stats]
     split = computed([g for g in kind.backward(da.from_array(dy, chunks=EXTREME_CHUNKS),

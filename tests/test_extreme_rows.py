@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import layernorm
-from helpers import REF_REL_TOL, TINY_PRODUCT_MAGNITUDES, assert_within
+from helpers import REF_REL_TOL, TINY_PRODUCT_MAGNITUDES, assert_within, tiny_product_id
 from layernorm import _reference
 
 try:
@@ -192,6 +192,10 @@ def _backward_extreme(kind, row_len):
         return x.astype(np.float32), dy.astype(np.float32), 1e-5
     if kind == "float64-rstd-squared-overflows":  # a constant row: rstd 1e155
         return x, dy, 1e-310
+    if kind == "float64-rstd-squared-subnormal":  # std ~ 3e161: rstd**2 ~ 1e-323, a few bits
+        x[0] = np.sin(np.arange(row_len) + 1.0) * 4e161
+        dy[0] *= 1e70
+        return x, dy, 1e-5
     if kind == "float32-tiny-values-eps-0":  # rstd ~ 1e38: rstd**2 * mean(g * xhat) beyond float32
         x[0] = np.linspace(-2e-38, 2e-38, row_len)
         return x.astype(np.float32), dy.astype(np.float32), 0.0
@@ -221,7 +225,7 @@ def _rms_norm_backward_by(route, dy, x, rstd, weight):
 @pytest.mark.parametrize("route", ["rows", "axis"])
 @pytest.mark.parametrize("row_len", ROW_LENGTHS)
 @pytest.mark.parametrize("kind", ["float32-products-overflow", "float64-rstd-squared-overflows",
-                                  "float32-tiny-values-eps-0"])
+                                  "float64-rstd-squared-subnormal", "float32-tiny-values-eps-0"])
 def test_an_extreme_row_gets_the_reference_gradients(kind, row_len, route):
     """axis: the rows one lane each of a tile (the strided route), whose float32 path must hand
     such a tile to float64 as the contiguous route hands the row to ln_backward_exact_row."""
@@ -384,18 +388,19 @@ def test_a_nan_in_dy_gives_one_quiet_nan(dtype, row_len):
 
 TINY_PRODUCT_MAGNITUDES = dict(TINY_PRODUCT_MAGNITUDES)
 if BF16 is not None:
-    TINY_PRODUCT_MAGNITUDES[BF16] = [(1e-30, 1e-20)]
+    TINY_PRODUCT_MAGNITUDES[BF16] = [(1e-30, 1e-20, 0.0), (1e-36, 1e-11, 1e-30)]
 BACKWARD_ROUTES = {"rows": 64, "short-rows": 5, "huge-rows": 70000, "transposed": 64, "axis": 64}
 
 
 @pytest.mark.parametrize("route", list(BACKWARD_ROUTES))
 @pytest.mark.parametrize("dtype_magnitudes", [(dtype, m) for dtype, ms in TINY_PRODUCT_MAGNITUDES.items() for m in ms],
-                         ids=lambda p: f"{p[0].name}-x{p[1][0]:g}-dy{p[1][1]:g}")
+                         ids=tiny_product_id)
 @pytest.mark.parametrize("norm", ["layer", "rms"])
 def test_tiny_products_get_the_reference_gradients(norm, dtype_magnitudes, route):
     """Rows whose x and dy are small enough that dy * (x - mean) underflows the compute type,
-    eps 0: every route gives the reference's gradients, as for ordinary rows."""
-    dtype, (x_size, dy_size) = dtype_magnitudes
+    with eps 0 or an eps that outweighs their variance: every route gives the reference's
+    gradients, as for ordinary rows."""
+    dtype, (x_size, dy_size, eps) = dtype_magnitudes
     row_len = BACKWARD_ROUTES[route]
     rng = np.random.default_rng(7)
     x = (rng.standard_normal((4, row_len)) * x_size).astype(dtype)
@@ -404,10 +409,10 @@ def test_tiny_products_get_the_reference_gradients(norm, dtype_magnitudes, route
     weight = rng.uniform(0.5, 2.0, row_len).astype(pdt)
     ns = (row_len,)
     if norm == "layer":
-        _, mean, rstd = layernorm.native_layer_norm(x, ns, weight, None, 0.0)
+        _, mean, rstd = layernorm.native_layer_norm(x, ns, weight, None, eps)
         stats, want = (mean, rstd), _reference.layer_norm_backward_given_stats(dy, x, ns, mean, rstd, weight)
     else:
-        _, rstd = layernorm.native_rms_norm(x, ns, weight, 0.0)
+        _, rstd = layernorm.native_rms_norm(x, ns, weight, eps)
         stats, want = (rstd,), _reference.rms_norm_backward_given_stats(dy, x, ns, rstd, weight)
     backward = layernorm.layer_norm_backward if norm == "layer" else layernorm.rms_norm_backward
     params = (weight, np.zeros_like(weight)) if norm == "layer" else (weight,)
