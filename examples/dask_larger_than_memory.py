@@ -108,7 +108,8 @@ def main(argv=None):
         target.flush()
         seconds = time.perf_counter() - started
         print(f"normalized {x.shape[0]} x {cols} {x.dtype} ({x.nbytes / 2**30:.2f} GiB) in chunks of"
-              f" {x.chunksize[0]} rows ({np.prod(x.chunksize) * x.dtype.itemsize / 2**20:.0f} MiB) into {path}"
+              f" {x.chunksize[0]} rows ({np.prod(x.chunksize) * x.dtype.itemsize / 2**20:.0f} MiB) into"
+              f" {path if arguments.output else 'a temporary file (--output PATH keeps it)'}"
               f" in {seconds:.1f} s")
 
         rows = np.linspace(0, x.shape[0] - 1, CHECKED_ROWS).astype(int).tolist()
