@@ -376,8 +376,8 @@ static inline double ln_grad_term_limit(ln_dtype dtype)
      1e-30, dy ~ 1e-20 in float32): tested with |xc| as 1 / rstd, which it reaches unless eps
      outweighs the variance, and as its largest, which is far smaller where eps does (x ~
      1e-36, eps 1e-30, dy ~ 1e-11: every dy * xc 0.0 in float32);
-   - -rstd**2 * gx_mean is formed left to right: rstd**2 is normal (float64 rows of std
-     1e154 to 1e162 have it subnormal, and their dx lost up to a third of its value);
+   - -rstd**2 * gx_mean is formed left to right, in float64: rstd**2 is normal there (float64
+     rows of std 1e154 to 1e162 have it subnormal, and their dx lost up to a third of its value);
    - what pass 2 forms keeps clear of the compute type's largest: dx's inner term
      xc_scale * xc + offset (where rstd * g cancels it, dx is finite though it is not), and
      dweight's terms (dy * xc) * rstd, summed in the compute type over a group's rows (a
@@ -401,7 +401,7 @@ static inline int ln_grad_row_needs_exact(ln_dtype dtype, double rstd, double g_
        normal_max] rounds into it; with rstd positive, largest >= 2 * precise_min * rstd
        (rounded) makes largest / rstd > precise_min, and with xc_top * rstd >= 0.5 too,
        largest * xc_top >= precise_min.  So the test below would say normal too. */
-    int common = fits & (rstd >= normal_min) & (rstd <= normal_max) & (rstd * rstd >= normal_min) &
+    int common = fits & (rstd >= normal_min) & (rstd <= normal_max) & (rstd * rstd >= DBL_MIN) &
                  (xc_top * rstd >= 0.5);
     for (int i = 1; i < 3; i++) {
         common &= (fabs(factors[i]) >= normal_min) & (fabs(factors[i]) <= normal_max);
@@ -413,7 +413,7 @@ static inline int ln_grad_row_needs_exact(ln_dtype dtype, double rstd, double g_
         return 0;
     }
     const int zero_operand[3] = {rstd == 0.0, rstd == 0.0 || gx_mean == 0.0, rstd == 0.0 || g_mean == 0.0};
-    int normal = fits & (zero_operand[1] || rstd * rstd >= normal_min);
+    int normal = fits & (zero_operand[1] || rstd * rstd >= DBL_MIN);
     for (int i = 0; i < 3; i++) {
         const double factor = dtype == LN_F64 ? factors[i] : (double)(float)factors[i];
         normal &= (factors[i] == 0.0 && zero_operand[i]) || (isfinite(factor) && fabs(factor) >= normal_min);

@@ -243,6 +243,23 @@ def test_an_extreme_row_gets_the_reference_gradients(kind, row_len, route):
         assert_within(g, w, tol, name)
 
 
+@pytest.mark.parametrize("row_len", [40, 5000, 70000])
+def test_float32_rows_of_std_3e19_keep_the_float32_path(row_len):
+    """rstd**2 ~ 1e-39 lies below float32's normal range but is formed in float64, and the
+    factors it makes are normal: such rows stay on the float32 path, whose arithmetic scales
+    exactly with the row (eps 0), as the row scaled down by 2**-70 shows bit for bit."""
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((4, row_len)) * 3e19).astype(np.float32)
+    dy = (rng.standard_normal((4, row_len)) * 1e4).astype(np.float32)
+    weight, bias = rng.uniform(0.5, 2.0, row_len).astype(np.float32), np.zeros(row_len, np.float32)
+    grads = []
+    for rows in (x, x * np.float32(2.0**-70)):
+        _, mean, rstd = layernorm.native_layer_norm(rows, (row_len,), weight, bias, 0.0)
+        grads.append(layernorm.layer_norm_backward(dy, rows, (row_len,), mean, rstd, weight, bias))
+    np.testing.assert_array_equal(grads[0][0] * np.float32(2.0**70), grads[1][0])
+    np.testing.assert_array_equal(grads[0][1], grads[1][1])
+
+
 def _tiny_weight_huge_dy(case):
     """(x, dy, weight, eps) of 16 rows of 40 elements under w = 1e-20, where g = dy * w and
     g * (x - mean) stay in float32's range but dweight's term dy * (x - mean) * rstd does not:
