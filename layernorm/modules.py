@@ -564,6 +564,11 @@ class NormModule:
                     f"size mismatch for {name}: copying a param with shape {value.shape} from "
                     f"checkpoint, the shape in current model is {_param_array(param).shape}."
                 )
+            elif not assign and not _param_array(param).flags.writeable:
+                errors.append(
+                    f'While copying the parameter named "{name}", the parameter is a read-only '
+                    "array: load with assign=True to replace it"
+                )
             else:
                 new_values[name] = value
         if errors:

@@ -588,6 +588,20 @@ def test_load_state_dict_checks_everything_before_changing_anything(kind, source
     assert f"size mismatch for {last}" in str(info.value)
 
 
+@BY_KIND
+def test_load_state_dict_into_a_read_only_parameter_changes_nothing(kind):
+    # the last parameter read-only (as one loaded with np.load(mmap_mode="r") is): refused
+    # before the first is written
+    m = known_module(kind)
+    getattr(m, kind.names[-1]).flags.writeable = False
+    before = params(kind, m)
+    with pytest.raises(RuntimeError, match=f'parameter named "{kind.names[-1]}", the parameter is a read-only'):
+        m.load_state_dict({name: NEW_W for name in kind.names})
+    assert_params_equal(kind, m, before)
+    m.load_state_dict({name: NEW_W for name in kind.names}, assign=True)
+    assert all(np.array_equal(getattr(m, name), NEW_W) for name in kind.names)
+
+
 NOT_MAPPINGS = [[("weight", NEW_W), ("bias", NEW_B)], None, "weight"]
 NOT_MAPPING_IDS = ["list_of_pairs", "None", "str"]
 
