@@ -97,7 +97,12 @@ def _as_numpy(value: Any) -> Any:
         if value.dtype == torch.bfloat16:
             # NumPy has no bfloat16: the same bits, viewed as ml_dtypes' (no float32 round trip)
             return value.view(torch.int16).numpy().view(_bfloat16_dtype())
-        return value.numpy()
+        try:
+            return value.numpy()
+        except TypeError:  # torch's bare "Got unsupported ScalarType Float8_e4m3fn"
+            raise TypeError(f"a torch tensor of dtype {value.dtype} has no NumPy dtype to compute in: "
+                            "convert it first, e.g. tensor.float() (float16, bfloat16, float32 and float64 "
+                            "are supported)") from None
     return value
 
 

@@ -870,6 +870,19 @@ def test_bad_input(name):
     _check(case, type(info.value).__name__, str(info.value))
 
 
+@requires_torch
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
+@pytest.mark.parametrize("dtype_name", ["float8_e4m3fn", "complex32"])
+def test_a_tensor_of_a_dtype_numpy_lacks_says_what_to_do(dtype_name):
+    import torch
+
+    tensor = torch.ones(2, 4).to(getattr(torch, dtype_name))
+    for call in (lambda: layernorm.layer_norm(tensor, 4), lambda: layernorm.rms_norm(tensor, 4)):
+        with pytest.raises(TypeError, match=rf"^a torch tensor of dtype torch.{dtype_name} has no NumPy dtype to "
+                                            r"compute in: convert it first, e.g. tensor.float\(\)"):
+            call()
+
+
 # What each exception of torch's is here: (torch's class, ours, whether torch's text is in ours).
 # A dtype torch has no kernel for is its NotImplementedError and our TypeError; a bad value is
 # its RuntimeError (or ValueError) and our ValueError, or RuntimeError where ours is a state
