@@ -391,9 +391,13 @@ def _dtype_lines(p: _Problem, dtype_name: str) -> List[str]:
 def _compare(actual_value: Any, p: _Problem, rtol: Optional[float], atol: Optional[float],
              check_dtype: bool = True) -> _Report:
     actual, dtype_name = _as_array(actual_value)
-    # an output of another dtype is held to the tolerances of the dtype it should have
-    expected_dtype = p.dtype_name if check_dtype and hasattr(actual_value, "dtype") else None
+    # an output of another dtype is held to the tolerances of the dtype it should have, and one
+    # without a dtype of its own (a list) to the input's
+    has_dtype = hasattr(actual_value, "dtype")
+    expected_dtype = p.dtype_name if check_dtype and has_dtype else None
     wrong_dtype = expected_dtype is not None and dtype_name != expected_dtype
+    if not has_dtype and p.dtype_name is not None:
+        dtype_name = p.dtype_name
     rtol, atol = _tolerance(expected_dtype or dtype_name, rtol, atol)
     actual = _real(actual, "the output").astype(np.float64)
     if actual.shape != p.x.shape:
@@ -617,13 +621,14 @@ def _parameters(fn: Any, kind: str, normalized_shape: Tuple[int, ...], weight: A
 
 
 def _call(fn: Callable[[Any], Any], x: np.ndarray) -> Any:
-    """fn(x); if fn refuses a NumPy array and torch is installed, fn on the tensor instead.
-    A training-mode norm module of ours keeps what its last forward saved for backward."""
+    """fn(x); if fn refuses a NumPy array as a torch function does (TypeError, AttributeError)
+    and torch is installed, fn on the tensor instead; any other error of fn's is its own.  A
+    training-mode norm module of ours keeps what its last forward saved for backward."""
     module = fn if isinstance(fn, NormModule) else None
     saved = module._saved if module is not None else None
     try:
         return fn(x.copy())
-    except Exception:
+    except (TypeError, AttributeError):
         torch = _torch_or_none()
         if torch is None:
             raise

@@ -313,6 +313,25 @@ def test_an_input_without_a_dtype_leaves_the_output_dtype_alone():
 
 
 @needs_torch
+def test_an_output_without_a_dtype_is_held_to_the_inputs_tolerances():
+    # torch's float32 values as a list: judged at float32's tolerances, which the list cannot
+    # name (at float64's, some of torch's float32 roundings fail)
+    x = torch.from_numpy(np.random.default_rng(1).standard_normal((16, 768)).astype(np.float32))
+    assert_layer_norm_close(torch.nn.functional.layer_norm(x, (768,)).tolist(), x, 768)
+
+
+def test_diagnose_raises_the_functions_own_error():
+    # a NumPy function's own mistake, not a torch error from a retry on a tensor it never got
+    # (torch's var() takes no ddof: the retry failed with a TypeError of its own)
+    def broken(x):
+        centred = x - x.mean(axis=-1, keepdims=True)
+        return centred / np.sqrt(x.var(axis=-1, ddof=1, keepdims=True) + 1e-5) * np.ones(ROW_LEN + 1)
+
+    with pytest.raises(ValueError, match="could not be broadcast"):
+        diagnose(broken, ROW_LEN)
+
+
+@needs_torch
 def test_float16_tensor_input_with_a_float32_tensor_output_is_named():
     x = torch.from_numpy(rows_of_different_scales(np.float16))
     y = torch.nn.functional.layer_norm(x.float(), (ROW_LEN,))
