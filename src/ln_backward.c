@@ -38,7 +38,8 @@ typedef struct {
     ptrdiff_t lanes;         /* partial sums per column a block: 1, or 16 on the strided route */
     ptrdiff_t spans;         /* LN_CHUNK-column spans per row */
     ptrdiff_t read_ahead;    /* column spans: how pass 1 reads dy and x ahead (ln_backward_read_ahead) */
-    double *dparams;         /* grad_blocks x [dweight (lanes x row_len), dbias (lanes x row_len)] */
+    ptrdiff_t sums_len;      /* doubles of a block's dweight or dbias sums: lanes x row_len, to a whole line */
+    double *dparams;         /* grad_blocks x [dweight sums, dbias sums], sums_len doubles each */
     int adds_as_it_goes;     /* the task of block 0 adds its blocks to block 0's sums (ln_backward_blocks) */
     ptrdiff_t blocks_added;  /* blocks 0 .. blocks_added - 1 are in block 0's sums */
     double *sums;            /* column spans: rows x spans x LN_GRAD_SUMS [sum g, sum g * xhat, largest] */
@@ -70,13 +71,13 @@ static double ln_backward_mean(const ln_backward_args *a, ptrdiff_t r)
 /* Block `block`'s dweight partial sums (lanes x row_len), or NULL when not wanted. */
 static double *ln_block_dweight(const ln_backward_job *job, ptrdiff_t block)
 {
-    return job->args->grad_weight ? job->dparams + 2 * block * job->lanes * job->args->extent.row_len : NULL;
+    return job->args->grad_weight ? job->dparams + 2 * block * job->sums_len : NULL;
 }
 
 /* ... and its dbias partial sums. */
 static double *ln_block_dbias(const ln_backward_job *job, ptrdiff_t block)
 {
-    return job->args->grad_bias ? job->dparams + (2 * block + 1) * job->lanes * job->args->extent.row_len : NULL;
+    return job->args->grad_bias ? job->dparams + (2 * block + 1) * job->sums_len : NULL;
 }
 
 /* totals[0 .. n) += sums[0 .. n): one block's sums added to the blocks' before it. */
@@ -232,8 +233,8 @@ static void ln_backward_span_apply(void *ctx, ptrdiff_t begin, ptrdiff_t end)
                 any_exact |= exact[k];
             }
             const void *weight = a->weight ? (const char *)a->weight + start * job->param_elsize : NULL;
-            double *dweight = a->grad_weight ? job->dparams + start : NULL;
-            double *dbias = a->grad_bias ? job->dparams + a->extent.row_len + start : NULL;
+            double *dweight = a->grad_weight ? ln_block_dweight(job, 0) + start : NULL;
+            double *dbias = a->grad_bias ? ln_block_dbias(job, 0) + start : NULL;
             if (any_exact) {
                 ln_grad_apply_without(job->kernels->grad_apply, &group, exact, weight, len, dweight, dbias);
             }
@@ -282,7 +283,7 @@ static int ln_backward_by_column_spans(ln_backward_job *job)
     ln_parallel_for(job->spans, 4, ln_backward_span_apply, job);
     for (ptrdiff_t r = 0; r < rows; r++) {
         if (ln_backward_span_row_exact(job, r)) {
-            ln_backward_exact_row(a, r, a->grad_weight ? job->dparams : NULL);
+            ln_backward_exact_row(a, r, ln_block_dweight(job, 0));
         }
     }
     status = 0;
@@ -325,9 +326,11 @@ int ln_backward(const ln_backward_args *a)
     const int contiguous = ln_elements_adjacent(&a->grad_output, a->dtype) &&
                            ln_elements_adjacent(&a->input, a->dtype) && ln_elements_adjacent(&a->grad_input, a->dtype);
     job.lanes = contiguous ? 1 : 16;
+    const ptrdiff_t line = LN_SCRATCH_ALIGN / (ptrdiff_t)sizeof(double);
+    job.sums_len = (job.lanes * n + line - 1) / line * line;
     const ptrdiff_t units = contiguous ? rows : ln_tiles_of(&a->extent);  /* what row blocks hold */
     if (elements >= LN_PARALLEL_MIN_ELEMENTS) {
-        const ptrdiff_t max_blocks = LN_GRAD_PARTIALS_MAX / (job.lanes * n);
+        const ptrdiff_t max_blocks = LN_GRAD_PARTIALS_MAX / job.sums_len;
         job.grad_blocks = units < LN_GRAD_BLOCKS ? units : LN_GRAD_BLOCKS;
         job.grad_blocks = job.grad_blocks < max_blocks ? job.grad_blocks : max_blocks > 1 ? max_blocks : 1;
     }
@@ -342,7 +345,7 @@ int ln_backward(const ln_backward_args *a)
         /* backward_rows writes its block's sums before it adds to them (or adds them to block
            0's, leaving its own unwritten and unread), the other routes add into zeros */
         const int rows_write_sums = contiguous && !by_column_spans;
-        job.dparams = ln_scratch_take((size_t)(2 * job.grad_blocks * job.lanes * n), !rows_write_sums,
+        job.dparams = ln_scratch_take((size_t)(2 * job.grad_blocks * job.sums_len), !rows_write_sums,
                                       &dparams_source);
         if (!job.dparams) {
             goto done;

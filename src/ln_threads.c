@@ -444,6 +444,14 @@ static void ln_scratch_after_fork_child(void)
     pthread_mutex_init(&ln_scratch.lock, NULL);
 }
 
+/* count doubles from malloc's heap, LN_SCRATCH_ALIGN-aligned (count is at most LN_SCRATCH_MAX
+   bytes); free() gives them back. */
+static double *ln_scratch_alloc(size_t count)
+{
+    void *data = NULL;
+    return posix_memalign(&data, LN_SCRATCH_ALIGN, count * sizeof(double)) == 0 ? data : NULL;
+}
+
 double *ln_scratch_take(size_t count, int zeroed, ln_scratch_source *source)
 {
     pthread_once(&ln_fork_handlers_once, ln_register_fork_handlers);
@@ -453,11 +461,15 @@ double *ln_scratch_take(size_t count, int zeroed, ln_scratch_source *source)
     }
     *source = LN_SCRATCH_MALLOC;
     if (pthread_mutex_trylock(&ln_scratch.lock) != 0) {
-        return zeroed ? calloc(count, sizeof(double)) : malloc(count * sizeof(double));
+        double *data = ln_scratch_alloc(count);
+        if (data && zeroed) {
+            memset(data, 0, count * sizeof(double));
+        }
+        return data;
     }
     if (ln_scratch.count < count) {
         free(ln_scratch.data);
-        ln_scratch.data = malloc(count * sizeof(double));
+        ln_scratch.data = ln_scratch_alloc(count);
         ln_scratch.count = ln_scratch.data ? count : 0;
         if (!ln_scratch.data) {
             pthread_mutex_unlock(&ln_scratch.lock);
