@@ -1717,7 +1717,8 @@ forward(module_state *state, const norm_kind *kind, const char *what, const forw
             goto done;
         }
         for (int s = first_stat; s < 2; s++) {
-            stats[s] = stats_over_bytes(saved_stats, PyBytes_AS_STRING(saved_stats) + (s - first_stat) * layout.stat_bytes,
+            stats[s] = stats_over_bytes(saved_stats,
+                                        PyBytes_AS_STRING(saved_stats) + (s - first_stat) * layout.stat_bytes,
                                         input, &ax, param_type_num[dtype]);
             if (!stats[s]) {
                 goto done;
@@ -1982,7 +1983,8 @@ backward(module_state *state, const norm_kind *kind, const char *what, const bac
     }
     if (objs->stats) {
         for (int s = first_stat; s < 2; s++) {
-            if (stats_check(state, stats[s], objs->stats[s - first_stat], kind->stats_source, stat_names[s], rows) < 0) {
+            if (stats_check(state, stats[s], objs->stats[s - first_stat], kind->stats_source, stat_names[s],
+                            rows) < 0) {
                 goto done;
             }
         }
@@ -2486,7 +2488,8 @@ part_moments(module_state *state, const norm_kind *kind, const char *what, const
         goto done;
     }
     const int dtype = kernel_dtype(state, input, what);
-    if (dtype < 0 || resolve_axes(state, kind->kernel, objs->axis, input, &ns, &ax) < 0 || batch_size(input, &ax, &rows) < 0) {
+    if (dtype < 0 || resolve_axes(state, kind->kernel, objs->axis, input, &ns, &ax) < 0 ||
+        batch_size(input, &ax, &rows) < 0) {
         goto done;
     }
     if (kind->n_stats == 2) {
@@ -3240,27 +3243,31 @@ set_simd_level(PyObject *module, PyObject *arg)
 /* Module setup                                                              */
 /* ------------------------------------------------------------------------ */
 
+/* A METH_FASTCALL | METH_KEYWORDS entry: Python name, C function, and its docstring function##_doc. */
+#define KEYWORD_METHOD(name, function) \
+    {name, (PyCFunction)(void (*)(void))function, METH_FASTCALL | METH_KEYWORDS, function##_doc}
+
 static PyMethodDef layernorm_methods[] = {
-    {"layer_norm", (PyCFunction)(void (*)(void))layer_norm, METH_FASTCALL | METH_KEYWORDS, layer_norm_doc},
-    {"native_layer_norm", (PyCFunction)(void (*)(void))native_layer_norm, METH_FASTCALL | METH_KEYWORDS, native_layer_norm_doc},
-    {"add_layer_norm", (PyCFunction)(void (*)(void))add_layer_norm, METH_FASTCALL | METH_KEYWORDS, add_layer_norm_doc},
-    {"layer_norm_backward", (PyCFunction)(void (*)(void))layer_norm_backward, METH_FASTCALL | METH_KEYWORDS, layer_norm_backward_doc},
-    {"training_forward", (PyCFunction)(void (*)(void))training_forward, METH_FASTCALL | METH_KEYWORDS, training_forward_doc},
-    {"saved_backward", (PyCFunction)(void (*)(void))saved_backward, METH_FASTCALL | METH_KEYWORDS, saved_backward_doc},
-    {"rms_norm", (PyCFunction)(void (*)(void))rms_norm, METH_FASTCALL | METH_KEYWORDS, rms_norm_doc},
-    {"native_rms_norm", (PyCFunction)(void (*)(void))native_rms_norm, METH_FASTCALL | METH_KEYWORDS, native_rms_norm_doc},
-    {"add_rms_norm", (PyCFunction)(void (*)(void))add_rms_norm, METH_FASTCALL | METH_KEYWORDS, add_rms_norm_doc},
-    {"rms_norm_backward", (PyCFunction)(void (*)(void))rms_norm_backward, METH_FASTCALL | METH_KEYWORDS, rms_norm_backward_doc},
-    {"rms_training_forward", (PyCFunction)(void (*)(void))rms_training_forward, METH_FASTCALL | METH_KEYWORDS, rms_training_forward_doc},
-    {"rms_saved_backward", (PyCFunction)(void (*)(void))rms_saved_backward, METH_FASTCALL | METH_KEYWORDS, rms_saved_backward_doc},
-    {"_layer_norm_part_moments", (PyCFunction)(void (*)(void))layer_norm_part_moments, METH_FASTCALL | METH_KEYWORDS, layer_norm_part_moments_doc},
-    {"_layer_norm_part_normalize", (PyCFunction)(void (*)(void))layer_norm_part_normalize, METH_FASTCALL | METH_KEYWORDS, layer_norm_part_normalize_doc},
-    {"_rms_norm_part_moments", (PyCFunction)(void (*)(void))rms_norm_part_moments, METH_FASTCALL | METH_KEYWORDS, rms_norm_part_moments_doc},
-    {"_rms_norm_part_normalize", (PyCFunction)(void (*)(void))rms_norm_part_normalize, METH_FASTCALL | METH_KEYWORDS, rms_norm_part_normalize_doc},
-    {"_layer_norm_part_grad_sums", (PyCFunction)(void (*)(void))layer_norm_part_grad_sums, METH_FASTCALL | METH_KEYWORDS, layer_norm_part_grad_sums_doc},
-    {"_layer_norm_part_grad_input", (PyCFunction)(void (*)(void))layer_norm_part_grad_input, METH_FASTCALL | METH_KEYWORDS, layer_norm_part_grad_input_doc},
-    {"_rms_norm_part_grad_sums", (PyCFunction)(void (*)(void))rms_norm_part_grad_sums, METH_FASTCALL | METH_KEYWORDS, rms_norm_part_grad_sums_doc},
-    {"_rms_norm_part_grad_input", (PyCFunction)(void (*)(void))rms_norm_part_grad_input, METH_FASTCALL | METH_KEYWORDS, rms_norm_part_grad_input_doc},
+    KEYWORD_METHOD("layer_norm", layer_norm),
+    KEYWORD_METHOD("native_layer_norm", native_layer_norm),
+    KEYWORD_METHOD("add_layer_norm", add_layer_norm),
+    KEYWORD_METHOD("layer_norm_backward", layer_norm_backward),
+    KEYWORD_METHOD("training_forward", training_forward),
+    KEYWORD_METHOD("saved_backward", saved_backward),
+    KEYWORD_METHOD("rms_norm", rms_norm),
+    KEYWORD_METHOD("native_rms_norm", native_rms_norm),
+    KEYWORD_METHOD("add_rms_norm", add_rms_norm),
+    KEYWORD_METHOD("rms_norm_backward", rms_norm_backward),
+    KEYWORD_METHOD("rms_training_forward", rms_training_forward),
+    KEYWORD_METHOD("rms_saved_backward", rms_saved_backward),
+    KEYWORD_METHOD("_layer_norm_part_moments", layer_norm_part_moments),
+    KEYWORD_METHOD("_layer_norm_part_normalize", layer_norm_part_normalize),
+    KEYWORD_METHOD("_rms_norm_part_moments", rms_norm_part_moments),
+    KEYWORD_METHOD("_rms_norm_part_normalize", rms_norm_part_normalize),
+    KEYWORD_METHOD("_layer_norm_part_grad_sums", layer_norm_part_grad_sums),
+    KEYWORD_METHOD("_layer_norm_part_grad_input", layer_norm_part_grad_input),
+    KEYWORD_METHOD("_rms_norm_part_grad_sums", rms_norm_part_grad_sums),
+    KEYWORD_METHOD("_rms_norm_part_grad_input", rms_norm_part_grad_input),
     {"set_num_threads", set_num_threads, METH_O, set_num_threads_doc},
     {"get_num_threads", get_num_threads, METH_NOARGS, get_num_threads_doc},
     {"set_result_cache", set_result_cache, METH_O, set_result_cache_doc},

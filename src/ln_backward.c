@@ -123,8 +123,9 @@ static void ln_backward_blocks(void *ctx, ptrdiff_t begin, ptrdiff_t end)
 /* Columns [first, first + len) of one parameter gradient: block 0's sums (`of_block`'s)
    take the other blocks' in block order (those not added already), then go out in the
    parameters' dtype. */
-static void ln_backward_param_columns(const ln_backward_job *job, double *(*of_block)(const ln_backward_job *, ptrdiff_t),
-                                      void *param, ptrdiff_t first, ptrdiff_t len)
+static void ln_backward_param_columns(const ln_backward_job *job,
+                                      double *(*of_block)(const ln_backward_job *, ptrdiff_t), void *param,
+                                      ptrdiff_t first, ptrdiff_t len)
 {
     double *const sums = of_block(job, 0) + first;
     for (ptrdiff_t block = job->blocks_added; block < job->grad_blocks; block++) {

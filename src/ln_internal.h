@@ -501,7 +501,8 @@ static inline int ln_rows_consecutive(const ln_array *array, const ln_extent *ex
 {
     assert(begin < end);
     return array->walk.row_step == row_bytes &&
-           ln_row_address(array, extent, end - 1) == ln_row_address(array, extent, begin) + (end - 1 - begin) * row_bytes;
+           ln_row_address(array, extent, end - 1) ==
+               ln_row_address(array, extent, begin) + (end - 1 - begin) * row_bytes;
 }
 
 /* Whether an array is absent or has its rows' elements adjacent. */

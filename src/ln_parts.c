@@ -287,7 +287,8 @@ int ln_part_normalize(const ln_part_normalize_args *a)
 {
     assert(a && 0 <= a->kind && a->kind < LN_NORM_KINDS && 0 <= a->dtype && a->dtype < LN_DTYPES);
     assert(ln_element_array_valid(&a->input, a->dtype) && ln_element_array_valid(&a->output, a->dtype));
-    assert(a->rstd.data && a->row_len >= a->extent.row_len && (a->kind == LN_NORM_LAYER || (!a->bias && !a->mean.data)));
+    assert(a->rstd.data && a->row_len >= a->extent.row_len);
+    assert(a->kind == LN_NORM_LAYER || (!a->bias && !a->mean.data));
     const ptrdiff_t rows = ln_rows_of(&a->extent), n = a->extent.row_len;
     if (rows <= 0 || n == 0) {
         return 0;

@@ -827,7 +827,8 @@ static LN_ALWAYS_INLINE void normalize_sum(ln_norm_kind kind, ln_dtype dtype, in
     }
     for (; i + 16 <= n; i += 16) {
         add_group(dtype, x + i * elsize, residual + i * elsize, lanes, 0);
-        normalize_group(kind, dtype, &k, lanes, y + i * elsize, 0, weight ? (const char *)weight + i * param_size : NULL,
+        normalize_group(kind, dtype, &k, lanes, y + i * elsize, 0,
+                        weight ? (const char *)weight + i * param_size : NULL,
                         bias ? (const char *)bias + i * param_size : NULL, store);
     }
     for (; i < n; i++) {
@@ -1133,7 +1134,8 @@ static LN_ALWAYS_INLINE void forward_short_rows(ln_norm_kind kind, ln_dtype dtyp
     short_rows_params p = {.n = n, .by_n = lane_divisor_of(n)};
     for (ptrdiff_t i = 0; i < n; i++) {
         p.weights[i] = a->weight ? ln_load1_param_as_f64(dtype, a->weight, i) : 1.0;
-        p.biases[i] = kind == LN_NORM_LAYER && a->bias ? ln_load1_param_as_f64(dtype, a->bias, i) : ln_absent_bias(kind);
+        p.biases[i] =
+            kind == LN_NORM_LAYER && a->bias ? ln_load1_param_as_f64(dtype, a->bias, i) : ln_absent_bias(kind);
         p.weight_lanes[i] = gf_splat((float)p.weights[i]);
         p.bias_lanes[i] = gf_splat((float)p.biases[i]);
     }
@@ -1653,8 +1655,9 @@ static LN_ALWAYS_INLINE void grad_sums_single(ln_norm_kind kind, ln_dtype dtype,
    |xc|'s times rstd at least 0.5, every lane
    of |dy|'s times max(rstd, 1) and of |xc|'s at most half the square root of the term limit
    (their product a quarter of it), and |xc| |xc_scale| at most a quarter of FLT_MAX and
-   |offset| an eighth (the inner term under half, with room for the float32 roundings).  The margins cover the float32 rounding of the bounds, so a
-   row this passes passes the scalar test; the others take that. */
+   |offset| an eighth (the inner term under half, with room for the float32 roundings).  The
+   margins cover the float32 rounding of the bounds, so a row this passes passes the scalar
+   test; the others take that. */
 static LN_ALWAYS_INLINE int grad_row_common(double rstd, double g_mean, double gx_mean, const grad_tops *tops)
 {
     const double xc_scale = fabs(-rstd * rstd * gx_mean), offset = fabs(-rstd * g_mean);
@@ -2703,8 +2706,8 @@ static void forward_tile_rows(ln_norm_kind kind, ln_dtype dtype, const ln_forwar
                 const double value_x = ln_load1_as_f64(dtype, x + j * x_step, 0);
                 const double centred = kind == LN_NORM_RMS ? value_x : value_x - means[k];
                 const double scale = w_j ? ln_load1_param_as_f64(dtype, w_j, 0) * rstds[k] : rstds[k];
-                ln_store1_from_f64(dtype, y + j * y_step, 0,
-                                   fma(centred, scale, b_j ? ln_load1_param_as_f64(dtype, b_j, 0) : ln_absent_bias(kind)));
+                const double bias_j = b_j ? ln_load1_param_as_f64(dtype, b_j, 0) : ln_absent_bias(kind);
+                ln_store1_from_f64(dtype, y + j * y_step, 0, fma(centred, scale, bias_j));
             }
             else {
                 normalize_one(kind, dtype, &row, x + j * x_step, y + j * y_step, 0, w_j, b_j);
@@ -3064,8 +3067,9 @@ static LN_ALWAYS_INLINE unsigned backward_tile_f32(ln_norm_kind kind, ln_dtype d
         const gd n_v = gd_splat((double)n), rstd = gd_load(rstds), neg_rstd = gd_sub(gd_splat(0.0), rstd);
         const gd g_mean = gd_div(g_sum, n_v), gx_mean = gd_div(gd_mul(gc_sum, rstd), n_v);
         const gd xc_scale = gd_mul(gd_mul(neg_rstd, rstd), gx_mean), offset = gd_mul(neg_rstd, g_mean);
-        const gd widened[LN_LARGEST_COUNT] = {
-            [LN_LARGEST_G] = gf_widen(tops.g), [LN_LARGEST_DY] = gf_widen(tops.dy), [LN_LARGEST_XC] = gf_widen(tops.xc)};
+        const gd widened[LN_LARGEST_COUNT] = {[LN_LARGEST_G] = gf_widen(tops.g),
+                                               [LN_LARGEST_DY] = gf_widen(tops.dy),
+                                               [LN_LARGEST_XC] = gf_widen(tops.xc)};
         if (!grad_lanes_common(kind, dtype, count, rstd, xc_scale, offset, widened)) {
             exact = tile_lanes_need_exact(dtype, count, rstd, g_mean, gx_mean, widened);
             if (exact == (1u << count) - 1) {

@@ -513,7 +513,8 @@ static void ln_fault_in_pieces(void *ctx, ptrdiff_t begin, ptrdiff_t end)
 #if defined(MADV_POPULATE_WRITE)
     const ln_fault_in_job *job = ctx;
     const uintptr_t base = job->start & ~(LN_FAULT_IN_PIECE - 1);
-    const uintptr_t first = base + (uintptr_t)begin * LN_FAULT_IN_PIECE, last = base + (uintptr_t)end * LN_FAULT_IN_PIECE;
+    const uintptr_t first = base + (uintptr_t)begin * LN_FAULT_IN_PIECE;
+    const uintptr_t last = base + (uintptr_t)end * LN_FAULT_IN_PIECE;
     const uintptr_t from = first > job->start ? first : job->start, to = last < job->end ? last : job->end;
     /* before Linux 5.14 this fails, and the pages fault in as the kernel writes them */
     (void)madvise((void *)from, to - from, MADV_POPULATE_WRITE);
