@@ -15,7 +15,10 @@
  *     taken yet (at least once in 10 jobs of 2 one-element parts, each after 50 ms idle);
  *   - the default thread count is min(CPUs in the affinity mask, the cgroup CPU quota rounded
  *     up), from made-up cgroup v1 and v2 files: the root's, and a nested cgroup's and its
- *     parents' as a made-up /proc/self/cgroup names them.
+ *     parents' as a made-up /proc/self/cgroup names them;
+ *   - scratch memory (ln_scratch_take) starts on an LN_SCRATCH_ALIGN boundary and is zeroed when
+ *     asked, whether it is the kept buffer (grown through many sizes), a second caller's while
+ *     the kept one is in use, or a large results' block.
  */
 #define _GNU_SOURCE
 #include "ln_internal.h"
@@ -490,6 +493,54 @@ static void check_default_threads(void)
     }
 }
 
+/* count doubles from ln_scratch_take: aligned, zeroed if asked (then written, so the next take
+   of the same buffer must zero it again), and from the source expected. */
+static double *take_checked(size_t count, int zeroed, ln_scratch_source expected, ln_scratch_source *source)
+{
+    double *data = ln_scratch_take(count, zeroed, source);
+    if (!data) {
+        fail("scratch of %zu doubles: out of memory", count);
+        return NULL;
+    }
+    if ((uintptr_t)data % LN_SCRATCH_ALIGN != 0) {
+        fail("scratch of %zu doubles starts %u bytes into a %d-byte line", count,
+             (unsigned)((uintptr_t)data % LN_SCRATCH_ALIGN), LN_SCRATCH_ALIGN);
+    }
+    if (*source != expected) {
+        fail("scratch of %zu doubles came from source %d, not %d", count, (int)*source, (int)expected);
+    }
+    for (size_t i = 0; zeroed && i < count; i++) {
+        if (data[i] != 0.0) {
+            fail("scratch of %zu doubles asked zeroed has %g at %zu", count, data[i], i);
+            break;
+        }
+    }
+    for (size_t i = 0; i < count; i++) {
+        data[i] = 1.5;
+    }
+    return data;
+}
+
+static void check_scratch(void)
+{
+    /* sizes that grow, so the kept buffer is allocated anew for each (malloc's 16-byte
+       alignment would start most of them off a line) */
+    static const size_t counts[] = {1, 3, 17, 100, 1001, 4099, 20000, 70001, 300007};
+    for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++) {
+        for (int zeroed = 0; zeroed < 2; zeroed++) {
+            ln_scratch_source kept, second;
+            double *data = take_checked(counts[c], zeroed, LN_SCRATCH_KEPT, &kept);
+            /* another call while this one holds the kept buffer */
+            double *other = take_checked(counts[c], 1, LN_SCRATCH_MALLOC, &second);
+            ln_scratch_give(other, second);
+            ln_scratch_give(data, kept);
+        }
+    }
+    ln_scratch_source block;
+    double *large = take_checked(LN_SCRATCH_MAX / sizeof(double) + 1, 1, LN_SCRATCH_BLOCK, &block);
+    ln_scratch_give(large, block);
+}
+
 int main(void)
 {
     check_coverage();
@@ -502,6 +553,7 @@ int main(void)
         check_fork();
     }
     check_default_threads();
+    check_scratch();
     if (failures) {
         fprintf(stderr, "thread_pool_check: %d failures\n", failures);
         return 1;
