@@ -36,6 +36,46 @@ def test_full_sweep_covers_the_first_256_bytes_and_the_rest_of_the_page(placemen
     assert {dy for _, dy in pairs} == set(range(0, 256, 16))
 
 
+class _VirtualTime:
+    """Stands in for the time module: perf_counter reads a clock that only the fake calls advance."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self):
+        return self.now
+
+    def sleep(self, seconds):
+        pass
+
+
+def test_checked_ratio_keeps_a_slow_placement_and_drops_a_slowed_moment(placement, monkeypatch):
+    clock = _VirtualTime()
+    monkeypatch.setattr(placement, "time", clock)
+    cost = {(0, 0): 1.0, (16, 0): 1.5, (32, 0): 1.0, (48, 0): 1.0}  # seconds a call, of the placement itself
+    timed = []
+
+    def make_call(x, dy):
+        def call():
+            timed.append((x, dy))
+            moment = 3.0 if len(timed) <= 8 and (x, dy) == (32, 0) else 1.0  # its sweep rounds slowed
+            stretch = 2.0 if len(timed) > 8 else 1.0  # the machine slower during the check
+            clock.now += cost[x, dy] * moment * stretch
+            return 0
+        return call
+
+    pairs = list(cost)
+    sweep = placement.Sweep("fake", make_call, pairs, {pair: pair for pair in pairs})
+    for _ in range(2):
+        sweep.time_round()
+    assert sweep.slowest(1) == [(32, 0)] and sweep.best[32, 0] == 3.0
+    sweep.check_slowest(count=3, pairs=4)
+    assert sweep.fastest() not in sweep.checked
+    assert sweep.checked == {(32, 0): 1.0, (16, 0): 1.5}
+    row, ratio = placement.sweep_row(sweep)
+    assert ratio == 1.5 and row[4] == "3.00" and row[5] == "1.50"
+
+
 def test_quick_run_reports_each_thread_count_and_the_target():
     proc = subprocess.run([sys.executable, "-m", "benchmarks.placement", "--quick", "--threads", "1"],
                           cwd=REPOSITORY, capture_output=True, text=True, timeout=300)
