@@ -579,40 +579,64 @@ def _writable(param: Any) -> bool:
     return hasattr(param, "copy_") and hasattr(param, "detach") and _torch_or_none() is not None
 
 
+# The attribute names a module's parameters go by: torch's, then the papers' gamma and beta
+# (hand-written modules) and Flax's and ONNX's scale.  The first is refused if its shape is not
+# normalized_shape's; the others are passed over then (a `scale` may be something else).
+_PARAM_ATTRIBUTES = {"weight": ("weight", "gamma", "scale"), "bias": ("bias", "beta")}
+
+
+def _is_array(value: Any) -> bool:
+    return isinstance(value, np.ndarray) or hasattr(value, "detach")
+
+
+def _module_parameter(fn: Any, role: str, normalized_shape: Tuple[int, ...]) -> Tuple[str, Any]:
+    """(attribute name, array or tensor) of fn's parameter for role ("weight" or "bias"), or
+    (role, None): a method or a setting of that name is not a parameter."""
+    primary, *others = _PARAM_ATTRIBUTES[role]
+    param: Any = getattr(fn, primary, None)
+    if _is_array(param):
+        if tuple(param.shape) != normalized_shape:
+            raise ValueError(f"fn's {primary} has shape {tuple(param.shape)}, normalized_shape is "
+                             f"{normalized_shape}")
+        return primary, param
+    for name in others:
+        param = getattr(fn, name, None)
+        if _is_array(param) and tuple(param.shape) == normalized_shape:
+            return name, param
+    return role, None
+
+
 @contextlib.contextmanager
 def _parameters(fn: Any, kind: str, normalized_shape: Tuple[int, ...], weight: Any,
                 bias: Any) -> Iterator[Tuple[Optional[np.ndarray], Optional[np.ndarray], str]]:
     """(weight, bias, how) for the probe.  Given ones are used as they are; otherwise a module's
-    ``.weight`` / ``.bias`` are set to probe values for the call and put back afterwards."""
-    names = ("weight", "bias") if kind == "layer_norm" else ("weight",)
+    parameters (``.weight`` / ``.bias``, or see _PARAM_ATTRIBUTES) are set to probe values for
+    the call and put back afterwards."""
+    roles = ("weight", "bias") if kind == "layer_norm" else ("weight",)
     given = {"weight": weight, "bias": bias}
     probe = dict(zip(("weight", "bias"), _probe_params(normalized_shape)))
     values: Dict[str, Any] = {"weight": None, "bias": None}
     hows: Dict[str, List[str]] = {}
     restore = []
     try:
-        for name in names:
-            param = getattr(fn, name, None)
-            if not (isinstance(param, np.ndarray) or hasattr(param, "detach")):
-                param = None  # a method or a setting of that name, not a parameter
-            if given[name] is not None:
-                values[name] = _as_array(given[name])[0].astype(np.float64)
+        for role in roles:
+            name, param = _module_parameter(fn, role, normalized_shape)
+            if given[role] is not None:
+                name = role
+                values[role] = _as_array(given[role])[0].astype(np.float64)
                 how = "as given"
             elif param is None:
                 how = "none"
             else:
-                if tuple(param.shape) != normalized_shape:
-                    raise ValueError(f"fn's {name} has shape {tuple(param.shape)}, normalized_shape is "
-                                     f"{normalized_shape}")
                 if _writable(param):
                     original = param.copy() if isinstance(param, np.ndarray) else param.detach().clone()
-                    _write(param, probe[name])
+                    _write(param, probe[role])
                     restore.append((param, original))
                     how = "probe values, set on fn for the call and restored after"
                 else:
                     how = "fn's own"
-                values[name] = _as_array(param)[0].astype(np.float64)
-            hows.setdefault(how, []).append(name)
+                values[role] = _as_array(param)[0].astype(np.float64)
+            hows.setdefault(how, []).append(name if name == role else f"{name} (the {role})")
         described = "; ".join(" and ".join(which) + ": " + how for how, which in hows.items())
         yield values["weight"], values["bias"], described
     finally:
@@ -666,8 +690,10 @@ def diagnose(fn: Callable[[Any], Any], normalized_shape: Any, *, kind: str = "la
     kind : {"layer_norm", "rms_norm"}
     weight, bias : array-like, optional
         The parameters fn applies.  Omitted: if fn has ``.weight`` / ``.bias`` attributes (torch's
-        modules, ``layernorm.LayerNorm``), they are set to non-trivial probe values, different
-        from each other, for the call, then restored; a plain function gets none.
+        modules, ``layernorm.LayerNorm``), or else ``.gamma`` / ``.beta`` (hand-written modules)
+        or ``.scale`` for the weight, shaped ``normalized_shape``, they are set to non-trivial
+        probe values, different from each other, for the call, then restored; a plain function
+        gets none.
     eps : float, optional
         The eps fn should use; None is the op's default (1e-5 for LayerNorm, torch's dtype rule
         for RMSNorm).

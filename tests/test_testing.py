@@ -647,6 +647,48 @@ def test_diagnose_keeps_what_a_training_forward_saved_for_backward(module_class)
     np.testing.assert_array_equal(module.weight_grad, expected.weight_grad)
 
 
+class PaperNames:
+    """A hand-written module whose parameters go by the papers' names: gamma and beta, or by
+    Flax's scale; trained values, not ones and zeros."""
+
+    def __init__(self, ops, kind, weight_name, mistake=None):
+        self.ops, self.kind, self.weight_name, self.mistake = ops, kind, weight_name, mistake
+        setattr(self, weight_name, ops.array(WEIGHT))
+        if kind == "layer_norm":
+            self.beta = ops.array(BIAS)
+
+    def __call__(self, x):
+        weight = getattr(self, self.weight_name)
+        if self.kind == "layer_norm":
+            return layer_norm_by_hand(self.ops, x, weight, self.beta, self.mistake)
+        return rms_norm_by_hand(self.ops, x, weight, self.mistake)
+
+
+@pytest.mark.parametrize("mistake", [None, "eps-outside-sqrt"], ids=["correct", "eps-outside-sqrt"])
+@pytest.mark.parametrize("weight_name", ["gamma", "scale"])
+@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
+@pytest.mark.parametrize("ops", OPS)
+def test_diagnose_probes_parameters_named_gamma_beta_or_scale(ops, kind, weight_name, mistake):
+    module = PaperNames(ops, kind, weight_name, mistake)
+    diagnosis = diagnose(module, ROW_LEN, kind=kind)
+    assert diagnosis.ok == (mistake is None), str(diagnosis)
+    assert diagnosis.findings == (() if mistake is None else (mistake,)), str(diagnosis)
+    named = f"{weight_name} (the weight)" + (" and beta (the bias)" if kind == "layer_norm" else "")
+    assert f"\n  {named}: probe values, set on fn for the call and restored after\n" in str(diagnosis)
+    assert np.array_equal(np.asarray(getattr(module, weight_name).tolist()), WEIGHT)
+    if kind == "layer_norm":
+        assert np.array_equal(np.asarray(module.beta.tolist()), BIAS)
+
+
+def test_diagnose_passes_over_a_scale_of_another_shape_and_refuses_such_a_weight():
+    module = ByHand(NumpyOps, "layer_norm")
+    module.scale = np.float32(2.0) * np.ones(3, np.float32)  # something else of that name
+    assert diagnose(module, ROW_LEN).ok
+    module.weight = np.ones(3, np.float32)
+    with pytest.raises(ValueError, match=r"fn's weight has shape \(3,\), normalized_shape is \(16,\)"):
+        diagnose(module, ROW_LEN)
+
+
 def test_diagnose_uses_the_parameters_it_is_given():
     def with_params(x):
         return layer_norm_by_hand(NumpyOps, x, WEIGHT, BIAS)
