@@ -172,6 +172,11 @@ _LAYER_NORM_TEXT = {
     "weight-bias-swapped": (
         "it computes xhat * bias + weight: weight and bias are swapped",
         "xhat * weight + bias; check the order where the parameters are made or loaded"),
+    "one-pass-variance": (
+        "its variances are off by up to {worst} of the true ones, on rows whose mean is up to {ratio} times"
+        " their standard deviation: mean(x**2) - mean**2 in {dtype} cancels away their digits",
+        "take the variance of the centred values: ((x - mean)**2).mean(axis), x.var(axis) in NumPy,"
+        " torch.var_mean(x, dim, unbiased=False) in torch"),
 }
 _RMS_NORM_TEXT = {
     "eps-outside-sqrt": (
@@ -198,8 +203,8 @@ _SHARED_TEXT = {
         "reduce over axes {axes} only, with keepdims=True: x.mean(axis={axes}, keepdims=True)"),
 }
 _CODES = {
-    "layer_norm": ("unbiased-variance", "eps-outside-sqrt", "eps-value", "wrong-axes", "no-affine",
-                   "weight-bias-swapped"),
+    "layer_norm": ("unbiased-variance", "one-pass-variance", "eps-outside-sqrt", "eps-value", "wrong-axes",
+                   "no-affine", "weight-bias-swapped"),
     "rms_norm": ("rms-centred", "rms-one-plus-weight", "eps-outside-sqrt", "eps-value", "wrong-axes",
                  "no-affine"),
 }
@@ -238,15 +243,21 @@ def _other_axes(ndim: int, axes: Tuple[int, ...]) -> Iterator[Tuple[int, ...]]:
     return (s for s in subsets if set(s) != set(axes))
 
 
+def _fitted_rstd(p: _Problem, actual: np.ndarray, deviation: np.ndarray, w: Any, b: Any) -> np.ndarray:
+    """Each row's rstd as the output implies it: y - b = deviation * w * rstd, by least squares."""
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        signal = deviation * w
+        rstd: np.ndarray = (np.sum((actual - b) * signal, axis=p.axes, keepdims=True)
+                            / np.sum(signal * signal, axis=p.axes, keepdims=True))
+    return rstd
+
+
 def _fitted_eps(p: _Problem, actual: np.ndarray, deviation: np.ndarray, var: np.ndarray, w: Any, b: Any,
                 fits: Callable[[np.ndarray], bool]) -> Optional[Tuple[float, np.ndarray]]:
     """The one eps that fits every row, with its output, or None.  Solved from the row of smallest
-    variance (where eps shows most): there y - b = deviation * w * rstd gives rstd by least
-    squares, and eps = 1 / rstd**2 - var."""
+    variance (where eps shows most): there the row's fitted rstd gives eps = 1 / rstd**2 - var."""
+    rstd = _fitted_rstd(p, actual, deviation, w, b)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        signal = deviation * w
-        rstd = (np.sum((actual - b) * signal, axis=p.axes, keepdims=True)
-                / np.sum(signal * signal, axis=p.axes, keepdims=True))
         eps_per_row = rstd ** -2.0 - var
     usable = np.isfinite(eps_per_row) & (rstd > 0)
     if not usable.any():
@@ -260,6 +271,26 @@ def _fitted_eps(p: _Problem, actual: np.ndarray, deviation: np.ndarray, var: np.
             if fits(output):
                 return eps, output
     return None
+
+
+def _one_pass_variance(p: _Problem, actual: np.ndarray, deviation: np.ndarray, mean: np.ndarray, var: np.ndarray,
+                       w: Any, b: Any) -> Optional[_Variant]:
+    """The output with each row's variance as the output implies it, when those are what
+    mean(x**2) - mean(x)**2 in the input's dtype can give and a centred variance cannot: every
+    row's within sqrt(N) units in the last place of mean(x**2) + eps of the true variance, and
+    some row's further from it than sqrt(N) units of var + eps.  Else None."""
+    rstd = _fitted_rstd(p, actual, deviation, w, b)
+    unit = float(np.finfo(p.x.dtype).eps) * max(8.0, math.sqrt(math.prod(p.normalized_shape)))
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        error = np.abs(rstd ** -2.0 - p.eps - var)
+        rounding = unit * (var + p.eps)  # what the output's own rounding leaves of var + eps
+        cancelled = error > rounding
+        if not (np.isfinite(error).all() and (error <= rounding + unit * mean ** 2).all() and cancelled.any()):
+            return None
+        ratio = float(np.max(np.abs(mean) / np.sqrt(var), where=cancelled, initial=0.0))
+        worst = float(np.max(error / var))
+    fields = {"worst": f"{worst:.2g}", "ratio": f"{ratio:.3g}", "dtype": p.x.dtype.name}
+    return _Variant("one-pass-variance", fields, deviation * rstd * w + b)
 
 
 def _variants(p: _Problem, actual: np.ndarray, fits: Callable[[np.ndarray], bool]) -> Iterator[_Variant]:
@@ -278,6 +309,9 @@ def _variants(p: _Problem, actual: np.ndarray, fits: Callable[[np.ndarray], bool
         if centred and count > 1:
             unbiased = deviation / np.sqrt(var * count / (count - 1) + p.eps)
             yield _Variant("unbiased-variance", {}, unbiased * w + b)
+            one_pass = _one_pass_variance(p, actual, deviation, n.mean, var, w, b)
+            if one_pass is not None:
+                yield one_pass
         yield _Variant("eps-outside-sqrt", {}, deviation / (np.sqrt(var) + p.eps) * w + b)
         found = _fitted_eps(p, actual, deviation, var, w, b, fits)
         if found is not None:
@@ -511,7 +545,9 @@ def assert_rms_norm_close(actual: Any, input: Any, normalized_shape: Any, weight
 # Probe rows: standard deviations (the first two scale with sqrt(eps), where eps shows) and
 # means as multiples of them, all different, small enough for float32 statistics to be exact
 # to a few ulps so that correct float32 kernels pass.
-_PROBE_MEAN_RATIOS = (1.5, -2.0, 0.5, -1.0, 3.0, -0.25)
+# Row means over row standard deviations.  The 40 shows a variance taken as mean(x**2) - mean**2
+# in float32: cancellation leaves it a few digits, while a centred variance keeps its own.
+_PROBE_MEAN_RATIOS = (1.5, -2.0, 40.0, -1.0, 3.0, -0.25)
 _PROBE_SEED = 20240611
 
 

@@ -31,8 +31,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 ROW_LEN = 16
 FLOAT32_EPS = float(np.finfo(np.float32).eps)  # torch's RMSNorm eps=None for float32
 
-LAYER_NORM_MISTAKES = ["unbiased-variance", "eps-outside-sqrt", "eps-value", "wrong-axes", "no-affine",
-                       "weight-bias-swapped"]
+LAYER_NORM_MISTAKES = ["unbiased-variance", "one-pass-variance", "eps-outside-sqrt", "eps-value", "wrong-axes",
+                       "no-affine", "weight-bias-swapped"]
 RMS_NORM_MISTAKES = ["rms-centred", "rms-one-plus-weight", "eps-outside-sqrt", "eps-value", "wrong-axes",
                      "no-affine"]
 
@@ -97,7 +97,10 @@ def layer_norm_by_hand(ops, x, weight, bias, mistake=None):
     eps = 1e-4 if mistake == "eps-value" else 1e-5
     axes = (-2, -1) if mistake == "wrong-axes" else (-1,)
     mean = ops.mean(x, axes)
-    var = ops.var(x, axes, ddof=1 if mistake == "unbiased-variance" else 0)
+    if mistake == "one-pass-variance":
+        var = ops.mean(x * x, axes) - mean * mean
+    else:
+        var = ops.var(x, axes, ddof=1 if mistake == "unbiased-variance" else 0)
     if mistake == "eps-outside-sqrt":
         xhat = (x - mean) / (ops.sqrt(var) + eps)
     else:
@@ -144,12 +147,14 @@ class ByHand:
 
 def rows_of_different_scales(dtype=np.float32):
     """(2, 3, 16): six rows whose standard deviations run from 3e-4 (where eps shows) to 40, with
-    different means, so that each mistake gives an output no other mistake gives."""
+    different means (one 40 times its row's standard deviation, where a variance taken as
+    mean(x**2) - mean**2 in float32 loses its digits), so that each mistake gives an output no
+    other mistake gives."""
     rng = np.random.default_rng(7)
     z = rng.standard_normal((6, ROW_LEN))
     z = (z - z.mean(axis=1, keepdims=True)) / z.std(axis=1, keepdims=True)
     stds = np.array([3e-4, 3e-3, 0.3, 1.0, 6.0, 40.0])[:, None]
-    means = np.array([5e-4, -3e-3, 0.15, -1.0, 18.0, -10.0])[:, None]
+    means = np.array([5e-4, -3e-3, 12.0, -1.0, 18.0, -10.0])[:, None]
     return (means + stds * z).reshape(2, 3, ROW_LEN).astype(dtype)
 
 
