@@ -745,6 +745,11 @@ CASES = {
         "\"rms_norm\" not implemented for 'Long': rms_norm takes float16, bfloat16, float32 or float64 arrays, got dtype "
         "int64; convert it first, e.g. x.astype(np.float32)",
         torch="F.rms_norm(tx.long(), (4,))"),
+    # torch's F.rms_norm takes an integer weight (unfused, with a warning) and multiplies by it;
+    # ours refuses it as layer_norm does (README: Deliberate differences)
+    "rms_norm-weight-int": Case(
+        "layernorm.rms_norm(x, 4, np.ones(4, np.int64))", TypeError,
+        "weight must have a floating-point dtype, got dtype int64"),
     # torch's rms_norm computes complex input: ours refuses it in words of its own
     "rms_norm-input-complex64": Case(
         "layernorm.rms_norm(x.astype(np.complex64), 4)", TypeError,
