@@ -546,10 +546,9 @@ def assert_rms_norm_close(actual: Any, input: Any, normalized_shape: Any, weight
 
 # Probe rows: standard deviations (the first two scale with sqrt(eps), where eps shows) and
 # means as multiples of them, all different, small enough for float32 statistics to be exact
-# to a few ulps so that correct float32 kernels pass.
-# Row means over row standard deviations.  Kept small: at a mean 40 times the standard deviation a
-# variance taken as mean(x**2) - mean**2 in float32 would show, but so would the rounding of the
-# mean in correct float32 kernels (torch's, Welford's from 512 elements), which must pass.
+# to a few ulps so that correct float32 kernels pass.  (At a mean 40 times the standard deviation
+# a one-pass variance in float32 would show, but so would the rounding of the mean in correct
+# float32 kernels with sequential sums: that mistake is left to assert_layer_norm_close.)
 _PROBE_MEAN_RATIOS = (1.5, -2.0, 0.5, -1.0, 3.0, -0.25)
 _PROBE_SEED = 20240611
 
@@ -659,21 +658,20 @@ def _parameters(fn: Any, kind: str, normalized_shape: Tuple[int, ...], weight: A
     restore = []
     try:
         for role in roles:
-            name, param = (role, None) if given[role] is not None else _module_parameter(fn, role, normalized_shape)
             if given[role] is not None:
+                name, how = role, "as given"
                 values[role] = _as_array(given[role])[0].astype(np.float64)
-                how = "as given"
-            elif param is None:
-                how = "none"
             else:
-                if _writable(param):
-                    original = param.copy() if isinstance(param, np.ndarray) else param.detach().clone()
-                    _write(param, probe[role])
-                    restore.append((param, original))
-                    how = "probe values, set on fn for the call and restored after"
-                else:
+                name, param = _module_parameter(fn, role, normalized_shape)
+                how = "none"
+                if param is not None:
                     how = "fn's own"
-                values[role] = _as_array(param)[0].astype(np.float64)
+                    if _writable(param):
+                        original = param.copy() if isinstance(param, np.ndarray) else param.detach().clone()
+                        _write(param, probe[role])
+                        restore.append((param, original))
+                        how = "probe values, set on fn for the call and restored after"
+                    values[role] = _as_array(param)[0].astype(np.float64)
             hows.setdefault(how, []).append(name if name == role else f"{name} (the {role})")
         described = "; ".join(" and ".join(which) + ": " + how for how, which in hows.items())
         yield values["weight"], values["bias"], described
