@@ -26,7 +26,8 @@
  * and dbias is summed by one task, in row order.
  *
  * The strided route goes by row blocks too, blocks of whole tiles: a block's partial sums
- * are per lane (16 per column), added by ln_sum_lanes when the block is done.
+ * are per lane (16 per column), added by ln_sum_lanes when the block is done (by the kernel
+ * in a block of one tile, whose sums then take one double per column).
  */
 
 typedef struct {
@@ -35,10 +36,10 @@ typedef struct {
     ptrdiff_t elsize;        /* bytes per element of dy, x, dx */
     ptrdiff_t param_elsize;  /* bytes per weight, mean and rstd */
     ptrdiff_t grad_blocks;   /* row blocks (of rows, or of tiles) */
-    ptrdiff_t lanes;         /* partial sums per column a block: 1, or 16 on the strided route */
     ptrdiff_t spans;         /* LN_CHUNK-column spans per row */
     ptrdiff_t read_ahead;    /* column spans: how pass 1 reads dy and x ahead (ln_backward_read_ahead) */
-    ptrdiff_t sums_len;      /* doubles of a block's dweight or dbias sums: lanes x row_len, to a whole line */
+    ptrdiff_t sums_len;      /* doubles of a block's dweight or dbias sums: row_len, or 16 a column on the
+                                strided route unless each block is one tile; to a whole line */
     double *dparams;         /* grad_blocks x [dweight sums, dbias sums], sums_len doubles each */
     int adds_as_it_goes;     /* the task of block 0 adds its blocks to block 0's sums (ln_backward_blocks) */
     ptrdiff_t blocks_added;  /* blocks 0 .. blocks_added - 1 are in block 0's sums */
@@ -68,7 +69,7 @@ static double ln_backward_mean(const ln_backward_args *a, ptrdiff_t r)
     return a->kind == LN_NORM_RMS ? 0.0 : ln_load_stat(a->dtype, &a->mean, &a->extent, r);
 }
 
-/* Block `block`'s dweight partial sums (lanes x row_len), or NULL when not wanted. */
+/* Block `block`'s dweight partial sums (sums_len doubles), or NULL when not wanted. */
 static double *ln_block_dweight(const ln_backward_job *job, ptrdiff_t block)
 {
     return job->args->grad_weight ? job->dparams + 2 * block * job->sums_len : NULL;
@@ -162,7 +163,8 @@ static void ln_sum_column_lanes(double *sums, ptrdiff_t row_len)
     }
 }
 
-/* The strided route's row blocks: whole tiles each, their lanes added when done. */
+/* The strided route's row blocks: whole tiles each, their lanes added when done (a block
+   of one tile has added them itself). */
 static void ln_backward_tile_blocks(void *ctx, ptrdiff_t begin, ptrdiff_t end)
 {
     const ln_backward_job *job = ctx;
@@ -171,8 +173,10 @@ static void ln_backward_tile_blocks(void *ctx, ptrdiff_t begin, ptrdiff_t end)
         ptrdiff_t tile_begin, tile_end;
         ln_range_of_part(ln_tiles_of(&a->extent), (int)job->grad_blocks, (int)block, &tile_begin, &tile_end);
         job->kernels->backward_tiles(a, tile_begin, tile_end, ln_block_dweight(job, block), ln_block_dbias(job, block));
-        ln_sum_column_lanes(ln_block_dweight(job, block), a->extent.row_len);
-        ln_sum_column_lanes(ln_block_dbias(job, block), a->extent.row_len);
+        if (tile_end - tile_begin > 1) {
+            ln_sum_column_lanes(ln_block_dweight(job, block), a->extent.row_len);
+            ln_sum_column_lanes(ln_block_dbias(job, block), a->extent.row_len);
+        }
     }
 }
 
@@ -302,7 +306,6 @@ int ln_backward(const ln_backward_args *a)
         .elsize = (ptrdiff_t)ln_dtype_size(a->dtype),
         .param_elsize = (ptrdiff_t)ln_param_size(a->dtype),
         .grad_blocks = 1,
-        .lanes = 1,
         .blocks_added = 1,
     };
     const ptrdiff_t rows = ln_rows_of(&a->extent), n = a->extent.row_len;
@@ -326,14 +329,20 @@ int ln_backward(const ln_backward_args *a)
     }
     const int contiguous = ln_elements_adjacent(&a->grad_output, a->dtype) &&
                            ln_elements_adjacent(&a->input, a->dtype) && ln_elements_adjacent(&a->grad_input, a->dtype);
-    job.lanes = contiguous ? 1 : 16;
+    const ptrdiff_t lanes = contiguous ? 1 : 16;  /* partial sums per column a block */
     const ptrdiff_t line = LN_SCRATCH_ALIGN / (ptrdiff_t)sizeof(double);
-    job.sums_len = (job.lanes * n + line - 1) / line * line;
+    job.sums_len = (lanes * n + line - 1) / line * line;
     const ptrdiff_t units = contiguous ? rows : ln_tiles_of(&a->extent);  /* what row blocks hold */
     if (elements >= LN_PARALLEL_MIN_ELEMENTS) {
         const ptrdiff_t max_blocks = LN_GRAD_PARTIALS_MAX / job.sums_len;
         job.grad_blocks = units < LN_GRAD_BLOCKS ? units : LN_GRAD_BLOCKS;
         job.grad_blocks = job.grad_blocks < max_blocks ? job.grad_blocks : max_blocks > 1 ? max_blocks : 1;
+    }
+    /* blocks of one tile store their column sums (backward_tiles): 2 rows of 4000000
+       elements took 1 GiB of lanes for 61 MiB of results */
+    const int tiles_store_sums = !contiguous && job.grad_blocks == units;
+    if (tiles_store_sums) {
+        job.sums_len = (n + line - 1) / line * line;
     }
     const int by_column_spans = contiguous && n >= LN_SPLIT_ROW_MIN &&
                                 (rows < LN_GRAD_BLOCKS || n >= LN_COLUMN_SPANS_MIN);
@@ -345,8 +354,8 @@ int ln_backward(const ln_backward_args *a)
     if (want_params) {
         /* backward_rows writes its block's sums before it adds to them (or adds them to block
            0's, leaving its own unwritten and unread), the other routes add into zeros */
-        const int rows_write_sums = contiguous && !by_column_spans;
-        job.dparams = ln_scratch_take((size_t)(2 * job.grad_blocks * job.sums_len), !rows_write_sums,
+        const int sums_written = (contiguous && !by_column_spans) || tiles_store_sums;
+        job.dparams = ln_scratch_take((size_t)(2 * job.grad_blocks * job.sums_len), !sums_written,
                                       &dparams_source);
         if (!job.dparams) {
             goto done;

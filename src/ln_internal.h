@@ -138,7 +138,10 @@ typedef struct {
     int (*backward_rows)(const ln_backward_args *a, ptrdiff_t begin, ptrdiff_t end, double *dweight,
                          double *dbias, double *total_dweight, double *total_dbias);
     /* strided route, backward over tiles [begin, end), adding into float64 per-lane sums:
-       column j's lanes at dweight_lanes[16 j .. 16 j + 16) (each may be NULL) */
+       column j's lanes at dweight_lanes[16 j .. 16 j + 16) (each may be NULL); a range of
+       one tile stores its column sums instead, column j's at dweight_lanes[j], the bits
+       ln_sum_lanes would give of that tile's lanes added into zeros (so a few huge rows
+       need no scratch of 16 doubles a column) */
     void (*backward_tiles)(const ln_backward_args *a, ptrdiff_t begin, ptrdiff_t end,
                            double *dweight_lanes, double *dbias_lanes);
     /* backward pass 1 over a span of one row: sums of g and g * xhat, and the largest

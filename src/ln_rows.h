@@ -2515,7 +2515,7 @@ static LN_ALWAYS_INLINE int backward_rows(ln_norm_kind kind, ln_dtype dtype, con
  *     ln_backward_exact_row, which go as float64 data goes: backward_short_rows' formulas,
  *     in float64 (so a row's bits do not depend on the rows beside it in its tile); dweight
  *     and dbias added into per-lane column sums over the tiles, whose lanes ln_backward.c
- *     adds by ln_sum_lanes
+ *     adds by ln_sum_lanes (a block of one tile adds them itself: tile_add_term)
  *
  * A tile is read twice, for the statistics and then for the output (or for the backward's
  * two passes): 16 rows of up to a few thousand elements are still in cache the second time,
@@ -2865,6 +2865,28 @@ static LN_ALWAYS_INLINE gd gd_lanes_only(gd v, unsigned lanes)
     return gd_lanes_from(v, gd_splat(0.0), lanes);
 }
 
+/* A column's sums from one tile: its term's lanes, each started at +0.0 as a block's lanes
+   are, added by ln_sum_lanes' tree, so the bits a block of this one tile would give. */
+static LN_ALWAYS_INLINE double gd_one_tile_sum(gd term)
+{
+    double lanes[16];
+    gd_store(lanes, gd_add(gd_splat(0.0), term));
+    return ln_sum_lanes(lanes);
+}
+
+/* A term of column j into a tile's parameter sums: added into its lanes at sums[16 j ..],
+   or with one_tile (a block of one tile, which sums its lanes itself) its lanes' sum stored
+   at sums[j]. */
+static LN_ALWAYS_INLINE void tile_add_term(double *sums, ptrdiff_t j, gd term, int one_tile)
+{
+    if (one_tile) {
+        sums[j] = gd_one_tile_sum(term);
+    }
+    else {
+        gd_store(sums + 16 * j, gd_add(gd_load(sums + 16 * j), term));
+    }
+}
+
 /* backward_tile's work in float64, once its views are made (see tile_load for `adjacent`), for
    the lanes in `lanes` (LN_ALL_LANES: every lane): the others' dx is left as it is and their
    terms are not added. */
@@ -2872,7 +2894,7 @@ static LN_ALWAYS_INLINE void backward_tile_from_views(ln_norm_kind kind, ln_dtyp
                                                       const tile_view *dy, const tile_view *x, const tile_view *dx,
                                                       int count, const double means[16], const double rstds[16],
                                                       int adjacent, double *dweight_lanes, double *dbias_lanes,
-                                                      unsigned lanes)
+                                                      int one_tile, unsigned lanes)
 {
     const ptrdiff_t n = a->extent.row_len;
     const int has_mean = kind == LN_NORM_LAYER;
@@ -2917,12 +2939,10 @@ static LN_ALWAYS_INLINE void backward_tile_from_views(ln_norm_kind kind, ln_dtyp
         }
         if (dweight_lanes) {
             const gd term = gd_mul(dy_v, xhat);
-            gd_store(dweight_lanes + 16 * j, gd_add(gd_load(dweight_lanes + 16 * j),
-                                                    lanes == LN_ALL_LANES ? term : gd_lanes_only(term, lanes)));
+            tile_add_term(dweight_lanes, j, lanes == LN_ALL_LANES ? term : gd_lanes_only(term, lanes), one_tile);
         }
         if (dbias_lanes) {
-            gd_store(dbias_lanes + 16 * j, gd_add(gd_load(dbias_lanes + 16 * j),
-                                                  lanes == LN_ALL_LANES ? dy_v : gd_lanes_only(dy_v, lanes)));
+            tile_add_term(dbias_lanes, j, lanes == LN_ALL_LANES ? dy_v : gd_lanes_only(dy_v, lanes), one_tile);
         }
     }
 }
@@ -2976,8 +2996,9 @@ typedef struct {
 static LN_ALWAYS_INLINE void backward_tile_f32_pass2(ln_norm_kind kind, ln_dtype dtype, const ln_backward_args *a,
                                                      const tile_view *dy, const tile_view *x, const tile_view *dx,
                                                      int count, tile_f32_factors f, int adjacent,
-                                                     double *dweight_lanes, double *dbias_lanes, double *dy_lanes,
-                                                     double *x_lanes, double *dx_lanes, unsigned terms)
+                                                     double *dweight_lanes, double *dbias_lanes, int one_tile,
+                                                     double *dy_lanes, double *x_lanes, double *dx_lanes,
+                                                     unsigned terms)
 {
     const ptrdiff_t n = a->extent.row_len;
     const int want_dx = dx->first != NULL;
@@ -2994,13 +3015,11 @@ static LN_ALWAYS_INLINE void backward_tile_f32_pass2(ln_norm_kind kind, ln_dtype
         }
         if (dweight_lanes) {
             const gd term = gf_widen(gf_mul(gf_mul(dy_v, xc), f.rstd));
-            gd_store(dweight_lanes + 16 * j, gd_add(gd_load(dweight_lanes + 16 * j),
-                                                    terms == LN_ALL_LANES ? term : gd_lanes_only(term, terms)));
+            tile_add_term(dweight_lanes, j, terms == LN_ALL_LANES ? term : gd_lanes_only(term, terms), one_tile);
         }
         if (dbias_lanes) {
             const gd term = gf_widen(dy_v);
-            gd_store(dbias_lanes + 16 * j, gd_add(gd_load(dbias_lanes + 16 * j),
-                                                  terms == LN_ALL_LANES ? term : gd_lanes_only(term, terms)));
+            tile_add_term(dbias_lanes, j, terms == LN_ALL_LANES ? term : gd_lanes_only(term, terms), one_tile);
         }
     }
 }
@@ -3013,10 +3032,11 @@ static LN_ALWAYS_INLINE void backward_tile_f32_pass2(ln_norm_kind kind, ln_dtype
                one before), those sums added in float64
        pass 2: dx = fma(rstd, g, fma(-rstd^2 * gx_mean, x - mean, -rstd * g_mean)),
                dweight's term (dy * (x - mean)) * rstd, both in float32; the terms of dweight
-               and dbias added, widened, into the per-lane column sums
+               and dbias added, widened, into the per-lane column sums (tile_add_term)
    Returns the lanes that fail the test that sends a contiguous row to ln_backward_exact_row
    (ln_grad_row_needs_exact on the tile's own sums, its common rows tested in vectors),
-   which then go in float64: their terms are not added here, and their dx is written here
+   which then go in float64: their terms are not added here (with one_tile no lane's is:
+   tile_mixed_column_sums makes them all), and their dx is written here
    and then over (when every lane fails, nothing is written).  Which way a row goes depends
    on its dy and x, the weight and its statistics, not on the rows beside it nor on which
    gradients are asked for, so neither do dweight's bits (dbias' are the same both ways).
@@ -3026,7 +3046,8 @@ static LN_ALWAYS_INLINE void backward_tile_f32_pass2(ln_norm_kind kind, ln_dtype
 static LN_ALWAYS_INLINE unsigned backward_tile_f32(ln_norm_kind kind, ln_dtype dtype, const ln_backward_args *a,
                                                    const tile_view *dy, const tile_view *x, const tile_view *dx,
                                                    int count, const double means[16], const double rstds[16],
-                                                   int adjacent, double *dweight_lanes, double *dbias_lanes)
+                                                   int adjacent, double *dweight_lanes, double *dbias_lanes,
+                                                   int one_tile)
 {
     const ptrdiff_t n = a->extent.row_len;
     const int want_dx = dx->first != NULL;
@@ -3085,26 +3106,96 @@ static LN_ALWAYS_INLINE unsigned backward_tile_f32(ln_norm_kind kind, ln_dtype d
         }
     }
     const tile_f32_factors factors = {mean_v, rstd_v, gf_load(xc_scale_f), gf_load(offset_f)};
-    if (exact) {
+    if (exact && one_tile) {  /* dx alone: the terms wait for the float64 lanes (backward_tile_of_views) */
+        if (want_dx) {
+            backward_tile_f32_pass2(kind, dtype, a, dy, x, dx, count, factors, adjacent, NULL, NULL, 0, dy_lanes,
+                                    x_lanes, dx_lanes, ~exact & LN_ALL_LANES);
+        }
+    }
+    else if (exact) {
         backward_tile_f32_pass2(kind, dtype, a, dy, x, dx, count, factors, adjacent, dweight_lanes, dbias_lanes,
-                                dy_lanes, x_lanes, dx_lanes, ~exact & LN_ALL_LANES);
+                                0, dy_lanes, x_lanes, dx_lanes, ~exact & LN_ALL_LANES);
     }
     else {
         backward_tile_f32_pass2(kind, dtype, a, dy, x, dx, count, factors, adjacent, dweight_lanes, dbias_lanes,
-                                dy_lanes, x_lanes, dx_lanes, LN_ALL_LANES);
+                                one_tile, dy_lanes, x_lanes, dx_lanes, LN_ALL_LANES);
     }
     return exact;
+}
+
+/* The column sums of one tile whose lanes went both ways: each lane's terms of dweight and
+   dbias as its way makes them (backward_tile_f32_pass2's for the lanes outside `exact`,
+   backward_tile_from_views' for those in it), the lanes summed by gd_one_tile_sum. */
+static LN_ALWAYS_INLINE void tile_mixed_column_sums(ln_norm_kind kind, ln_dtype dtype, const tile_view *dy,
+                                                    const tile_view *x, ptrdiff_t n, int count,
+                                                    const double means[16], const double rstds[16], int adjacent,
+                                                    unsigned exact, double *dweight, double *dbias)
+{
+    double dy_lanes[16], x_lanes[16];
+    if (!adjacent) {
+        memset(dy_lanes, 0, sizeof dy_lanes);
+        memset(x_lanes, 0, sizeof x_lanes);
+    }
+    float mean_f[16], rstd_f[16];
+    for (int k = 0; k < 16; k++) {
+        mean_f[k] = (float)means[k];
+        rstd_f[k] = (float)rstds[k];
+    }
+    const gf mean_f_v = gf_load(mean_f), rstd_f_v = gf_load(rstd_f);
+    const gd mean_v = gd_load(means), rstd_v = gd_load(rstds);
+    for (ptrdiff_t j = 0; j < n; j++) {
+        const gf dy_f = load_as_f32(dtype, tile_load(dtype, dy, count, j, dy_lanes, adjacent), 0);
+        const gf x_f = load_as_f32(dtype, tile_load(dtype, x, count, j, x_lanes, adjacent), 0);
+        if (dweight) {
+            const gd dy_d = gf_widen(dy_f), x_d = gf_widen(x_f);
+            const gf xc_f = kind == LN_NORM_LAYER ? gf_sub(x_f, mean_f_v) : x_f;
+            const gd xhat = gd_mul(kind == LN_NORM_LAYER ? gd_sub(x_d, mean_v) : x_d, rstd_v);
+            dweight[j] = gd_one_tile_sum(gd_lanes_from(gd_mul(dy_d, xhat),
+                                                       gf_widen(gf_mul(gf_mul(dy_f, xc_f), rstd_f_v)), exact));
+        }
+        if (dbias) {
+            dbias[j] = gd_one_tile_sum(gf_widen(dy_f));
+        }
+    }
+}
+
+/* backward_tile's work once its views are made: float32 (backward_tile_f32) where it can,
+   float64 (backward_tile_from_views) for float64 data and the lanes float32 cannot take. */
+static LN_ALWAYS_INLINE void backward_tile_of_views(ln_norm_kind kind, ln_dtype dtype, const ln_backward_args *a,
+                                                    const tile_view *dy, const tile_view *x, const tile_view *dx,
+                                                    int count, const double means[16], const double rstds[16],
+                                                    int adjacent, double *dweight_lanes, double *dbias_lanes,
+                                                    int one_tile)
+{
+    const unsigned every = (1u << count) - 1;
+    const unsigned exact = dtype == LN_F64 ? every : backward_tile_f32(kind, dtype, a, dy, x, dx, count, means,
+                                                                       rstds, adjacent, dweight_lanes, dbias_lanes,
+                                                                       one_tile);
+    if (exact && (exact == every || !one_tile)) {
+        backward_tile_from_views(kind, dtype, a, dy, x, dx, count, means, rstds, adjacent, dweight_lanes,
+                                 dbias_lanes, one_tile, exact == every ? LN_ALL_LANES : exact);
+    }
+    else if (exact) {  /* one tile, its lanes both ways: dx first, then every lane's terms */
+        if (dx->first) {
+            backward_tile_from_views(kind, dtype, a, dy, x, dx, count, means, rstds, adjacent, NULL, NULL, 0,
+                                     exact);
+        }
+        if (dweight_lanes || dbias_lanes) {
+            tile_mixed_column_sums(kind, dtype, dy, x, a->extent.row_len, count, means, rstds, adjacent, exact,
+                                   dweight_lanes, dbias_lanes);
+        }
+    }
 }
 
 /* Tile `tile` backward, in float32 (backward_tile_f32), and for float64 data or the lanes
    that float32 cannot take, in float64: pass 1 the lanes'
    sums of g and g * xhat (float32: when dx or dweight is wanted; float64: when dx is), pass
    2 dx and the parameter gradients' terms, added into the per-lane column sums
-   dweight_lanes and dbias_lanes (each may be NULL).  Lanes past count hold zeros, whose
-   terms are zeros.  As forward_tile, the common case (dy, x and dx adjacent) runs in an
-   instance of its own. */
+   dweight_lanes and dbias_lanes (each may be NULL), or with one_tile summed over the lanes
+   into them (tile_add_term).  Lanes past count hold zeros, whose terms are zeros.  As
+   forward_tile, the common case (dy, x and dx adjacent) runs in an instance of its own. */
 static LN_ALWAYS_INLINE void backward_tile(ln_norm_kind kind, ln_dtype dtype, const ln_backward_args *a,
-                                           ptrdiff_t tile, double *dweight_lanes, double *dbias_lanes)
+                                           ptrdiff_t tile, double *dweight_lanes, double *dbias_lanes, int one_tile)
 {
     const int has_mean = kind == LN_NORM_LAYER;
     ptrdiff_t block, row;
@@ -3120,24 +3211,13 @@ static LN_ALWAYS_INLINE void backward_tile(ln_norm_kind kind, ln_dtype dtype, co
         means[k] = has_mean ? ln_load1_param_as_f64(dtype, mean_in.first + k * mean_in.row_step, 0) : 0.0;
         rstds[k] = ln_load1_param_as_f64(dtype, rstd_in.first + k * rstd_in.row_step, 0);
     }
-    /* the lanes for float64: every one for float64 data (and where every lane fails the
-       float32 test), else those that fail it */
-    const unsigned every = (1u << count) - 1;
     if (dy.adjacent && x.adjacent && (!dx.first || dx.adjacent)) {
-        const unsigned exact = dtype == LN_F64 ? every : backward_tile_f32(kind, dtype, a, &dy, &x, &dx, count,
-                                                                           means, rstds, 1, dweight_lanes, dbias_lanes);
-        if (exact) {
-            backward_tile_from_views(kind, dtype, a, &dy, &x, &dx, count, means, rstds, 1, dweight_lanes,
-                                     dbias_lanes, exact == every ? LN_ALL_LANES : exact);
-        }
+        backward_tile_of_views(kind, dtype, a, &dy, &x, &dx, count, means, rstds, 1, dweight_lanes, dbias_lanes,
+                               one_tile);
     }
     else {
-        const unsigned exact = dtype == LN_F64 ? every : backward_tile_f32(kind, dtype, a, &dy, &x, &dx, count,
-                                                                           means, rstds, 0, dweight_lanes, dbias_lanes);
-        if (exact) {
-            backward_tile_from_views(kind, dtype, a, &dy, &x, &dx, count, means, rstds, 0, dweight_lanes,
-                                     dbias_lanes, exact == every ? LN_ALL_LANES : exact);
-        }
+        backward_tile_of_views(kind, dtype, a, &dy, &x, &dx, count, means, rstds, 0, dweight_lanes, dbias_lanes,
+                               one_tile);
     }
 }
 
@@ -3149,8 +3229,12 @@ static LN_ALWAYS_INLINE void backward_tiles(ln_norm_kind kind, ln_dtype dtype, c
     assert(a && a->grad_output.data && a->input.data && a->rstd.data && a->extent.row_len >= 1);
     assert(0 <= begin && begin <= end && end <= ln_tiles_of(&a->extent));
     dbias_lanes = kind == LN_NORM_LAYER ? dbias_lanes : NULL;
+    if (end - begin == 1) {  /* an instance of its own: the many tiles' loops test nothing more */
+        backward_tile(kind, dtype, a, begin, dweight_lanes, dbias_lanes, 1);
+        return;
+    }
     for (ptrdiff_t tile = begin; tile < end; tile++) {
-        backward_tile(kind, dtype, a, tile, dweight_lanes, dbias_lanes);
+        backward_tile(kind, dtype, a, tile, dweight_lanes, dbias_lanes, 0);
     }
 }
 

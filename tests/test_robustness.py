@@ -122,6 +122,28 @@ def test_backward_of_no_rows_needs_no_scratch(call):
     assert (outcome.error, outcome.message) == (None, repr(grads))
 
 
+# Backward of two strided rows of 2**22 elements: scratch memory in proportion to the results (the
+# partial sums of the route for strided rows, 16 float64 lanes a column, took 1 GiB here)
+FEW_STRIDED_ROWS_SETUP = ("x = np.broadcast_to(np.arange(2, dtype=np.float32), (2**22, 2)); "
+                          "s = np.ones((1, 2), np.float32); w = np.ones(2**22, np.float32)")
+FEW_STRIDED_ROWS_BACKWARD = {
+    "layer_norm_backward": "layernorm.layer_norm_backward(x, x, 2**22, s, s, w, w, axis=0)",
+    "rms_norm_backward": "layernorm.rms_norm_backward(x, x, 2**22, s, w, axis=0)",
+}
+
+
+@pytest.mark.parametrize("call", list(FEW_STRIDED_ROWS_BACKWARD))
+def test_backward_of_few_strided_rows_takes_memory_in_proportion(call):
+    grads = f"[(g.shape, g.nbytes) for g in {FEW_STRIDED_ROWS_BACKWARD[call]}]"
+    outcome = run_in_child(grads, FEW_STRIDED_ROWS_SETUP, memory=2**31, timeout=120)
+    assert outcome.error is None, outcome.message
+    shapes = [((2**22, 2), 2**25)] + [((2**22,), 2**24)] * (2 if call == "layer_norm_backward" else 1)
+    assert outcome.message == repr(shapes)
+    if outcome.peak_growth is not None:
+        results = sum(nbytes for _, nbytes in shapes)
+        assert outcome.peak_growth <= 3 * results, f"resident memory grew by {outcome.peak_growth} bytes"
+
+
 # A sequence argument whose items' own code (__index__, __bool__) empties it while the call
 # reads it: the call reads the items it was given, in a child process (a crash ends only it).
 EMPTIED_WHILE_READ = """
