@@ -2529,33 +2529,55 @@ typedef struct {
     char *first;          /* lane 0's row; NULL: the array is absent */
     ptrdiff_t row_step;   /* bytes from one lane's row to the next's */
     ptrdiff_t elem_step;  /* bytes from one element of a row to the next */
+    ptrdiff_t row_len;    /* elements a row */
     int adjacent;         /* all 16 lanes, rows adjacent: element j is one group in memory */
     int prefetch;         /* adjacent, and LN_TILE_PREFETCH more tiles of the block follow */
 } tile_view;
 
-/* The view of rows row .. row + count of block `block` in an array of `rows` rows a block. */
-static LN_ALWAYS_INLINE tile_view tile_view_of(ln_dtype dtype, const ln_array *array, ptrdiff_t rows,
+/* Elements [begin, end) of a tile's rows that are not adjacent in memory, gathered a group
+   of 16 lanes each (of any element type; lanes from the tile's count on 0.0) by tile_load.
+   Gathered LN_TILE_GATHER elements at a time, not one: a vector load of a group just
+   stored element by element waits for those stores to reach the cache (store-to-load
+   forwarding fails), on every element. */
+typedef struct {
+    ptrdiff_t begin, end;
+    double groups[LN_TILE_GATHER][16];
+} tile_gathered;
+
+/* g empty, ready for a tile of `count` rows of `dtype` elements. */
+static LN_ALWAYS_INLINE void tile_gathered_init(tile_gathered *g, ln_dtype dtype, int count)
+{
+    const size_t size = ln_dtype_size(dtype);
+    g->begin = g->end = 0;
+    for (int i = 0; count < 16 && i < LN_TILE_GATHER; i++) {
+        memset((char *)g->groups[i] + (size_t)count * size, 0, (size_t)(16 - count) * size);
+    }
+}
+
+/* The view of rows row .. row + count of block `block` in an array walked over extent. */
+static LN_ALWAYS_INLINE tile_view tile_view_of(ln_dtype dtype, const ln_array *array, const ln_extent *extent,
                                                ptrdiff_t block, ptrdiff_t row, int count)
 {
-    tile_view t = {NULL, 0, 0, 0, 0};
+    tile_view t = {NULL, 0, 0, 0, 0, 0};
     if (array->data) {
         t.first = ln_block_row_address(array, block, row);
         t.row_step = array->walk.row_step;
         t.elem_step = array->walk.elem_step;
+        t.row_len = extent->row_len;
         t.adjacent = count == LN_TILE_ROWS && t.row_step == (ptrdiff_t)ln_dtype_size(dtype);
-        t.prefetch = t.adjacent && row + LN_TILE_PREFETCH * LN_TILE_ROWS < rows;
+        t.prefetch = t.adjacent && row + LN_TILE_PREFETCH * LN_TILE_ROWS < extent->rows;
     }
     return t;
 }
 
 /* Element j of the tile's `count` rows as 16 consecutive elements: in memory where they are
-   adjacent, else gathered into lanes, whose lanes from count on the caller has zeroed.
+   adjacent, else in `gathered` (elements j on gathered there first, unless they are).
    Each element of a tile is a cache line of its own (channels-first rows: H*W elements
    apart), more lines at once than the hardware prefetchers follow, so the line of a tile
    LN_TILE_PREFETCH further on is asked for now.  `adjacent`: the caller knows t's rows are
    adjacent, a constant 1 in the instance that serves that case (its loops then test nothing). */
 static LN_ALWAYS_INLINE const void *tile_load(ln_dtype dtype, const tile_view *t, int count, ptrdiff_t j,
-                                              void *lanes, int adjacent)
+                                              tile_gathered *gathered, int adjacent)
 {
     const char *from = t->first + j * t->elem_step;
     const size_t size = ln_dtype_size(dtype);
@@ -2565,10 +2587,17 @@ static LN_ALWAYS_INLINE const void *tile_load(ln_dtype dtype, const tile_view *t
         }
         return from;
     }
-    for (int k = 0; k < count; k++) {
-        memcpy((char *)lanes + (size_t)k * size, from + k * t->row_step, size);
+    if (j < gathered->begin || j >= gathered->end) {
+        gathered->begin = j;
+        gathered->end = t->row_len - j < LN_TILE_GATHER ? t->row_len : j + LN_TILE_GATHER;
+        for (int k = 0; k < count; k++) {
+            const char *row = from + k * t->row_step;
+            for (ptrdiff_t i = 0; i < gathered->end - j; i++) {
+                memcpy((char *)gathered->groups[i] + (size_t)k * size, row + i * t->elem_step, size);
+            }
+        }
     }
-    return lanes;
+    return gathered->groups[j - gathered->begin];
 }
 
 /* Where element j of the tile's rows is to be written as 16 consecutive elements: in memory
@@ -2598,15 +2627,16 @@ static LN_ALWAYS_INLINE void tile_scatter(ln_dtype dtype, const tile_view *t, in
 }
 
 /* A forward tile's arrays, and apart from them (so that the views, never stored through,
-   stay in registers), lane buffers of 16 elements of any type for those gathered (zero past
-   count). */
+   stay in registers), the elements gathered from x and the residual (tile_load) and lane
+   buffers of 16 elements of any type for those scattered to sum and y (tile_target). */
 typedef struct {
     int count;
     tile_view x, residual, sum, y;
 } forward_tile_arrays;
 
 typedef struct {
-    double x[16], residual[16], sum[16], y[16];
+    tile_gathered x, residual;
+    double sum[16], y[16];
 } forward_tile_lanes;
 
 /* Element j of a forward tile's rows as float64 lanes: the input's (copied to staged[j], a
@@ -2616,15 +2646,15 @@ static LN_ALWAYS_INLINE gd forward_tile_values(ln_dtype dtype, const forward_til
                                                forward_tile_lanes *lanes, ptrdiff_t j, int adjacent, char *staged)
 {
     if (!t->residual.first) {
-        const void *group = tile_load(dtype, &t->x, t->count, j, lanes->x, adjacent);
+        const void *group = tile_load(dtype, &t->x, t->count, j, &lanes->x, adjacent);
         if (staged) {
             memcpy(staged + j * group_bytes_of(dtype), group, (size_t)group_bytes_of(dtype));
         }
         return load_as_f64(dtype, group, 0);
     }
     void *target = tile_target(dtype, &t->sum, j, lanes->sum, adjacent);
-    add_group(dtype, tile_load(dtype, &t->x, t->count, j, lanes->x, adjacent),
-              tile_load(dtype, &t->residual, t->count, j, lanes->residual, adjacent), target, 0);
+    add_group(dtype, tile_load(dtype, &t->x, t->count, j, &lanes->x, adjacent),
+              tile_load(dtype, &t->residual, t->count, j, &lanes->residual, adjacent), target, 0);
     tile_scatter(dtype, &t->sum, t->count, j, target, adjacent);
     return load_as_f64(dtype, target, 0);
 }
@@ -2752,7 +2782,10 @@ static LN_ALWAYS_INLINE void forward_tile_from_views(ln_norm_kind kind, ln_dtype
     const int has_mean = kind == LN_NORM_LAYER, count = t->count;
     forward_tile_lanes buffers;
     if (!adjacent) {
-        memset(&buffers, 0, sizeof buffers);
+        tile_gathered_init(&buffers.x, dtype, count);
+        tile_gathered_init(&buffers.residual, dtype, count);
+        memset(buffers.sum, 0, sizeof buffers.sum);
+        memset(buffers.y, 0, sizeof buffers.y);
     }
     const ptrdiff_t group_bytes = group_bytes_of(dtype);
     double means[16], rstds[16];
@@ -2766,18 +2799,19 @@ static LN_ALWAYS_INLINE void forward_tile_from_views(ln_norm_kind kind, ln_dtype
         forward_tile_rows(kind, dtype, a, source_rows, block * a->extent.rows + row, count, means, rstds, bounds);
         return;
     }
-    const tile_view mean_out = tile_view_of(dtype, &a->mean, a->extent.rows, block, row, count);
-    const tile_view rstd_out = tile_view_of(dtype, &a->rstd, a->extent.rows, block, row, count);
+    const tile_view mean_out = tile_view_of(dtype, &a->mean, &a->extent, block, row, count);
+    const tile_view rstd_out = tile_view_of(dtype, &a->rstd, &a->extent, block, row, count);
     tile_store_stats(dtype, &mean_out, count, means);
     tile_store_stats(dtype, &rstd_out, count, rstds);
 
     const tile_view *source = a->residual.data ? &t->sum : &t->x;
     const void *weight = a->weight, *bias = has_mean ? a->bias : NULL;
+    buffers.x.begin = buffers.x.end = 0;  /* source's elements, which may be sum's, gathered afresh */
     if (output_in_f64(dtype, n)) {
         const gd mean_v = gd_load(means), rstd_v = gd_load(rstds);
         for (ptrdiff_t j = 0; j < n; j++) {
             const void *group = staged ? staged + j * group_bytes
-                                       : tile_load(dtype, source, count, j, buffers.x, adjacent);
+                                       : tile_load(dtype, source, count, j, &buffers.x, adjacent);
             const gd value_x = load_as_f64(dtype, group, 0);
             const gd centred = has_mean ? gd_sub(value_x, mean_v) : value_x;
             const gd scale = weight ? gd_mul(gd_splat(ln_load1_param_as_f64(dtype, weight, j)), rstd_v) : rstd_v;
@@ -2791,7 +2825,7 @@ static LN_ALWAYS_INLINE void forward_tile_from_views(ln_norm_kind kind, ln_dtype
     const lane_norm lanes = lane_norm_of(means, rstds);
     for (ptrdiff_t j = 0; j < n; j++) {
         const void *group = staged ? staged + j * group_bytes
-                                   : tile_load(dtype, source, count, j, buffers.x, adjacent);
+                                   : tile_load(dtype, source, count, j, &buffers.x, adjacent);
         const gf value_x = load_as_f32(dtype, group, 0);
         const gf centred = has_mean ? gf_sub(gf_sub(value_x, lanes.mean_hi), lanes.mean_lo) : value_x;
         const gf scale = weight ? gf_mul(gf_splat(((const float *)weight)[j]), lanes.scale) : lanes.scale;
@@ -2814,10 +2848,10 @@ static LN_ALWAYS_INLINE void forward_tile(ln_norm_kind kind, ln_dtype dtype, con
     ln_tile_of(&a->extent, tile, &block, &row, &count);
     const forward_tile_arrays t = {
         .count = count,
-        .x = tile_view_of(dtype, &a->input, a->extent.rows, block, row, count),
-        .residual = tile_view_of(dtype, &a->residual, a->extent.rows, block, row, count),
-        .sum = tile_view_of(dtype, &a->sum, a->extent.rows, block, row, count),
-        .y = tile_view_of(dtype, &a->output, a->extent.rows, block, row, count),
+        .x = tile_view_of(dtype, &a->input, &a->extent, block, row, count),
+        .residual = tile_view_of(dtype, &a->residual, &a->extent, block, row, count),
+        .sum = tile_view_of(dtype, &a->sum, &a->extent, block, row, count),
+        .y = tile_view_of(dtype, &a->output, &a->extent, block, row, count),
     };
     if (t.x.adjacent && t.y.adjacent && (!t.residual.first || (t.residual.adjacent && t.sum.adjacent))) {
         forward_tile_from_views(kind, dtype, a, bounds, &t, block, row, 1, staged);
@@ -2899,10 +2933,12 @@ static LN_ALWAYS_INLINE void backward_tile_from_views(ln_norm_kind kind, ln_dtyp
     const ptrdiff_t n = a->extent.row_len;
     const int has_mean = kind == LN_NORM_LAYER;
     const void *weight = a->weight;
-    double dy_lanes[16], x_lanes[16], dx_lanes[16];
+    tile_gathered dy_lanes, x_lanes, dx_kept;
+    double dx_lanes[16];
     if (!adjacent) {
-        memset(dy_lanes, 0, sizeof dy_lanes);
-        memset(x_lanes, 0, sizeof x_lanes);
+        tile_gathered_init(&dy_lanes, dtype, count);
+        tile_gathered_init(&x_lanes, dtype, count);
+        tile_gathered_init(&dx_kept, dtype, count);
         memset(dx_lanes, 0, sizeof dx_lanes);
     }
     const gd mean_v = gd_load(means), rstd_v = gd_load(rstds), zero_v = gd_splat(0.0);
@@ -2910,8 +2946,8 @@ static LN_ALWAYS_INLINE void backward_tile_from_views(ln_norm_kind kind, ln_dtyp
     if (dx->first) {
         gd g_sum = zero_v, gx_sum = zero_v;
         for (ptrdiff_t j = 0; j < n; j++) {
-            const gd dy_v = load_as_f64(dtype, tile_load(dtype, dy, count, j, dy_lanes, adjacent), 0);
-            const gd value_x = load_as_f64(dtype, tile_load(dtype, x, count, j, x_lanes, adjacent), 0);
+            const gd dy_v = load_as_f64(dtype, tile_load(dtype, dy, count, j, &dy_lanes, adjacent), 0);
+            const gd value_x = load_as_f64(dtype, tile_load(dtype, x, count, j, &x_lanes, adjacent), 0);
             const gd xhat = gd_mul(has_mean ? gd_sub(value_x, mean_v) : value_x, rstd_v);
             const gd g = weight ? gd_mul(dy_v, gd_splat(ln_load1_param_as_f64(dtype, weight, j))) : dy_v;
             g_sum = has_mean ? gd_add(g_sum, g) : g_sum;
@@ -2922,15 +2958,15 @@ static LN_ALWAYS_INLINE void backward_tile_from_views(ln_norm_kind kind, ln_dtyp
         gx_mean = gd_div(gx_sum, n_v);
     }
     for (ptrdiff_t j = 0; j < n; j++) {
-        const gd dy_v = load_as_f64(dtype, tile_load(dtype, dy, count, j, dy_lanes, adjacent), 0);
-        const gd value_x = load_as_f64(dtype, tile_load(dtype, x, count, j, x_lanes, adjacent), 0);
+        const gd dy_v = load_as_f64(dtype, tile_load(dtype, dy, count, j, &dy_lanes, adjacent), 0);
+        const gd value_x = load_as_f64(dtype, tile_load(dtype, x, count, j, &x_lanes, adjacent), 0);
         const gd xhat = gd_mul(has_mean ? gd_sub(value_x, mean_v) : value_x, rstd_v);
         if (dx->first) {
             const gd g = weight ? gd_mul(dy_v, gd_splat(ln_load1_param_as_f64(dtype, weight, j))) : dy_v;
             const gd inner = gd_sub(has_mean ? gd_sub(g, g_mean) : g, gd_mul(xhat, gx_mean));
             gd value = gd_quiet_nans(gd_mul(inner, rstd_v));  /* a NaN the one quiet NaN */
             if (lanes != LN_ALL_LANES) {  /* the other lanes' dx as it is (exact both ways) */
-                const gd kept = load_as_f64(dtype, tile_load(dtype, dx, count, j, dx_lanes, adjacent), 0);
+                const gd kept = load_as_f64(dtype, tile_load(dtype, dx, count, j, &dx_kept, adjacent), 0);
                 value = gd_lanes_from(value, kept, lanes);
             }
             void *target = tile_target(dtype, dx, j, dx_lanes, adjacent);
@@ -2951,7 +2987,7 @@ static LN_ALWAYS_INLINE void backward_tile_from_views(ln_norm_kind kind, ln_dtyp
    backward_tile_f32). */
 static LN_ALWAYS_INLINE void tile_grad_sums_term(ln_norm_kind kind, ln_dtype dtype, const tile_view *dy,
                                                  const tile_view *x, int count, ptrdiff_t j, const float *weight,
-                                                 double *dy_lanes, double *x_lanes, int adjacent, gf mean_v,
+                                                 tile_gathered *dy_lanes, tile_gathered *x_lanes, int adjacent, gf mean_v,
                                                  gf *sum_g, gf *sum_gc, grad_tops *tops)
 {
     const gf dy_v = load_as_f32(dtype, tile_load(dtype, dy, count, j, dy_lanes, adjacent), 0);
@@ -2997,7 +3033,7 @@ static LN_ALWAYS_INLINE void backward_tile_f32_pass2(ln_norm_kind kind, ln_dtype
                                                      const tile_view *dy, const tile_view *x, const tile_view *dx,
                                                      int count, tile_f32_factors f, int adjacent,
                                                      double *dweight_lanes, double *dbias_lanes, int one_tile,
-                                                     double *dy_lanes, double *x_lanes, double *dx_lanes,
+                                                     tile_gathered *dy_lanes, tile_gathered *x_lanes, double *dx_lanes,
                                                      unsigned terms)
 {
     const ptrdiff_t n = a->extent.row_len;
@@ -3052,10 +3088,11 @@ static LN_ALWAYS_INLINE unsigned backward_tile_f32(ln_norm_kind kind, ln_dtype d
     const ptrdiff_t n = a->extent.row_len;
     const int want_dx = dx->first != NULL;
     const float *weight = a->weight;
-    double dy_lanes[16], x_lanes[16], dx_lanes[16];  /* 16 elements of any type, for tile_load */
+    tile_gathered dy_lanes, x_lanes;
+    double dx_lanes[16];  /* 16 elements of any type, for tile_target */
     if (!adjacent) {
-        memset(dy_lanes, 0, sizeof dy_lanes);
-        memset(x_lanes, 0, sizeof x_lanes);
+        tile_gathered_init(&dy_lanes, dtype, count);
+        tile_gathered_init(&x_lanes, dtype, count);
         memset(dx_lanes, 0, sizeof dx_lanes);
     }
     float mean_f[16], rstd_f[16], xc_scale_f[16] = {0}, offset_f[16] = {0};
@@ -3073,13 +3110,13 @@ static LN_ALWAYS_INLINE unsigned backward_tile_f32(ln_norm_kind kind, ln_dtype d
             gf even_g = zero_f, even_gc = zero_f, odd_g = zero_f, odd_gc = zero_f;
             ptrdiff_t j = block;
             for (; j + 2 <= block_end; j += 2) {
-                tile_grad_sums_term(kind, dtype, dy, x, count, j, weight, dy_lanes, x_lanes, adjacent, mean_v,
+                tile_grad_sums_term(kind, dtype, dy, x, count, j, weight, &dy_lanes, &x_lanes, adjacent, mean_v,
                                     &even_g, &even_gc, &tops);
-                tile_grad_sums_term(kind, dtype, dy, x, count, j + 1, weight, dy_lanes, x_lanes, adjacent, mean_v,
+                tile_grad_sums_term(kind, dtype, dy, x, count, j + 1, weight, &dy_lanes, &x_lanes, adjacent, mean_v,
                                     &odd_g, &odd_gc, &tops);
             }
             if (j < block_end) {
-                tile_grad_sums_term(kind, dtype, dy, x, count, j, weight, dy_lanes, x_lanes, adjacent, mean_v,
+                tile_grad_sums_term(kind, dtype, dy, x, count, j, weight, &dy_lanes, &x_lanes, adjacent, mean_v,
                                     &even_g, &even_gc, &tops);
             }
             g_sum = gd_add(g_sum, gf_widen(gf_add(even_g, odd_g)));
@@ -3108,17 +3145,17 @@ static LN_ALWAYS_INLINE unsigned backward_tile_f32(ln_norm_kind kind, ln_dtype d
     const tile_f32_factors factors = {mean_v, rstd_v, gf_load(xc_scale_f), gf_load(offset_f)};
     if (exact && one_tile) {  /* dx alone: the terms wait for the float64 lanes (backward_tile_of_views) */
         if (want_dx) {
-            backward_tile_f32_pass2(kind, dtype, a, dy, x, dx, count, factors, adjacent, NULL, NULL, 0, dy_lanes,
-                                    x_lanes, dx_lanes, ~exact & LN_ALL_LANES);
+            backward_tile_f32_pass2(kind, dtype, a, dy, x, dx, count, factors, adjacent, NULL, NULL, 0, &dy_lanes,
+                                    &x_lanes, dx_lanes, ~exact & LN_ALL_LANES);
         }
     }
     else if (exact) {
         backward_tile_f32_pass2(kind, dtype, a, dy, x, dx, count, factors, adjacent, dweight_lanes, dbias_lanes,
-                                0, dy_lanes, x_lanes, dx_lanes, ~exact & LN_ALL_LANES);
+                                0, &dy_lanes, &x_lanes, dx_lanes, ~exact & LN_ALL_LANES);
     }
     else {
         backward_tile_f32_pass2(kind, dtype, a, dy, x, dx, count, factors, adjacent, dweight_lanes, dbias_lanes,
-                                one_tile, dy_lanes, x_lanes, dx_lanes, LN_ALL_LANES);
+                                one_tile, &dy_lanes, &x_lanes, dx_lanes, LN_ALL_LANES);
     }
     return exact;
 }
@@ -3131,10 +3168,10 @@ static LN_ALWAYS_INLINE void tile_mixed_column_sums(ln_norm_kind kind, ln_dtype 
                                                     const double means[16], const double rstds[16], int adjacent,
                                                     unsigned exact, double *dweight, double *dbias)
 {
-    double dy_lanes[16], x_lanes[16];
+    tile_gathered dy_lanes, x_lanes;
     if (!adjacent) {
-        memset(dy_lanes, 0, sizeof dy_lanes);
-        memset(x_lanes, 0, sizeof x_lanes);
+        tile_gathered_init(&dy_lanes, dtype, count);
+        tile_gathered_init(&x_lanes, dtype, count);
     }
     float mean_f[16], rstd_f[16];
     for (int k = 0; k < 16; k++) {
@@ -3144,8 +3181,8 @@ static LN_ALWAYS_INLINE void tile_mixed_column_sums(ln_norm_kind kind, ln_dtype 
     const gf mean_f_v = gf_load(mean_f), rstd_f_v = gf_load(rstd_f);
     const gd mean_v = gd_load(means), rstd_v = gd_load(rstds);
     for (ptrdiff_t j = 0; j < n; j++) {
-        const gf dy_f = load_as_f32(dtype, tile_load(dtype, dy, count, j, dy_lanes, adjacent), 0);
-        const gf x_f = load_as_f32(dtype, tile_load(dtype, x, count, j, x_lanes, adjacent), 0);
+        const gf dy_f = load_as_f32(dtype, tile_load(dtype, dy, count, j, &dy_lanes, adjacent), 0);
+        const gf x_f = load_as_f32(dtype, tile_load(dtype, x, count, j, &x_lanes, adjacent), 0);
         if (dweight) {
             const gd dy_d = gf_widen(dy_f), x_d = gf_widen(x_f);
             const gf xc_f = kind == LN_NORM_LAYER ? gf_sub(x_f, mean_f_v) : x_f;
@@ -3201,11 +3238,11 @@ static LN_ALWAYS_INLINE void backward_tile(ln_norm_kind kind, ln_dtype dtype, co
     ptrdiff_t block, row;
     int count;
     ln_tile_of(&a->extent, tile, &block, &row, &count);
-    const tile_view dy = tile_view_of(dtype, &a->grad_output, a->extent.rows, block, row, count);
-    const tile_view x = tile_view_of(dtype, &a->input, a->extent.rows, block, row, count);
-    const tile_view dx = tile_view_of(dtype, &a->grad_input, a->extent.rows, block, row, count);
-    const tile_view mean_in = tile_view_of(dtype, &a->mean, a->extent.rows, block, row, count);
-    const tile_view rstd_in = tile_view_of(dtype, &a->rstd, a->extent.rows, block, row, count);
+    const tile_view dy = tile_view_of(dtype, &a->grad_output, &a->extent, block, row, count);
+    const tile_view x = tile_view_of(dtype, &a->input, &a->extent, block, row, count);
+    const tile_view dx = tile_view_of(dtype, &a->grad_input, &a->extent, block, row, count);
+    const tile_view mean_in = tile_view_of(dtype, &a->mean, &a->extent, block, row, count);
+    const tile_view rstd_in = tile_view_of(dtype, &a->rstd, &a->extent, block, row, count);
     double means[16] = {0}, rstds[16] = {0};
     for (int k = 0; k < count; k++) {
         means[k] = has_mean ? ln_load1_param_as_f64(dtype, mean_in.first + k * mean_in.row_step, 0) : 0.0;
