@@ -2544,12 +2544,13 @@ typedef struct {
     double groups[LN_TILE_GATHER][16];
 } tile_gathered;
 
-/* g empty, ready for a tile of `count` rows of `dtype` elements. */
-static LN_ALWAYS_INLINE void tile_gathered_init(tile_gathered *g, ln_dtype dtype, int count)
+/* g empty, ready for a tile of `count` rows of row_len `dtype` elements (the groups it can
+   use have their lanes from count on zeroed). */
+static LN_ALWAYS_INLINE void tile_gathered_init(tile_gathered *g, ln_dtype dtype, int count, ptrdiff_t row_len)
 {
     const size_t size = ln_dtype_size(dtype);
     g->begin = g->end = 0;
-    for (int i = 0; count < 16 && i < LN_TILE_GATHER; i++) {
+    for (ptrdiff_t i = 0; count < 16 && i < LN_TILE_GATHER && i < row_len; i++) {
         memset((char *)g->groups[i] + (size_t)count * size, 0, (size_t)(16 - count) * size);
     }
 }
@@ -2571,7 +2572,8 @@ static LN_ALWAYS_INLINE tile_view tile_view_of(ln_dtype dtype, const ln_array *a
 }
 
 /* Element j of the tile's `count` rows as 16 consecutive elements: in memory where they are
-   adjacent, else in `gathered` (elements j on gathered there first, unless they are).
+   adjacent, else in `gathered` (elements j on gathered there first, unless they are: a copy,
+   which a caller writing those rows' memory through another view must empty).
    Each element of a tile is a cache line of its own (channels-first rows: H*W elements
    apart), more lines at once than the hardware prefetchers follow, so the line of a tile
    LN_TILE_PREFETCH further on is asked for now.  `adjacent`: the caller knows t's rows are
@@ -2782,8 +2784,8 @@ static LN_ALWAYS_INLINE void forward_tile_from_views(ln_norm_kind kind, ln_dtype
     const int has_mean = kind == LN_NORM_LAYER, count = t->count;
     forward_tile_lanes buffers;
     if (!adjacent) {
-        tile_gathered_init(&buffers.x, dtype, count);
-        tile_gathered_init(&buffers.residual, dtype, count);
+        tile_gathered_init(&buffers.x, dtype, count, a->extent.row_len);
+        tile_gathered_init(&buffers.residual, dtype, count, a->extent.row_len);
         memset(buffers.sum, 0, sizeof buffers.sum);
         memset(buffers.y, 0, sizeof buffers.y);
     }
@@ -2936,9 +2938,9 @@ static LN_ALWAYS_INLINE void backward_tile_from_views(ln_norm_kind kind, ln_dtyp
     tile_gathered dy_lanes, x_lanes, dx_kept;
     double dx_lanes[16];
     if (!adjacent) {
-        tile_gathered_init(&dy_lanes, dtype, count);
-        tile_gathered_init(&x_lanes, dtype, count);
-        tile_gathered_init(&dx_kept, dtype, count);
+        tile_gathered_init(&dy_lanes, dtype, count, a->extent.row_len);
+        tile_gathered_init(&x_lanes, dtype, count, a->extent.row_len);
+        tile_gathered_init(&dx_kept, dtype, count, a->extent.row_len);
         memset(dx_lanes, 0, sizeof dx_lanes);
     }
     const gd mean_v = gd_load(means), rstd_v = gd_load(rstds), zero_v = gd_splat(0.0);
@@ -3091,8 +3093,8 @@ static LN_ALWAYS_INLINE unsigned backward_tile_f32(ln_norm_kind kind, ln_dtype d
     tile_gathered dy_lanes, x_lanes;
     double dx_lanes[16];  /* 16 elements of any type, for tile_target */
     if (!adjacent) {
-        tile_gathered_init(&dy_lanes, dtype, count);
-        tile_gathered_init(&x_lanes, dtype, count);
+        tile_gathered_init(&dy_lanes, dtype, count, a->extent.row_len);
+        tile_gathered_init(&x_lanes, dtype, count, a->extent.row_len);
         memset(dx_lanes, 0, sizeof dx_lanes);
     }
     float mean_f[16], rstd_f[16], xc_scale_f[16] = {0}, offset_f[16] = {0};
@@ -3170,8 +3172,8 @@ static LN_ALWAYS_INLINE void tile_mixed_column_sums(ln_norm_kind kind, ln_dtype 
 {
     tile_gathered dy_lanes, x_lanes;
     if (!adjacent) {
-        tile_gathered_init(&dy_lanes, dtype, count);
-        tile_gathered_init(&x_lanes, dtype, count);
+        tile_gathered_init(&dy_lanes, dtype, count, n);
+        tile_gathered_init(&x_lanes, dtype, count, n);
     }
     float mean_f[16], rstd_f[16];
     for (int k = 0; k < 16; k++) {
