@@ -245,12 +245,13 @@ def _checked(function: Callable[..., Any], arrays: Dict[str, Any], params: Dict[
 def _probe(function: Callable[..., Any], arrays: Dict[str, Any], params: Dict[str, Any],
            options: Dict[str, Any], shapes: Dict[str, Tuple[int, ...]]) -> Any:
     """``function`` on zero-filled stand-ins of the arrays, of `shapes`, and of the dask
-    parameters (NumPy ones as they are); stand-ins take no memory."""
+    parameters (NumPy ones as they are); stand-ins take no memory, so a parameter of a wrong
+    and huge shape is refused as the NumPy call refuses it, before anything is allocated."""
     stand_ins = {
         key: np.broadcast_to(np.zeros((), value.dtype), shapes[key]) for key, value in arrays.items()
     }
     stand_ins.update(
-        (key, np.zeros(value.shape, value.dtype) if isinstance(value, da.Array) else value)
+        (key, np.broadcast_to(np.zeros((), value.dtype), value.shape) if isinstance(value, da.Array) else value)
         for key, value in params.items()
     )
     return function(**stand_ins, **options)

@@ -33,6 +33,7 @@ from helpers import (  # noqa: E402
     make_input,
     nan_pairs,
     param_dtype,
+    run_in_child,
     tiny_product_id,
 )
 
@@ -714,6 +715,24 @@ def test_bad_arguments_raise_the_numpy_calls_error(make_call):
         make_call(da.from_array(x, chunks=(2, 4, 3)), da.from_array(w, chunks=3))
     assert str(dask_error.value) == str(numpy_error.value)
     assert dask_error.value.__context__ is None  # no error of the stand-ins' shapes before it
+
+
+@pytest.mark.parametrize("call", [
+    "layernorm.layer_norm(x, 8, w)",
+    "layernorm.layer_norm(x, 8, None, w)",
+    "layernorm.rms_norm(x, 8, w)",
+    "layernorm.layer_norm_backward(x, x, 8, x[:, :1], x[:, :1], w)",
+    "layernorm.add_rms_norm(x, x, 8, w)",
+])
+def test_a_dask_parameter_of_a_wrong_and_huge_shape_is_refused_without_memory(call):
+    # 2 GiB of float64 parameter for rows of 8: the shape alone refuses it
+    setup = ("import dask.array as da; x = da.ones((4, 8), chunks=2, dtype=np.float32); "
+             "w = da.zeros(2**28, chunks=2**26, dtype=np.float64)")
+    outcome = run_in_child(call, setup, memory=2**30)
+    assert (outcome.error, outcome.message) == (
+        "ValueError", "Expected {} to be of same shape as normalized_shape, but got {} of shape [268435456] and "
+        "normalized_shape = [8]".format(*["bias" if "None, w" in call else "weight"] * 2))
+    assert outcome.peak_growth < 64 * 2**20
 
 
 def test_a_negative_eps_gives_nan_without_warnings_on_split_rows():
