@@ -1657,7 +1657,11 @@ static LN_ALWAYS_INLINE void grad_sums_single(ln_norm_kind kind, ln_dtype dtype,
    (their product a quarter of it), and |xc| |xc_scale| at most a quarter of FLT_MAX and
    |offset| an eighth (the inner term under half, with room for the float32 roundings).  The
    margins cover the float32 rounding of the bounds, so a row this passes passes the scalar
-   test; the others take that. */
+   test; the others take that.  Every part is evaluated and the answers and-ed, with no
+   branch between them, and the two upper bounds of one limit tested as one (the larger of
+   the two magnitudes), which takes a tenth off a short row's backward (float32 rows of 32
+   and 64 elements, one thread, alternating processes: 22.0 -> 19.9 and 28.5 -> 24.5 ns a
+   row). */
 static LN_ALWAYS_INLINE int grad_row_common(double rstd, double g_mean, double gx_mean, const grad_tops *tops)
 {
     const double xc_scale = fabs(-rstd * rstd * gx_mean), offset = fabs(-rstd * g_mean);
@@ -1667,13 +1671,11 @@ static LN_ALWAYS_INLINE int grad_row_common(double rstd, double g_mean, double g
     int common = (rstd >= (double)FLT_MIN) & (rstd <= (double)FLT_MAX);
     common &= (gx_mean == 0.0) | ((xc_scale >= (double)FLT_MIN) & (xc_scale <= (double)FLT_MAX));
     common &= (g_mean == 0.0) | ((offset >= (double)FLT_MIN) & (offset <= (double)FLT_MAX / 8));
-    if (!common) {
-        return 0;
-    }
-    return gf_any_at_least(tops->g, (float)least) && gf_any_at_least(tops->dy, (float)least) &&
-           gf_any_at_least(gf_mul(tops->xc, gf_splat((float)rstd)), 0.5f) &&
-           gf_all_at_most(gf_mul(tops->dy, gf_splat((float)(rstd > 1.0 ? rstd : 1.0))), root) &&
-           gf_all_at_most(tops->xc, root) && gf_all_at_most(gf_mul(tops->xc, gf_splat((float)xc_scale)), FLT_MAX / 4);
+    const gf dy_scaled = gf_mul(tops->dy, gf_splat((float)(rstd > 1.0 ? rstd : 1.0)));
+    return common & gf_any_at_least(tops->g, (float)least) & gf_any_at_least(tops->dy, (float)least) &
+           gf_any_at_least(gf_mul(tops->xc, gf_splat((float)rstd)), 0.5f) &
+           gf_all_at_most(gf_max_magnitude(tops->xc, dy_scaled), root) &
+           gf_all_at_most(gf_mul(tops->xc, gf_splat((float)xc_scale)), FLT_MAX / 4);
 }
 
 /* a with its lanes from count on set to 1.0, a value every test of grad_lanes_common passes. */
