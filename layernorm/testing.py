@@ -252,11 +252,10 @@ def _fitted_rstd(p: _Problem, actual: np.ndarray, deviation: np.ndarray, w: Any,
     return rstd
 
 
-def _fitted_eps(p: _Problem, actual: np.ndarray, deviation: np.ndarray, var: np.ndarray, w: Any, b: Any,
+def _fitted_eps(p: _Problem, rstd: np.ndarray, var: np.ndarray,
                 fits: Callable[[np.ndarray], bool]) -> Optional[Tuple[float, np.ndarray]]:
     """The one eps that fits every row, with its output, or None.  Solved from the row of smallest
     variance (where eps shows most): there the row's fitted rstd gives eps = 1 / rstd**2 - var."""
-    rstd = _fitted_rstd(p, actual, deviation, w, b)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         eps_per_row = rstd ** -2.0 - var
     usable = np.isfinite(eps_per_row) & (rstd > 0)
@@ -273,7 +272,7 @@ def _fitted_eps(p: _Problem, actual: np.ndarray, deviation: np.ndarray, var: np.
     return None
 
 
-def _one_pass_variance(p: _Problem, actual: np.ndarray, deviation: np.ndarray, mean: np.ndarray, var: np.ndarray,
+def _one_pass_variance(p: _Problem, rstd: np.ndarray, deviation: np.ndarray, mean: np.ndarray, var: np.ndarray,
                        w: Any, b: Any) -> Optional[_Variant]:
     """The output with each row's variance as the output implies it, when those are what
     mean(x**2) - mean(x)**2 in the input's dtype can give and a centred variance cannot: every
@@ -281,7 +280,6 @@ def _one_pass_variance(p: _Problem, actual: np.ndarray, deviation: np.ndarray, m
     some row's further from it than sqrt(N) units of var + eps.  Else None."""
     if p.x.dtype.kind != "f":
         return None
-    rstd = _fitted_rstd(p, actual, deviation, w, b)
     unit = float(np.finfo(p.x.dtype).eps) * max(8.0, math.sqrt(math.prod(p.normalized_shape)))
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         error = np.abs(rstd ** -2.0 - p.eps - var)
@@ -308,14 +306,15 @@ def _variants(p: _Problem, actual: np.ndarray, fits: Callable[[np.ndarray], bool
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         deviation = p.x.astype(np.float64) - n.mean
         var = unregularized.rstd ** -2.0  # mean(x**2) for RMSNorm
+        fitted_rstd = _fitted_rstd(p, actual, deviation, w, b)  # each row's, as the output implies it
         if centred and count > 1:
             unbiased = deviation / np.sqrt(var * count / (count - 1) + p.eps)
             yield _Variant("unbiased-variance", {}, unbiased * w + b)
-            one_pass = _one_pass_variance(p, actual, deviation, n.mean, var, w, b)
+            one_pass = _one_pass_variance(p, fitted_rstd, deviation, n.mean, var, w, b)
             if one_pass is not None:
                 yield one_pass
         yield _Variant("eps-outside-sqrt", {}, deviation / (np.sqrt(var) + p.eps) * w + b)
-        found = _fitted_eps(p, actual, deviation, var, w, b, fits)
+        found = _fitted_eps(p, fitted_rstd, var, fits)
         if found is not None:
             yield _Variant("eps-value", {"fitted": f"{found[0]:.6g}", "eps": f"{p.eps:.6g}"}, found[1])
         for axes in _other_axes(p.x.ndim, p.axes):
