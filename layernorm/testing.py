@@ -252,13 +252,13 @@ def _fitted_rstd(p: _Problem, actual: np.ndarray, deviation: np.ndarray, w: Any,
     return rstd
 
 
-def _fitted_eps(p: _Problem, rstd: np.ndarray, var: np.ndarray,
+def _fitted_eps(p: _Problem, fitted_rstd: np.ndarray, var: np.ndarray,
                 fits: Callable[[np.ndarray], bool]) -> Optional[Tuple[float, np.ndarray]]:
     """The one eps that fits every row, with its output, or None.  Solved from the row of smallest
     variance (where eps shows most): there the row's fitted rstd gives eps = 1 / rstd**2 - var."""
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        eps_per_row = rstd ** -2.0 - var
-    usable = np.isfinite(eps_per_row) & (rstd > 0)
+        eps_per_row = fitted_rstd ** -2.0 - var
+    usable = np.isfinite(eps_per_row) & (fitted_rstd > 0)
     if not usable.any():
         return None
     fitted = float(eps_per_row.flat[int(np.argmin(np.where(usable, var, np.inf)))])
@@ -272,7 +272,7 @@ def _fitted_eps(p: _Problem, rstd: np.ndarray, var: np.ndarray,
     return None
 
 
-def _one_pass_variance(p: _Problem, rstd: np.ndarray, deviation: np.ndarray, mean: np.ndarray, var: np.ndarray,
+def _one_pass_variance(p: _Problem, fitted_rstd: np.ndarray, deviation: np.ndarray, mean: np.ndarray, var: np.ndarray,
                        w: Any, b: Any) -> Optional[_Variant]:
     """The output with each row's variance as the output implies it, when those are what
     mean(x**2) - mean(x)**2 in the input's dtype can give and a centred variance cannot: every
@@ -282,7 +282,7 @@ def _one_pass_variance(p: _Problem, rstd: np.ndarray, deviation: np.ndarray, mea
         return None
     unit = float(np.finfo(p.x.dtype).eps) * max(8.0, math.sqrt(math.prod(p.normalized_shape)))
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        error = np.abs(rstd ** -2.0 - p.eps - var)
+        error = np.abs(fitted_rstd ** -2.0 - p.eps - var)
         rounding = unit * (var + p.eps)  # what the output's own rounding leaves of var + eps
         cancelled = error > rounding
         if not (np.isfinite(error).all() and (error <= rounding + unit * mean ** 2).all() and cancelled.any()):
@@ -290,7 +290,7 @@ def _one_pass_variance(p: _Problem, rstd: np.ndarray, deviation: np.ndarray, mea
         ratio = float(np.max(np.abs(mean) / np.sqrt(var), where=cancelled, initial=0.0))
         worst = float(np.max(error / var))
     fields = {"worst": f"{worst:.2g}", "ratio": f"{ratio:.3g}", "dtype": p.x.dtype.name}
-    return _Variant("one-pass-variance", fields, deviation * rstd * w + b)
+    return _Variant("one-pass-variance", fields, deviation * fitted_rstd * w + b)
 
 
 def _variants(p: _Problem, actual: np.ndarray, fits: Callable[[np.ndarray], bool]) -> Iterator[_Variant]:
