@@ -2540,12 +2540,12 @@ typedef struct {
    of 16 lanes each (of any element type; lanes from the tile's count on 0.0) by tile_load.
    Gathered LN_TILE_GATHER elements at a time, not one: a vector load of a group just
    stored element by element waits for those stores to reach the cache (store-to-load
-   forwarding fails), on every element.  A group is filled lane after lane, its stores
-   adjacent, not a lane of every group in turn, whose stores were 128 bytes apart (float32
-   over axis=0, one thread, AVX2, best of 11 in three alternating processes: (200000, 8)
-   forward 3.8-4.1 -> 2.8-2.9 ms, backward 7.3-7.6 -> 5.4-5.9 ms; (100000, 15) 3.0-3.2 ->
-   1.9-2.0 and 6.2-6.6 -> 4.0-4.3 ms; (1000000, 2) forward alike, backward 16.6-16.9 ->
-   18.6-19.1 ms, where a build keeping the old order for two rows took 16.9-17.1). */
+   forwarding fails), on every element.  The copy fills one group after another, its stores
+   to a group adjacent; a row at a time, each store would go to the next group, 128 bytes on
+   (float32 over axis=0, one thread, AVX2, best of 11 in three alternating processes, a row
+   at a time -> a group at a time: (200000, 8) forward 3.8-4.1 -> 2.8-2.9 ms, backward
+   7.3-7.6 -> 5.4-5.9 ms; (100000, 15) 3.0-3.2 -> 1.9-2.0 and 6.2-6.6 -> 4.0-4.3 ms; with two
+   rows, (1000000, 2), forward 9.1-9.9 -> 9.3-9.7 ms and backward 16.6-16.9 -> 18.6-19.1 ms). */
 typedef struct {
     ptrdiff_t begin, end;
     double groups[LN_TILE_GATHER][16];
