@@ -6,65 +6,45 @@ Environment switches for development builds:
 Release builds (neither switch) carry no debug info.
 """
 import os
+import runpy
 import subprocess
 import sysconfig
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy
 from setuptools import Extension, setup
+from setuptools.errors import CompileError
 from setuptools.command.build_ext import build_ext
 
-# Baseline code for the target and strict IEEE semantics (no host-specific -march, no
-# fast-math flags): the wheel must run on any CPU of its architecture and NaN must stay NaN.
-# SIMD kernels are chosen at run time (src/ln_dispatch.c).  -ffp-contract=off keeps every
-# level doing the same roundings (bit-identical results).
-compile_args = ["-std=c11", "-O3", "-ffp-contract=off", "-fno-math-errno", "-Wall", "-Wextra",
-                "-Wno-unused-parameter", "-Wno-psabi", "-Wno-missing-field-initializers"]
-link_args = []
-debug = bool(os.environ.get("LAYERNORM_DEBUG"))
+debug_build = bool(os.environ.get("LAYERNORM_DEBUG"))
 sanitize = bool(os.environ.get("LAYERNORM_SANITIZE"))
-undef_macros = ["NDEBUG"] if debug else []
-if sanitize:
-    # -fno-wrapv undoes the -fwrapv of Python's own CFLAGS, so UBSan sees signed overflow;
-    # -O1, as the sanitizers advise, builds in half the time of -O3 and checks the same accesses;
-    # UBSan's object-size check, which ASan's bounds checks subsume, took a third of the build
-    compile_args += ["-O1", "-fsanitize=address,undefined", "-fno-sanitize=object-size", "-fno-wrapv",
-                     "-fno-omit-frame-pointer", "-g"]
-    link_args += ["-fsanitize=address,undefined"]
-if debug:
-    compile_args += ["-O0", "-g"]  # after the sanitizers' -O1: both switches build at -O0
-release = not (debug or sanitize)
-if release:
-    # Release builds carry no debug info: Python's CFLAGS add -g (3.5 MB on a 0.8 MB extension).
-    compile_args.append("-g0")
+link_args = ["-fsanitize=address,undefined"] if sanitize else []
+undef_macros = ["NDEBUG"] if debug_build else []
 
-# One translation unit per SIMD level, each compiled for its own instruction set; the x86
-# levels exist only in x86-64 builds (their sources compile to nothing elsewhere).
-# The scalar level, which runs only when asked for (ln_simd_set) wherever a vector level is
-# built, is optimized for size (-Os, same bits: 11 s to compile instead of 45 s at -O3, and
-# 2-5x slower).  The others stay at -O3: at -O2 GCC kept the accumulators of short rows in
-# memory (4x20 float32 forward 10% slower, 2048x1024 float16 backward 11%), and the SSE2
-# level, the one x86-64 CPUs without AVX2 and FMA run, took 2.4-4x as long at -Os (512x768
-# float32, forward and backward), copying its 64-byte groups with `rep movs`.
-# GCC_ONLY_ARGS go to GCC alone (clang warns of them): -O3's loop unswitching copied each
-# loop once per combination of the layout tests it hoisted (the strided and residual routes
-# test several arrays'), a fifth of the vector levels' build time, with no speed difference
-# measured; the loops that gained from it compile their common case apart instead
-# (LN_AFFINE_LOOP_APART).
-LEVEL_FLAGS = {}
-GCC_ONLY_ARGS = ["-fno-unswitch-loops"]
+# The flags live in src/kernel_flags.py, which tests/c/build-driver.sh reads too (run as a
+# file: an isolated build does not put this directory on sys.path).
+kernel_flags = runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "src", "kernel_flags.py"))
 platform = sysconfig.get_platform()
-size_optimized = ["-Os"] if release else []
 if platform.endswith(("x86_64", "amd64")):
-    LEVEL_FLAGS = {
-        os.path.normpath("src/ln_level_scalar.c"): size_optimized,
-        os.path.normpath("src/ln_level_avx2.c"): ["-mavx2", "-mfma", "-mf16c"],
-        os.path.normpath("src/ln_level_avx512.c"): ["-mavx512f", "-mavx512bw", "-mavx2", "-mfma", "-mf16c"],
-        os.path.normpath("src/ln_level_avx512_bf16.c"): ["-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512bf16",
-                                                        "-mavx2", "-mfma", "-mf16c"],
-    }
+    target = "x86_64"
 elif platform.endswith(("aarch64", "arm64")):
-    LEVEL_FLAGS = {os.path.normpath("src/ln_level_scalar.c"): size_optimized}
+    target = "aarch64"
+else:
+    target = platform
+
+# Python's CFLAGS that are CPython's own choices of optimization, debug info, warnings,
+# macros and overflow semantics: the kernel sources get the project's instead, so that their
+# objects are the same whichever Python builds them.  Python's other flags (the target's,
+# such as macOS's -arch) and any CFLAGS from the environment stay.
+PYTHON_CHOICES = ("-O", "-g", "-W", "-D", "-U", "-std=", "-fwrapv", "-fno-strict-overflow")
+
+
+def kernel_compiler_of(compiler):
+    """setuptools' compiler command (CC, Python's CFLAGS, CFLAGS from the environment, CCSHARED)
+    without Python's own choices (PYTHON_CHOICES)."""
+    python_cflags = set((sysconfig.get_config_var("CFLAGS") or "").split())
+    return [arg for arg in compiler.compiler_so
+            if not (arg in python_cflags and arg.startswith(PYTHON_CHOICES))]
 
 
 def compiler_is_gcc(compiler):
@@ -89,8 +69,8 @@ class BuildExt(build_ext):
         # A development build's objects and extension go to directories of their own: in the
         # release build's, setuptools would take them for up to date, and a release build
         # after a debug one linked the debug objects of every source it had not changed.
-        if not release:
-            variant = "-".join(name for name, on in (("debug", debug), ("sanitize", sanitize)) if on)
+        if debug_build or sanitize:
+            variant = "-".join(name for name, on in (("debug", debug_build), ("sanitize", sanitize)) if on)
             self.build_temp += "-" + variant
             self.build_lib += "-" + variant
 
@@ -115,13 +95,21 @@ class BuildExt(build_ext):
             macros, objects, extra_postargs, pp_opts, build = compiler._setup_compile(
                 output_dir, macros, include_dirs, sources, depends, extra_postargs)
             cc_args = compiler._get_cc_args(pp_opts, debug, extra_preargs)
-            if compiler_is_gcc(compiler):
-                extra_postargs = extra_postargs + GCC_ONLY_ARGS
+            gcc = compiler_is_gcc(compiler)
+            binding_flags = extra_postargs + kernel_flags["common_flags"](gcc, debug=debug_build, sanitize=sanitize)
+            kernel_compiler = kernel_compiler_of(compiler)
 
             def compile_object(obj):
                 source, source_ext = build[obj]
-                flags = LEVEL_FLAGS.get(os.path.normpath(source), [])
-                compiler._compile(obj, source, source_ext, cc_args, extra_postargs + flags, pp_opts)
+                if not kernel_flags["is_kernel_source"](source):
+                    compiler._compile(obj, source, source_ext, cc_args, binding_flags, pp_opts)
+                    return
+                flags = kernel_flags["kernel_flags"](source, target, gcc, debug=debug_build, sanitize=sanitize)
+                command = kernel_compiler + flags + ["-Isrc", "-c", source, "-o", obj]
+                print(" ".join(command), flush=True)
+                os.makedirs(os.path.dirname(obj), exist_ok=True)
+                if subprocess.run(command).returncode != 0:
+                    raise CompileError(f"compiling {source} failed")
 
             # in the order ext.sources lists them (setuptools sorts them by name)
             stale = sorted((obj for obj in objects if obj in build),
@@ -154,7 +142,6 @@ setup(
                 ("NPY_TARGET_VERSION", "NPY_1_23_API_VERSION"),
             ],
             undef_macros=undef_macros,
-            extra_compile_args=compile_args,
             extra_link_args=link_args + ["-lpthread", "-lm"],
         )
     ],

@@ -5,45 +5,44 @@
 #
 #   bash tests/c/build-driver.sh COMPILER OUTPUT [EXTRA FLAG...]     e.g. -static for qemu
 #
-# The flags are the package's (setup.py): no host-specific -march, no fast-math, and
-# -ffp-contract=off so that every level does the same roundings.  The AVX2/AVX-512 level
-# files get their target flags, and are built only when the compiler targets x86-64; the
-# scalar level, which setup.py optimizes for size, is built with -Os here too.
+# The kernel sources compile exactly as setup.py compiles them into the extension (the flags
+# of src/kernel_flags.py, as position-independent code), so the driver checks the machine code
+# the extension runs, and a compiler cache that built one serves the other.  EXTRA FLAGs go to
+# the driver's own source and to the link.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 compiler=$1
 output=$2
 shift 2
-common=(-std=c11 -O2 -ffp-contract=off -fno-math-errno -pthread -Wall -Isrc "$@")
-sources=(tests/c/kernel_driver.c src/ln_*.c)
+extra=("$@")
+driver=(tests/c/kernel_driver.c)
 link=()
 if [[ $output == *.so ]]; then
-  common+=(-fPIC)
-  sources=(src/ln_*.c)
+  driver=()
   link=(-shared)
 fi
 
 case "$("$compiler" -dumpmachine)" in
-  x86_64*) x86=1 ;;
-  *) x86=0 ;;
+  x86_64*) target=x86_64 ;;
+  aarch64*) target=aarch64 ;;
+  *) target=$("$compiler" -dumpmachine) ;;
 esac
+if "$compiler" -dM -E -x c /dev/null | grep -q __clang__; then kind=clang; else kind=gcc; fi
 
 objects=$(mktemp -d)
 trap 'rm -rf "$objects"' EXIT
 # The sources compile side by side (the level files take most of the time); a failure is
 # reported once all have finished.
 compiles=()
-for source in "${sources[@]}"; do
-  flags=()
-  case "$(basename "$source")" in
-    ln_level_avx2.c) [[ $x86 == 1 ]] || continue; flags=(-mavx2 -mfma -mf16c) ;;
-    ln_level_avx512.c) [[ $x86 == 1 ]] || continue; flags=(-mavx512f -mavx512bw -mavx2 -mfma -mf16c) ;;
-    ln_level_avx512_bf16.c) [[ $x86 == 1 ]] || continue
-      flags=(-mavx512f -mavx512bw -mavx512dq -mavx512bf16 -mavx2 -mfma -mf16c) ;;
-    ln_level_scalar.c) flags=(-Os) ;;
-  esac
-  "$compiler" "${common[@]}" "${flags[@]}" -c "$source" -o "$objects/$(basename "$source" .c).o" &
+for source in src/ln_*.c; do
+  read -r -a flags <<<"$(python3 src/kernel_flags.py "$target" "$kind" "$source")"
+  "$compiler" -fPIC "${flags[@]}" -Isrc -c "$source" -o "$objects/$(basename "$source" .c).o" &
+  compiles+=($!)
+done
+for source in "${driver[@]}"; do
+  "$compiler" -std=c11 -O2 -ffp-contract=off -pthread -Wall -Isrc "${extra[@]}" -c "$source" \
+    -o "$objects/$(basename "$source" .c).o" &
   compiles+=($!)
 done
 failed=0
@@ -52,4 +51,4 @@ for compile in "${compiles[@]}"; do
 done
 ((failed == 0)) || { echo "build-driver: $compiler failed to compile the kernels" >&2; exit 1; }
 mkdir -p "$(dirname "$output")"
-"$compiler" "${common[@]}" "${link[@]}" "$objects"/*.o -o "$output" -lm -pthread
+"$compiler" "${extra[@]}" "${link[@]}" "$objects"/*.o -o "$output" -lm -pthread
