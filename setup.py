@@ -2,7 +2,8 @@
 
 Environment switches for development builds:
   LAYERNORM_DEBUG=1     -O0 -g, assertions on
-  LAYERNORM_SANITIZE=1  AddressSanitizer and UndefinedBehaviorSanitizer, at -O1
+  LAYERNORM_SANITIZE=1  AddressSanitizer and UndefinedBehaviorSanitizer, at -O1, assertions on,
+                        on the SIMD levels the building CPU can run (src/kernel_flags.py)
 Release builds (neither switch) carry no debug info.
 """
 import os
@@ -19,7 +20,7 @@ from setuptools.command.build_ext import build_ext
 debug_build = bool(os.environ.get("LAYERNORM_DEBUG"))
 sanitize = bool(os.environ.get("LAYERNORM_SANITIZE"))
 link_args = ["-fsanitize=address,undefined"] if sanitize else []
-undef_macros = ["NDEBUG"] if debug_build else []
+undef_macros = ["NDEBUG"] if debug_build or sanitize else []  # Python's CFLAGS define it
 
 # The flags live in src/kernel_flags.py, which tests/c/build-driver.sh reads too (run as a
 # file: an isolated build does not put this directory on sys.path).

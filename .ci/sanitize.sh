@@ -12,12 +12,10 @@
 # numerical defects (LAYERNORM_FUZZ=long, see tests/test_fuzz.py), which are no sanitizer's
 # finding and would make this leg fail at random.
 #
-# Python's own CFLAGS hold -fwrapv, which makes signed overflow defined and so invisible to
-# UBSan.  A CFLAGS in the environment replaces Python's (setuptools' distutils reads it instead
-# of them), so the one here drops -fwrapv and says -fno-wrapv whatever else setup.py adds, and
-# turns off variable tracking for -g, which took half of the build's six minutes.  It also drops
-# Python's -DNDEBUG, so the kernels' assertions are checked too.  Needs gcc with libasan and
-# libubsan.
+# setup.py's sanitizer build checks the assertions and signed overflow (undoing Python's -DNDEBUG
+# and -fwrapv), and instruments the SIMD levels this machine's CPU can run: the others cannot
+# run here, and compile as in a release build (src/kernel_flags.py), from the compiler cache
+# when try-it has built them.  Needs gcc with libasan and libubsan.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source .ci/lib.sh
@@ -30,8 +28,7 @@ python3 -m venv "$work/venv"
 (
   cd "$work"
   venv/bin/python -m pip install -q --upgrade numpy pytest hypothesis "setuptools>=77"
-  LAYERNORM_SANITIZE=1 CFLAGS="-fno-wrapv -fno-var-tracking-assignments -fno-var-tracking" \
-    venv/bin/python setup.py -q build_ext --inplace
+  LAYERNORM_SANITIZE=1 venv/bin/python setup.py -q build_ext --inplace
   venv/bin/python setup.py -q egg_info  # the package's metadata, which the tests read
 ) >"$work/build.log" 2>&1 || { tail -n 40 "$work/build.log"; exit 1; }
 
