@@ -13,10 +13,7 @@ cd "$(dirname "$0")/.."
 source .ci/lib.sh
 
 clang=${CLANG:-clang}
-if ! command -v "$clang" >/dev/null; then
-  echo "clang: installing $clang"
-  apt_install "$clang"
-fi
+ensure_tools "$clang"
 echo "clang: $("$clang" --version | head -n 1)"
 
 work=build/clang

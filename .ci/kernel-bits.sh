@@ -13,14 +13,7 @@ cd "$(dirname "$0")/.."
 source .ci/lib.sh
 
 clang=${CLANG:-clang}
-missing=()
-command -v "$clang" >/dev/null || missing+=("$clang")
-command -v aarch64-linux-gnu-gcc >/dev/null || missing+=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross)
-command -v qemu-aarch64 >/dev/null || command -v qemu-aarch64-static >/dev/null || missing+=(qemu-user)
-if ((${#missing[@]})); then
-  echo "kernel-bits: installing ${missing[*]}"
-  apt_install "${missing[@]}"
-fi
+ensure_tools "$clang" aarch64-gcc qemu-aarch64
 qemu=$(command -v qemu-aarch64 || command -v qemu-aarch64-static)
 echo "kernel-bits: $(gcc --version | head -n 1); $("$clang" --version | head -n 1); $(aarch64-linux-gnu-gcc --version | head -n 1)"
 
