@@ -47,6 +47,7 @@ typedef struct {
     double *row_means;       /* column spans: rows x LN_GRAD_SUMS [mean g, mean g * xhat, largest] */
 } ln_backward_job;
 
+#ifndef NDEBUG
 /* Debug builds' check of what ln_kernels.h promises the kernels. */
 static inline int ln_backward_args_valid(const ln_backward_args *a)
 {
@@ -62,6 +63,7 @@ static inline int ln_backward_args_valid(const ln_backward_args *a)
            ln_element_array_valid(&a->grad_input, a->dtype) && ln_stat_array_valid(&a->mean, a->dtype, e) &&
            ln_stat_array_valid(&a->rstd, a->dtype, e);
 }
+#endif
 
 /* Row r's mean: RMSNorm's is 0. */
 static double ln_backward_mean(const ln_backward_args *a, ptrdiff_t r)

@@ -47,6 +47,7 @@ typedef struct {
                                                task's scan, at its first chunk (else NULL) */
 } ln_forward_job;
 
+#ifndef NDEBUG
 /* Debug builds' check of what ln_kernels.h promises the kernels. */
 static inline int ln_forward_args_valid(const ln_forward_args *a)
 {
@@ -62,6 +63,7 @@ static inline int ln_forward_args_valid(const ln_forward_args *a)
            ln_element_array_valid(&a->copy, a->dtype) &&
            ln_stat_array_valid(&a->mean, a->dtype, e) && ln_stat_array_valid(&a->rstd, a->dtype, e);
 }
+#endif
 
 /* Whether the copy goes by ln_stream_copy_row: large, both rows' elements adjacent, and the
    copy's rows whole 16-byte units from 16-byte aligned starts. */

@@ -422,6 +422,7 @@ static void ln_part_grad_input_tasks(void *ctx, ptrdiff_t begin, ptrdiff_t end)
 #endif
 }
 
+#ifndef NDEBUG
 /* Debug builds' check of what ln_kernels.h promises of a part backward's arguments. */
 static inline int ln_part_backward_args_valid(const ln_part_backward_args *a)
 {
@@ -431,6 +432,7 @@ static inline int ln_part_backward_args_valid(const ln_part_backward_args *a)
            a->largest[LN_LARGEST_G].data && a->largest[LN_LARGEST_DY].data && a->largest[LN_LARGEST_XC].data &&
            (a->kind == LN_NORM_RMS ? !a->mean.data && !a->g.data : a->mean.data && a->g.data);
 }
+#endif
 
 int ln_part_grad_sums(const ln_part_backward_args *a)
 {
