@@ -3,7 +3,7 @@
 Environment switches for development builds:
   LAYERNORM_DEBUG=1     -O0 -g, assertions on
   LAYERNORM_SANITIZE=1  AddressSanitizer and UndefinedBehaviorSanitizer, at -O1, assertions on,
-                        on the SIMD levels the building CPU can run (src/kernel_flags.py)
+                        on the SIMD level the building CPU runs (src/kernel_flags.py)
 Release builds (neither switch) carry no debug info.
 """
 import os

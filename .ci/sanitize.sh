@@ -13,9 +13,10 @@
 # finding and would make this leg fail at random.
 #
 # setup.py's sanitizer build checks the assertions and signed overflow (undoing Python's -DNDEBUG
-# and -fwrapv), and instruments the SIMD levels this machine's CPU can run: the others cannot
-# run here, and compile as in a release build (src/kernel_flags.py), from the compiler cache
-# when try-it has built them.  Needs gcc with libasan and libubsan.
+# and -fwrapv), and instruments the SIMD level this machine's CPU runs (with the sources around
+# the levels): the other levels, which only the tests comparing levels' bits run, compile as in
+# a release build (src/kernel_flags.py), from the compiler cache when try-it has built them.
+# Needs gcc with libasan and libubsan.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source .ci/lib.sh

@@ -85,28 +85,51 @@ def common_flags(compiler_is_gcc, debug=False, sanitize=False):
     return flags
 
 
-def building_cpu_runs(source):
-    """Whether the CPU this build runs on has the instruction set of the x86 level SOURCE (True for
-    the other sources, and where the system does not list the CPU's features)."""
-    needed = [flag[2:] for flag in X86_LEVELS.get(os.path.basename(source), [])]
+# The x86-64 levels from best to least, as ln_dispatch.c picks them.
+X86_DISPATCH_ORDER = ["ln_level_avx512_bf16.c", "ln_level_avx512.c", "ln_level_avx2.c", "ln_level_vec128.c"]
+
+
+def building_cpu_features():
+    """The instruction sets of the CPU this build runs on, as GCC's -m flags name them (None where
+    the system does not list them: /proc/cpuinfo is Linux's)."""
     try:
         with open("/proc/cpuinfo") as cpuinfo:
             features = next(line for line in cpuinfo if line.startswith("flags")).split(":", 1)[1].split()
     except (OSError, StopIteration):
+        return None
+    return {name.replace("avx512_bf16", "avx512bf16") for name in features}  # Linux's spelling
+
+
+def dispatched_on_building_cpu(source, target):
+    """Whether the kernel source SOURCE holds code that the building CPU runs at its default level:
+    every source but the level units; of those, the best level the CPU has (as ln_dispatch.c
+    picks it, with avx512 beside avx512bf16, whose kernels serve the other types), and on a
+    target without vector levels the scalar one.  True of every level where the CPU's features
+    are not known."""
+    name = os.path.basename(source)
+    if not name.startswith("ln_level_") or target not in ("x86_64", "aarch64"):
         return True
-    features = {name.replace("avx512_bf16", "avx512bf16") for name in features}  # Linux's spelling
-    return all(name in features for name in needed)
+    if target == "aarch64":
+        return name == "ln_level_vec128.c"
+    features = building_cpu_features()
+    if features is None:
+        return True
+    runs = [level for level in X86_DISPATCH_ORDER
+            if all(flag[2:] in features for flag in X86_LEVELS.get(level, []))]
+    return name == runs[0] or (runs[0] == "ln_level_avx512_bf16.c" and name == "ln_level_avx512.c")
 
 
 def kernel_flags(source, target, compiler_is_gcc, debug=False, sanitize=False):
     """The flags of the kernel source SOURCE for TARGET ("x86_64", "aarch64", ...)."""
     name = os.path.basename(source)
-    # A sanitizer build serves the tests of the machine that builds it, which run only the levels
-    # its CPU has: a level it cannot run compiles as in a release build (ASan allows code without
-    # its checks), and a compiler cache that holds the release build's object serves it.
-    # Instrumenting the two AVX-512 levels took 600 s (480 s and 121 s) of the build's 2270 s
-    # of CPU.
-    if sanitize and target == "x86_64" and not building_cpu_runs(name):
+    # A sanitizer build serves the tests of the machine that builds it, and checks the code their
+    # calls run: the level its CPU runs unless told otherwise.  The other levels, which only the
+    # tests comparing levels' bits run, compile as in a release build (ASan allows code without
+    # its checks), and a compiler cache that holds the release build's objects serves them: they
+    # share the row kernels' source (src/ln_rows.h) with the level instrumented, and
+    # instrumenting them took most of the build's time (the AVX-512 levels 600 s of its 2270 s of
+    # CPU on a CPU that has them; the scalar level over 640 s).
+    if sanitize and not dispatched_on_building_cpu(name, target):
         sanitize = False
     release = not (debug or sanitize)
     flags = common_flags(compiler_is_gcc, debug, sanitize)
