@@ -2932,6 +2932,23 @@ static LN_ALWAYS_INLINE void tile_add_term(double *sums, ptrdiff_t j, gd term, i
     }
 }
 
+/* What a backward pass over a tile's elements keeps where its rows are not adjacent: dy's and
+   x's elements gathered (tile_load), and dx's group of 16 until tile_scatter writes it. */
+typedef struct {
+    tile_gathered dy, x;
+    double dx[16];  /* 16 elements of any type, for tile_target */
+} tile_backward_lanes;
+
+static LN_ALWAYS_INLINE void tile_backward_lanes_init(tile_backward_lanes *b, ln_dtype dtype, int count,
+                                                      ptrdiff_t row_len, int adjacent)
+{
+    if (!adjacent) {
+        tile_gathered_init(&b->dy, dtype, count, row_len);
+        tile_gathered_init(&b->x, dtype, count, row_len);
+        memset(b->dx, 0, sizeof b->dx);
+    }
+}
+
 /* backward_tile's work in float64, once its views are made (see tile_load for `adjacent`), for
    the lanes in `lanes` (LN_ALL_LANES: every lane): the others' dx is left as it is and their
    terms are not added. */
@@ -2944,21 +2961,19 @@ static LN_ALWAYS_INLINE void backward_tile_from_views(ln_norm_kind kind, ln_dtyp
     const ptrdiff_t n = a->extent.row_len;
     const int has_mean = kind == LN_NORM_LAYER;
     const void *weight = a->weight;
-    tile_gathered dy_lanes, x_lanes, dx_kept;
-    double dx_lanes[16];
+    tile_backward_lanes buffers;
+    tile_gathered dx_kept;
+    tile_backward_lanes_init(&buffers, dtype, count, n, adjacent);
     if (!adjacent) {
-        tile_gathered_init(&dy_lanes, dtype, count, a->extent.row_len);
-        tile_gathered_init(&x_lanes, dtype, count, a->extent.row_len);
-        tile_gathered_init(&dx_kept, dtype, count, a->extent.row_len);
-        memset(dx_lanes, 0, sizeof dx_lanes);
+        tile_gathered_init(&dx_kept, dtype, count, n);
     }
     const gd mean_v = gd_load(means), rstd_v = gd_load(rstds), zero_v = gd_splat(0.0);
     gd g_mean = zero_v, gx_mean = zero_v;
     if (dx->first) {
         gd g_sum = zero_v, gx_sum = zero_v;
         for (ptrdiff_t j = 0; j < n; j++) {
-            const gd dy_v = load_as_f64(dtype, tile_load(dtype, dy, count, j, &dy_lanes, adjacent), 0);
-            const gd value_x = load_as_f64(dtype, tile_load(dtype, x, count, j, &x_lanes, adjacent), 0);
+            const gd dy_v = load_as_f64(dtype, tile_load(dtype, dy, count, j, &buffers.dy, adjacent), 0);
+            const gd value_x = load_as_f64(dtype, tile_load(dtype, x, count, j, &buffers.x, adjacent), 0);
             const gd xhat = gd_mul(has_mean ? gd_sub(value_x, mean_v) : value_x, rstd_v);
             const gd g = weight ? gd_mul(dy_v, gd_splat(ln_load1_param_as_f64(dtype, weight, j))) : dy_v;
             g_sum = has_mean ? gd_add(g_sum, g) : g_sum;
@@ -2969,8 +2984,8 @@ static LN_ALWAYS_INLINE void backward_tile_from_views(ln_norm_kind kind, ln_dtyp
         gx_mean = gd_div(gx_sum, n_v);
     }
     for (ptrdiff_t j = 0; j < n; j++) {
-        const gd dy_v = load_as_f64(dtype, tile_load(dtype, dy, count, j, &dy_lanes, adjacent), 0);
-        const gd value_x = load_as_f64(dtype, tile_load(dtype, x, count, j, &x_lanes, adjacent), 0);
+        const gd dy_v = load_as_f64(dtype, tile_load(dtype, dy, count, j, &buffers.dy, adjacent), 0);
+        const gd value_x = load_as_f64(dtype, tile_load(dtype, x, count, j, &buffers.x, adjacent), 0);
         const gd xhat = gd_mul(has_mean ? gd_sub(value_x, mean_v) : value_x, rstd_v);
         if (dx->first) {
             const gd g = weight ? gd_mul(dy_v, gd_splat(ln_load1_param_as_f64(dtype, weight, j))) : dy_v;
@@ -2980,7 +2995,7 @@ static LN_ALWAYS_INLINE void backward_tile_from_views(ln_norm_kind kind, ln_dtyp
                 const gd kept = load_as_f64(dtype, tile_load(dtype, dx, count, j, &dx_kept, adjacent), 0);
                 value = gd_lanes_from(value, kept, lanes);
             }
-            void *target = tile_target(dtype, dx, j, dx_lanes, adjacent);
+            void *target = tile_target(dtype, dx, j, buffers.dx, adjacent);
             store_from_f64(dtype, target, value);
             tile_scatter(dtype, dx, count, j, target, adjacent);
         }
@@ -2998,12 +3013,12 @@ static LN_ALWAYS_INLINE void backward_tile_from_views(ln_norm_kind kind, ln_dtyp
    backward_tile_f32). */
 static LN_ALWAYS_INLINE void tile_grad_sums_term(ln_norm_kind kind, ln_dtype dtype, const tile_view *dy,
                                                  const tile_view *x, int count, ptrdiff_t j, const float *weight,
-                                                 tile_gathered *dy_lanes, tile_gathered *x_lanes, int adjacent, gf mean_v,
+                                                 tile_backward_lanes *buffers, int adjacent, gf mean_v,
                                                  gf *sum_g, gf *sum_gc, grad_tops *tops)
 {
-    const gf dy_v = load_as_f32(dtype, tile_load(dtype, dy, count, j, dy_lanes, adjacent), 0);
+    const gf dy_v = load_as_f32(dtype, tile_load(dtype, dy, count, j, &buffers->dy, adjacent), 0);
     const gf g = weight ? gf_mul(dy_v, gf_splat(weight[j])) : dy_v;
-    const gf value_x = load_as_f32(dtype, tile_load(dtype, x, count, j, x_lanes, adjacent), 0);
+    const gf value_x = load_as_f32(dtype, tile_load(dtype, x, count, j, &buffers->x, adjacent), 0);
     grad_sums_terms(kind, dy_v, g, value_x, weight != NULL, TOPS_OF_LANES, mean_v, sum_g, sum_gc, tops);
 }
 
@@ -3044,19 +3059,18 @@ static LN_ALWAYS_INLINE void backward_tile_f32_pass2(ln_norm_kind kind, ln_dtype
                                                      const tile_view *dy, const tile_view *x, const tile_view *dx,
                                                      int count, tile_f32_factors f, int adjacent,
                                                      double *dweight_lanes, double *dbias_lanes, int one_tile,
-                                                     tile_gathered *dy_lanes, tile_gathered *x_lanes, double *dx_lanes,
-                                                     unsigned terms)
+                                                     tile_backward_lanes *buffers, unsigned terms)
 {
     const ptrdiff_t n = a->extent.row_len;
     const int want_dx = dx->first != NULL;
     const float *weight = a->weight;
     for (ptrdiff_t j = 0; j < n; j++) {
-        const gf dy_v = load_as_f32(dtype, tile_load(dtype, dy, count, j, dy_lanes, adjacent), 0);
-        const gf value_x = load_as_f32(dtype, tile_load(dtype, x, count, j, x_lanes, adjacent), 0);
+        const gf dy_v = load_as_f32(dtype, tile_load(dtype, dy, count, j, &buffers->dy, adjacent), 0);
+        const gf value_x = load_as_f32(dtype, tile_load(dtype, x, count, j, &buffers->x, adjacent), 0);
         const gf xc = kind == LN_NORM_LAYER ? gf_sub(value_x, f.mean) : value_x;
         if (want_dx) {
             const gf g = weight ? gf_mul(dy_v, gf_splat(weight[j])) : dy_v;
-            void *target = tile_target(dtype, dx, j, dx_lanes, adjacent);
+            void *target = tile_target(dtype, dx, j, buffers->dx, adjacent);
             store_from_f32(dtype, target, 0, grad_dx(kind, g, xc, f.rstd, f.xc_scale, f.offset), 1);
             tile_scatter(dtype, dx, count, j, target, adjacent);
         }
@@ -3082,9 +3096,8 @@ static LN_ALWAYS_INLINE void backward_tile_f32_pass2(ln_norm_kind kind, ln_dtype
                and dbias added, widened, into the per-lane column sums (tile_add_term)
    Returns the lanes that fail the test that sends a contiguous row to ln_backward_exact_row
    (ln_grad_row_needs_exact on the tile's own sums, its common rows tested in vectors),
-   which then go in float64: their terms are not added here (with one_tile no lane's is:
-   tile_mixed_column_sums makes them all), and their dx is written here
-   and then over (when every lane fails, nothing is written).  Which way a row goes depends
+   which then go in float64; where there are any, pass 2 is left to backward_tile_exact_lanes,
+   with the lanes' float32 factors in *factors.  Which way a row goes depends
    on its dy and x, the weight and its statistics, not on the rows beside it nor on which
    gradients are asked for, so neither do dweight's bits (dbias' are the same both ways).
    One vector op over a group of 16 float32 lanes where float64 takes two: 8x64x56x56 float32
@@ -3094,18 +3107,13 @@ static LN_ALWAYS_INLINE unsigned backward_tile_f32(ln_norm_kind kind, ln_dtype d
                                                    const tile_view *dy, const tile_view *x, const tile_view *dx,
                                                    int count, const double means[16], const double rstds[16],
                                                    int adjacent, double *dweight_lanes, double *dbias_lanes,
-                                                   int one_tile)
+                                                   int one_tile, tile_f32_factors *factors)
 {
     const ptrdiff_t n = a->extent.row_len;
     const int want_dx = dx->first != NULL;
     const float *weight = a->weight;
-    tile_gathered dy_lanes, x_lanes;
-    double dx_lanes[16];  /* 16 elements of any type, for tile_target */
-    if (!adjacent) {
-        tile_gathered_init(&dy_lanes, dtype, count, a->extent.row_len);
-        tile_gathered_init(&x_lanes, dtype, count, a->extent.row_len);
-        memset(dx_lanes, 0, sizeof dx_lanes);
-    }
+    tile_backward_lanes buffers;
+    tile_backward_lanes_init(&buffers, dtype, count, n, adjacent);
     float mean_f[16], rstd_f[16], xc_scale_f[16] = {0}, offset_f[16] = {0};
     for (int k = 0; k < 16; k++) {
         mean_f[k] = (float)means[k];
@@ -3121,13 +3129,13 @@ static LN_ALWAYS_INLINE unsigned backward_tile_f32(ln_norm_kind kind, ln_dtype d
             gf even_g = zero_f, even_gc = zero_f, odd_g = zero_f, odd_gc = zero_f;
             ptrdiff_t j = block;
             for (; j + 2 <= block_end; j += 2) {
-                tile_grad_sums_term(kind, dtype, dy, x, count, j, weight, &dy_lanes, &x_lanes, adjacent, mean_v,
+                tile_grad_sums_term(kind, dtype, dy, x, count, j, weight, &buffers, adjacent, mean_v,
                                     &even_g, &even_gc, &tops);
-                tile_grad_sums_term(kind, dtype, dy, x, count, j + 1, weight, &dy_lanes, &x_lanes, adjacent, mean_v,
+                tile_grad_sums_term(kind, dtype, dy, x, count, j + 1, weight, &buffers, adjacent, mean_v,
                                     &odd_g, &odd_gc, &tops);
             }
             if (j < block_end) {
-                tile_grad_sums_term(kind, dtype, dy, x, count, j, weight, &dy_lanes, &x_lanes, adjacent, mean_v,
+                tile_grad_sums_term(kind, dtype, dy, x, count, j, weight, &buffers, adjacent, mean_v,
                                     &even_g, &even_gc, &tops);
             }
             g_sum = gd_add(g_sum, gf_widen(gf_add(even_g, odd_g)));
@@ -3153,20 +3161,10 @@ static LN_ALWAYS_INLINE unsigned backward_tile_f32(ln_norm_kind kind, ln_dtype d
             offset_f[k] = (float)factors[1][k];
         }
     }
-    const tile_f32_factors factors = {mean_v, rstd_v, gf_load(xc_scale_f), gf_load(offset_f)};
-    if (exact && one_tile) {  /* dx alone: the terms wait for the float64 lanes (backward_tile_of_views) */
-        if (want_dx) {
-            backward_tile_f32_pass2(kind, dtype, a, dy, x, dx, count, factors, adjacent, NULL, NULL, 0, &dy_lanes,
-                                    &x_lanes, dx_lanes, ~exact & LN_ALL_LANES);
-        }
-    }
-    else if (exact) {
-        backward_tile_f32_pass2(kind, dtype, a, dy, x, dx, count, factors, adjacent, dweight_lanes, dbias_lanes,
-                                0, &dy_lanes, &x_lanes, dx_lanes, ~exact & LN_ALL_LANES);
-    }
-    else {
-        backward_tile_f32_pass2(kind, dtype, a, dy, x, dx, count, factors, adjacent, dweight_lanes, dbias_lanes,
-                                one_tile, &dy_lanes, &x_lanes, dx_lanes, LN_ALL_LANES);
+    *factors = (tile_f32_factors){mean_v, rstd_v, gf_load(xc_scale_f), gf_load(offset_f)};
+    if (!exact) {
+        backward_tile_f32_pass2(kind, dtype, a, dy, x, dx, count, *factors, adjacent, dweight_lanes, dbias_lanes,
+                                one_tile, &buffers, LN_ALL_LANES);
     }
     return exact;
 }
@@ -3179,11 +3177,8 @@ static LN_ALWAYS_INLINE void tile_mixed_column_sums(ln_norm_kind kind, ln_dtype 
                                                     const double means[16], const double rstds[16], int adjacent,
                                                     unsigned exact, double *dweight, double *dbias)
 {
-    tile_gathered dy_lanes, x_lanes;
-    if (!adjacent) {
-        tile_gathered_init(&dy_lanes, dtype, count, n);
-        tile_gathered_init(&x_lanes, dtype, count, n);
-    }
+    tile_backward_lanes buffers;
+    tile_backward_lanes_init(&buffers, dtype, count, n, adjacent);
     float mean_f[16], rstd_f[16];
     for (int k = 0; k < 16; k++) {
         mean_f[k] = (float)means[k];
@@ -3192,8 +3187,8 @@ static LN_ALWAYS_INLINE void tile_mixed_column_sums(ln_norm_kind kind, ln_dtype 
     const gf mean_f_v = gf_load(mean_f), rstd_f_v = gf_load(rstd_f);
     const gd mean_v = gd_load(means), rstd_v = gd_load(rstds);
     for (ptrdiff_t j = 0; j < n; j++) {
-        const gf dy_f = load_as_f32(dtype, tile_load(dtype, dy, count, j, &dy_lanes, adjacent), 0);
-        const gf x_f = load_as_f32(dtype, tile_load(dtype, x, count, j, &x_lanes, adjacent), 0);
+        const gf dy_f = load_as_f32(dtype, tile_load(dtype, dy, count, j, &buffers.dy, adjacent), 0);
+        const gf x_f = load_as_f32(dtype, tile_load(dtype, x, count, j, &buffers.x, adjacent), 0);
         if (dweight) {
             const gd dy_d = gf_widen(dy_f), x_d = gf_widen(x_f);
             const gf xc_f = kind == LN_NORM_LAYER ? gf_sub(x_f, mean_f_v) : x_f;
@@ -3207,31 +3202,64 @@ static LN_ALWAYS_INLINE void tile_mixed_column_sums(ln_norm_kind kind, ln_dtype 
     }
 }
 
-/* backward_tile's work once its views are made: float32 (backward_tile_f32) where it can,
-   float64 (backward_tile_from_views) for float64 data and the lanes float32 cannot take. */
+/* Pass 2 of a float32 route tile of which backward_tile_f32 left the lanes `exact` to float64:
+   when all of them, those lanes' work in float64; else the other lanes' dx in float32 (from
+   the lanes' *factors; their dx written, then written over), then the lanes' own; with
+   one_tile, whose column sums add every lane's terms at once, dx first, then every lane's
+   terms.  Out of line, one instance for every kind, type and layout: such lanes are rare
+   (magnitudes near float32's limits), and an inlined copy in each of the tile instances made
+   about a quarter of an x86-64 level's machine code (GCC: avx2 1.76 -> 1.25 MB). */
+__attribute__((noinline, cold)) static void backward_tile_exact_lanes(
+    ln_norm_kind kind, ln_dtype dtype, const ln_backward_args *a, const tile_view *dy, const tile_view *x,
+    const tile_view *dx, int count, const double means[16], const double rstds[16], int adjacent,
+    double *dweight_lanes, double *dbias_lanes, int one_tile, unsigned exact, const tile_f32_factors *factors)
+{
+    if (exact == (1u << count) - 1) {
+        backward_tile_from_views(kind, dtype, a, dy, x, dx, count, means, rstds, adjacent, dweight_lanes,
+                                 dbias_lanes, one_tile, LN_ALL_LANES);
+        return;
+    }
+    tile_backward_lanes buffers;
+    tile_backward_lanes_init(&buffers, dtype, count, a->extent.row_len, adjacent);
+    const unsigned others = ~exact & LN_ALL_LANES;
+    if (!one_tile) {
+        backward_tile_f32_pass2(kind, dtype, a, dy, x, dx, count, *factors, adjacent, dweight_lanes, dbias_lanes, 0,
+                                &buffers, others);
+        backward_tile_from_views(kind, dtype, a, dy, x, dx, count, means, rstds, adjacent, dweight_lanes,
+                                 dbias_lanes, 0, exact);
+        return;
+    }
+    if (dx->first) {
+        backward_tile_f32_pass2(kind, dtype, a, dy, x, dx, count, *factors, adjacent, NULL, NULL, 0, &buffers,
+                                others);
+        backward_tile_from_views(kind, dtype, a, dy, x, dx, count, means, rstds, adjacent, NULL, NULL, 0, exact);
+    }
+    if (dweight_lanes || dbias_lanes) {
+        tile_mixed_column_sums(kind, dtype, dy, x, a->extent.row_len, count, means, rstds, adjacent, exact,
+                               dweight_lanes, dbias_lanes);
+    }
+}
+
+/* backward_tile's work once its views are made: float64 data in float64
+   (backward_tile_from_views), the others in float32 (backward_tile_f32) but for the lanes
+   float32 cannot take. */
 static LN_ALWAYS_INLINE void backward_tile_of_views(ln_norm_kind kind, ln_dtype dtype, const ln_backward_args *a,
                                                     const tile_view *dy, const tile_view *x, const tile_view *dx,
                                                     int count, const double means[16], const double rstds[16],
                                                     int adjacent, double *dweight_lanes, double *dbias_lanes,
                                                     int one_tile)
 {
-    const unsigned every = (1u << count) - 1;
-    const unsigned exact = dtype == LN_F64 ? every : backward_tile_f32(kind, dtype, a, dy, x, dx, count, means,
-                                                                       rstds, adjacent, dweight_lanes, dbias_lanes,
-                                                                       one_tile);
-    if (exact && (exact == every || !one_tile)) {
+    if (dtype == LN_F64) {
         backward_tile_from_views(kind, dtype, a, dy, x, dx, count, means, rstds, adjacent, dweight_lanes,
-                                 dbias_lanes, one_tile, exact == every ? LN_ALL_LANES : exact);
+                                 dbias_lanes, one_tile, LN_ALL_LANES);
+        return;
     }
-    else if (exact) {  /* one tile, its lanes both ways: dx first, then every lane's terms */
-        if (dx->first) {
-            backward_tile_from_views(kind, dtype, a, dy, x, dx, count, means, rstds, adjacent, NULL, NULL, 0,
-                                     exact);
-        }
-        if (dweight_lanes || dbias_lanes) {
-            tile_mixed_column_sums(kind, dtype, dy, x, a->extent.row_len, count, means, rstds, adjacent, exact,
-                                   dweight_lanes, dbias_lanes);
-        }
+    tile_f32_factors factors;
+    const unsigned exact = backward_tile_f32(kind, dtype, a, dy, x, dx, count, means, rstds, adjacent,
+                                             dweight_lanes, dbias_lanes, one_tile, &factors);
+    if (exact) {
+        backward_tile_exact_lanes(kind, dtype, a, dy, x, dx, count, means, rstds, adjacent, dweight_lanes,
+                                  dbias_lanes, one_tile, exact, &factors);
     }
 }
 
@@ -3241,7 +3269,9 @@ static LN_ALWAYS_INLINE void backward_tile_of_views(ln_norm_kind kind, ln_dtype 
    2 dx and the parameter gradients' terms, added into the per-lane column sums
    dweight_lanes and dbias_lanes (each may be NULL), or with one_tile summed over the lanes
    into them (tile_add_term).  Lanes past count hold zeros, whose terms are zeros.  As
-   forward_tile, the common case (dy, x and dx adjacent) runs in an instance of its own. */
+   forward_tile, the common case (dy, x and dx adjacent) runs in instances of its own, one
+   with one_tile and one without; the others, whose gathers cost more than a test of
+   one_tile at each element, share one. */
 static LN_ALWAYS_INLINE void backward_tile(ln_norm_kind kind, ln_dtype dtype, const ln_backward_args *a,
                                            ptrdiff_t tile, double *dweight_lanes, double *dbias_lanes, int one_tile)
 {
@@ -3260,8 +3290,14 @@ static LN_ALWAYS_INLINE void backward_tile(ln_norm_kind kind, ln_dtype dtype, co
         rstds[k] = ln_load1_param_as_f64(dtype, rstd_in.first + k * rstd_in.row_step, 0);
     }
     if (dy.adjacent && x.adjacent && (!dx.first || dx.adjacent)) {
-        backward_tile_of_views(kind, dtype, a, &dy, &x, &dx, count, means, rstds, 1, dweight_lanes, dbias_lanes,
-                               one_tile);
+        if (one_tile) {
+            backward_tile_of_views(kind, dtype, a, &dy, &x, &dx, count, means, rstds, 1, dweight_lanes,
+                                   dbias_lanes, 1);
+        }
+        else {
+            backward_tile_of_views(kind, dtype, a, &dy, &x, &dx, count, means, rstds, 1, dweight_lanes,
+                                   dbias_lanes, 0);
+        }
     }
     else {
         backward_tile_of_views(kind, dtype, a, &dy, &x, &dx, count, means, rstds, 0, dweight_lanes, dbias_lanes,
@@ -3277,12 +3313,9 @@ static LN_ALWAYS_INLINE void backward_tiles(ln_norm_kind kind, ln_dtype dtype, c
     assert(a && a->grad_output.data && a->input.data && a->rstd.data && a->extent.row_len >= 1);
     assert(0 <= begin && begin <= end && end <= ln_tiles_of(&a->extent));
     dbias_lanes = kind == LN_NORM_LAYER ? dbias_lanes : NULL;
-    if (end - begin == 1) {  /* an instance of its own: the many tiles' loops test nothing more */
-        backward_tile(kind, dtype, a, begin, dweight_lanes, dbias_lanes, 1);
-        return;
-    }
+    const int one_tile = end - begin == 1;
     for (ptrdiff_t tile = begin; tile < end; tile++) {
-        backward_tile(kind, dtype, a, tile, dweight_lanes, dbias_lanes, 0);
+        backward_tile(kind, dtype, a, tile, dweight_lanes, dbias_lanes, one_tile);
     }
 }
 
