@@ -52,7 +52,7 @@ RELEASE_KERNELS = ["-DNDEBUG"]
 # arrays'), a fifth of the vector levels' build time, with no speed difference measured; the
 # loops that gained from it compile their common case apart instead (LN_AFFINE_LOOP_APART).
 # -O3's load CSE after register allocation took 21% of the AVX2 level's compile and 30% of the
-# SSE2 level's (60 s and 182 s of CPU) and removed 136 of its 318,000 instructions: no speed
+# SSE2 level's (60 s and 182 s of CPU) and removed 136 of the 318,000 instructions it had then: no speed
 # difference measured, and the same bits (it moves loads, not arithmetic).
 GCC_ONLY = ["-fno-unswitch-loops", "-fno-gcse-after-reload"]
 
@@ -135,7 +135,8 @@ def kernel_flags(source, target, compiler_is_gcc, debug=False, sanitize=False):
     # its checks), and a compiler cache that holds the release build's objects serves them.  They
     # share the row kernels' source (src/ln_rows.h) with the level instrumented, and
     # instrumenting them took most of the build's time: on an AVX2 CPU, 626 s of CPU with the
-    # avx2 level instrumented against about 2400 s with scalar, sse2 and avx2.
+    # avx2 level instrumented against about 2400 s with scalar, sse2 and avx2 (both with the
+    # use-after-scope check that SANITIZE_LEVEL now leaves out).
     if sanitize and not dispatched_on_building_cpu(name, target):
         sanitize = False
     release = not (debug or sanitize)

@@ -219,7 +219,7 @@ int ln_threads_default_in(const char *cgroup_root, const char *self_cgroup);
 
 /* Where ln_scratch_take's doubles came from. */
 typedef enum {
-    LN_SCRATCH_MALLOC,  /* calloc or malloc: the kept buffer was in use by another call */
+    LN_SCRATCH_MALLOC,  /* malloc's heap: the kept buffer was in use by another call */
     LN_SCRATCH_KEPT,    /* the buffer kept between calls */
     LN_SCRATCH_BLOCK,   /* a block of the large results' (ln_buffer_alloc) */
 } ln_scratch_source;

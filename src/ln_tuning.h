@@ -63,7 +63,8 @@
 #define LN_GRAD_ROWS 4
 
 /* Row blocks for the parameter gradients: enough to share evenly among threads, one for
-   inputs too small to be worth a thread, and at most LN_GRAD_PARTIALS_MAX / row_len. */
+   inputs too small to be worth a thread, and at most LN_GRAD_PARTIALS_MAX over a block's partial sums
+   (ln_backward.c: sums_len). */
 #define LN_GRAD_BLOCKS 16
 
 /* Backward pass 2 of a group of rows asks for the next group's rows of x and dy, a line of
@@ -207,7 +208,7 @@
 
 /* At most this many bytes of a tile's input (16 rows by row_len elements) are staged in L1 for
    its output loop where that loop's loads of x would wait on its stores to y (see
-   tiles_output_staged): 256 channels of float32, a quarter of Zen 4's L1. */
+   tiles_output_staged): 256 channels of float32, half of Zen 4's 32 KiB L1. */
 #define LN_TILE_STAGE_BYTES 16384
 
 /* The normalize pass goes through a long row from the end back, so that the part the
