@@ -1748,8 +1748,9 @@ forward(module_state *state, const norm_kind *kind, const char *what, const forw
         }
     }
     /* A result may be written over an input element for element (in place), never over part
-       of one, nor over a parameter. */
-    PyArrayObject *written[2] = {output, sum};
+       of one, nor over a parameter.  Only the caller's (out=, residual_out=) can overlap one. */
+    PyArrayObject *written[2] = {objs->out && objs->out != Py_None ? output : NULL,
+                                 objs->residual_out && objs->residual_out != Py_None ? sum : NULL};
     for (int w = 0; w < 2; w++) {
         if (!written[w]) {
             continue;

@@ -68,6 +68,42 @@ def test_list_input_not_mutated():
     assert data == copy
 
 
+def _overlapping_call(case):
+    """(call, expected): `call` writes its results over part of an argument (out= or
+    residual_out= a view of the same buffer, one row or half a row along); `expected` is the
+    same call on copies of the arguments, into new arrays."""
+    rng = np.random.default_rng(5)
+    buf = rng.standard_normal(9 * 16 + 8).astype(np.float32)
+    other = rng.standard_normal((8, 16)).astype(np.float32)
+    w, b = rng.standard_normal(16).astype(np.float32), rng.standard_normal(16).astype(np.float32)
+    rows, next_rows = buf[:128].reshape(8, 16), buf[16:144].reshape(8, 16)
+    weight, over_weight = buf[:16], buf[8:136].reshape(8, 16)
+    if case == "out over the input's next rows":
+        return (lambda: layernorm.layer_norm(rows, 16, w, b, out=next_rows),
+                lambda: layernorm.layer_norm(rows.copy(), 16, w, b))
+    if case == "out over the weight":
+        return (lambda: layernorm.rms_norm(other, 16, weight, out=over_weight),
+                lambda: layernorm.rms_norm(other, 16, weight.copy()))
+    if case == "out over the residual's next rows":
+        return (lambda: layernorm.add_layer_norm(other, rows, 16, w, b, out=next_rows),
+                lambda: layernorm.add_layer_norm(other, rows.copy(), 16, w, b))
+    assert case == "residual_out over the input's next rows"
+    return (lambda: layernorm.add_rms_norm(rows, other, 16, w, residual_out=next_rows),
+            lambda: layernorm.add_rms_norm(rows.copy(), other, 16, w))
+
+
+@pytest.mark.parametrize("case", ["out over the input's next rows", "out over the weight",
+                                  "out over the residual's next rows", "residual_out over the input's next rows"])
+def test_a_result_over_part_of_an_argument_reads_the_argument_as_given(case):
+    call, expected_call = _overlapping_call(case)
+    expected = expected_call()  # first: the copies are taken before the buffer is written
+    got = call()
+    if not isinstance(got, tuple):  # add_*: (output, sum)
+        got, expected = (got,), (expected,)
+    for result, expected_result in zip(got, expected):
+        assert result.tobytes() == expected_result.tobytes()
+
+
 @pytest.mark.parametrize("layout_name", ARRAY_LAYOUTS)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
 def test_backward_does_not_mutate_any_argument(dtype, layout_name):
