@@ -52,8 +52,8 @@ RELEASE_KERNELS = ["-DNDEBUG"]
 # arrays'), a fifth of the vector levels' build time, with no speed difference measured; the
 # loops that gained from it compile their common case apart instead (LN_AFFINE_LOOP_APART).
 # -O3's load CSE after register allocation took 21% of the AVX2 level's compile and 30% of the
-# SSE2 level's (60 s and 182 s of CPU) and removed 136 of the 318,000 instructions it had then: no speed
-# difference measured, and the same bits (it moves loads, not arithmetic).
+# SSE2 level's (60 s and 182 s of CPU) and removed 136 of the 318,000 instructions it had then:
+# no speed difference measured, and the same bits (it moves loads, not arithmetic).
 GCC_ONLY = ["-fno-unswitch-loops", "-fno-gcse-after-reload"]
 
 # One translation unit per SIMD level, each compiled for its own instruction set; the x86
