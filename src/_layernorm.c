@@ -737,18 +737,16 @@ resolve_axes(module_state *state, ln_norm_kind kind, PyObject *axis_obj, PyArray
     for (int i = 0; sizes_match && i < ns->ndim; i++) {
         sizes_match = PyArray_DIM(input, ax->axes[i]) == ns->dims[i];
     }
-    ns_list = dims_as_list(ns->dims, ns->ndim);
+    if (sizes_match && checked_product(ns->dims, ns->ndim, &ns->size) == 0) {
+        status = 0;
+        goto done;
+    }
+    ns_list = dims_as_list(ns->dims, ns->ndim);  /* for the messages, from here on */
     if (!ns_list) {
         goto done;
     }
     if (sizes_match) {
-        if (checked_product(ns->dims, ns->ndim, &ns->size) == 0) {
-            status = 0;
-        }
-        else {
-            PyErr_Format(PyExc_ValueError, "normalized_shape = %R has more elements than an array can hold",
-                         ns_list);
-        }
+        PyErr_Format(PyExc_ValueError, "normalized_shape = %R has more elements than an array can hold", ns_list);
         goto done;
     }
     size_list = dims_as_list(PyArray_DIMS(input), ndim);
