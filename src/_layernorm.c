@@ -191,6 +191,13 @@ checked_product(const npy_intp factors[], int n, npy_intp *product)
 /* Helpers: arguments                                                        */
 /* ------------------------------------------------------------------------ */
 
+/* Whether an optional argument was given a value: not left out (NULL) and not None. */
+static inline int
+is_given(PyObject *obj)
+{
+    return obj && obj != Py_None;
+}
+
 /* Fills values[] (borrowed references, NULL where absent) from fastcall arguments: the
    first max_positional of the n keywords may come by position, any of them by keyword.
    Returns 0, or -1 with TypeError set. */
@@ -591,7 +598,7 @@ param_array(module_state *state, const char *fname, PyObject *obj, const char *n
     PyArrayObject *arr = NULL;
     PyObject *got = NULL, *want = NULL;
     *out = NULL;
-    if (!obj || obj == Py_None) {
+    if (!is_given(obj)) {
         return 0;
     }
     if (PyUnicode_Check(obj) || PyBytes_Check(obj) || PyByteArray_Check(obj)) {
@@ -673,7 +680,7 @@ resolve_axes(module_state *state, ln_norm_kind kind, PyObject *axis_obj, PyArray
     int status = -1;
     PyObject *seq = NULL, *ns_list = NULL, *size_list = NULL, *axis_tuple = NULL, *ns_text = NULL, *tail = NULL;
     Py_ssize_t values[LN_MAX_DIMS];
-    ax->given = axis_obj && axis_obj != Py_None;
+    ax->given = is_given(axis_obj);
     ax->naxes = ns->ndim;
     if (ax->given) {
         /* one axis: an int, NumPy's integer scalars and 0-d integer arrays (as np.sum takes) */
@@ -1088,7 +1095,7 @@ static PyArrayObject *
 result_array(module_state *state, const char *fname, PyObject *obj, const char *keyword, const char *name,
              PyArrayObject *input, PyArrayObject *other, const norm_axes *ax, int type_num)
 {
-    if (obj && obj != Py_None) {
+    if (is_given(obj)) {
         return check_result_array(obj, keyword, input, type_num);
     }
     return new_result(state, fname, name, input, other, ax, type_num);
@@ -1747,8 +1754,7 @@ forward(module_state *state, const norm_kind *kind, const char *what, const forw
     }
     /* A result may be written over an input element for element (in place), never over part
        of one, nor over a parameter.  Only the caller's (out=, residual_out=) can overlap one. */
-    PyArrayObject *written[2] = {objs->out && objs->out != Py_None ? output : NULL,
-                                 objs->residual_out && objs->residual_out != Py_None ? sum : NULL};
+    PyArrayObject *written[2] = {is_given(objs->out) ? output : NULL, is_given(objs->residual_out) ? sum : NULL};
     for (int w = 0; w < 2; w++) {
         if (!written[w]) {
             continue;
@@ -2580,7 +2586,7 @@ part_normalize(module_state *state, const norm_kind *kind, const char *what, con
             goto done;
         }
     }
-    if (objs->scale && objs->scale != Py_None && !(scale = as_array(objs->scale))) {
+    if (is_given(objs->scale) && !(scale = as_array(objs->scale))) {
         goto done;
     }
     for (int p = 0; p < kind->n_params; p++) {
@@ -2592,7 +2598,7 @@ part_normalize(module_state *state, const norm_kind *kind, const char *what, con
         goto done;
     }
     row_len = (Py_ssize_t)ns.size;
-    if (objs->row_len && objs->row_len != Py_None) {
+    if (is_given(objs->row_len)) {
         row_len = PyNumber_AsSsize_t(objs->row_len, PyExc_OverflowError);
         if (row_len == -1 && PyErr_Occurred()) {
             goto done;
