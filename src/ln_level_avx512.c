@@ -1,5 +1,6 @@
 /* ln_level_avx512.c -- the row kernels on AVX-512F and BW, compiled with -mavx512f -mavx512bw
-   -mavx2 -mfma -mf16c (src/kernel_flags.py); nothing off x86-64.  Run only where ln_dispatch.c found those features. */
+   -mavx2 -mfma -mf16c (src/kernel_flags.py); nothing off x86-64.  Run only where ln_dispatch.c
+   found those features. */
 #if defined(__x86_64__)
 #include "ln_simd_avx512.h"
 

@@ -3097,9 +3097,10 @@ static LN_ALWAYS_INLINE void backward_tile_f32_pass2(ln_norm_kind kind, ln_dtype
    Returns the lanes that fail the test that sends a contiguous row to ln_backward_exact_row
    (ln_grad_row_needs_exact on the tile's own sums, its common rows tested in vectors),
    which then go in float64; where there are any, pass 2 is left to backward_tile_exact_lanes,
-   with the lanes' float32 factors in *factors (unset where every lane fails).  Which way a row goes depends
-   on its dy and x, the weight and its statistics, not on the rows beside it nor on which
-   gradients are asked for, so neither do dweight's bits (dbias' are the same both ways).
+   with the lanes' float32 factors in *factors (unset where every lane fails).  Which way a
+   row goes depends on its dy and x, the weight and its statistics, not on the rows beside it
+   nor on which gradients are asked for, so neither do dweight's bits (dbias' are the same
+   both ways).
    One vector op over a group of 16 float32 lanes where float64 takes two: 8x64x56x56 float32
    over axis=1, A/B in alternating processes, 627-647 -> 498-519 us at one thread, 321-323 ->
    252-258 us at two. */

@@ -63,8 +63,8 @@
 #define LN_GRAD_ROWS 4
 
 /* Row blocks for the parameter gradients: enough to share evenly among threads, one for
-   inputs too small to be worth a thread, and at most LN_GRAD_PARTIALS_MAX over a block's partial sums
-   (ln_backward.c: sums_len). */
+   inputs too small to be worth a thread, and at most LN_GRAD_PARTIALS_MAX over a block's
+   partial sums (ln_backward.c: sums_len). */
 #define LN_GRAD_BLOCKS 16
 
 /* Backward pass 2 of a group of rows asks for the next group's rows of x and dy, a line of
