@@ -181,12 +181,26 @@ def _checkpoint_array(value: Any) -> np.ndarray:
 
 
 def _rounded_as_torch(value: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray:
-    """value, to be converted to dtype, first rounded as torch rounds it there: float64 becomes
-    float16 through float32 in torch (rounded twice: 1 + 2**-11 + 2**-40 becomes 1.0, where
-    NumPy's one rounding gives 1 + 2**-10), as it becomes bfloat16 in ml_dtypes."""
-    if value.dtype == np.float64 and dtype == np.float16:
+    """value, to be converted to dtype, first rounded as torch rounds it there: torch converts
+    any wider value to float16 or bfloat16 through float32, rounding twice, where NumPy and
+    ml_dtypes round once (float64 1 + 2**-11 + 2**-40 becomes float16 1.0, not 1 + 2**-10;
+    int64 2**25 + 2**17 + 1 becomes bfloat16 2**25, not 2**25 + 2**18)."""
+    if dtype.itemsize == 2 and value.dtype.itemsize >= 4 and value.dtype != np.float32:
         return value.astype(np.float32)
     return value
+
+
+def _check_grad_output_shape(grad_output: Any, output_shape: Tuple[float, ...]) -> None:
+    """Raise ValueError with autograd's text when grad_output, an array, is not of the output's
+    shape.  Other values are left to the kernel's checks (a string's dtype is its mistake), and
+    so are a dask array's unknown sizes, NaN, which the lazy backward checks when it runs."""
+    shape = getattr(grad_output, "shape", None)
+    if shape is None or tuple(shape) == output_shape or any(math.isnan(size) for size in (*shape, *output_shape)):
+        return
+    raise ValueError(
+        f"Mismatch in shape: grad_output[0] has a shape of {tuple(shape)} and output[0] has a shape of "
+        f"{output_shape}."
+    )
 
 
 def _quote(name: str) -> str:
@@ -399,10 +413,12 @@ class NormModule:
         kernel_saved, params, normalized_shape, axis = saved
         self._check_parameters_not_replaced(params)
         if isinstance(kernel_saved, _LazySaved):
+            _check_grad_output_shape(grad_output, kernel_saved.input.shape)
             grads = self._lazy_gradients(grad_output, kernel_saved, normalized_shape, axis)
         else:
             if type(grad_output) is not _ndarray:
                 grad_output = _as_numpy(grad_output)
+            _check_grad_output_shape(grad_output, kernel_saved[0].shape)
             try:
                 grads = self._gradients(grad_output, kernel_saved, normalized_shape, axis)
             except ParameterChangedError as error:
@@ -546,14 +562,23 @@ class NormModule:
         for name, param in own.items():
             if name not in state_dict:
                 continue
+            given = state_dict[name]
+            if given is None or isinstance(given, (str, bytes)):
+                errors.append(
+                    f'While copying the parameter named "{name}", expected torch.Tensor or '
+                    f"Tensor-like object from checkpoint but received {type(given)}"
+                )
+                continue
             try:
-                value = _checkpoint_array(state_dict[name])
+                value = _checkpoint_array(given)
             except Exception as exc:  # e.g. a tensor that can't become an array
                 errors.append(
                     f'While copying the parameter named "{name}", could not convert it '
                     f"to an array: {exc}"
                 )
                 continue
+            if value.shape == (1,) and _param_array(param).ndim == 0:
+                value = value.reshape(())  # torch's rule for checkpoints of 0-d parameters
             if value.dtype.kind not in "biuf" and not _is_bfloat16(value.dtype):
                 errors.append(
                     f'While copying the parameter named "{name}", expected real numbers from '
@@ -574,11 +599,13 @@ class NormModule:
         if errors:
             header = f"Error(s) in loading state_dict for {type(self).__name__}:\n\t"
             raise RuntimeError(header + "\n\t".join(errors))
+        grad_names = {name: grad_name for name, grad_name, _ in self._PARAMETERS}
         for name, value in new_values.items():
             if assign:
                 float_kind = value.dtype.kind == "f" or _is_bfloat16(value.dtype)
                 kept = value if float_kind else value.astype(_param_array(own[name]).dtype)
                 setattr(self, name, kept if kept.flags.writeable else kept.copy())
+                setattr(self, grad_names[name], None)  # a new parameter, as torch's, has no gradient yet
             else:
                 target = _param_array(own[name])
                 np.copyto(target, _rounded_as_torch(value, target.dtype), casting="unsafe")

@@ -515,9 +515,12 @@ CASES = {
         "(lambda m: (m.eval()(x), m.backward(x)))(LayerNorm(4))", RuntimeError,
         "backward() needs a training-mode forward first: put the module in training mode with .train() and "
         "call it on an input before calling backward()."),
-    "LayerNorm-backward-grad-shape": Case(
+    "LayerNorm-backward-grad-shape": Case(  # torch's words, its shapes written as NumPy's
         "(lambda m: (m(x), m.backward(x[:1])))(LayerNorm(4))", ValueError,
-        "grad_output of shape [1, 4] does not match input of size[2, 4]"),
+        "Mismatch in shape: grad_output[0] has a shape of (1, 4) and output[0] has a shape of (2, 4)."),
+    "RMSNorm-backward-grad-shape": Case(
+        "(lambda m: (m(x), m.backward(x[0])))(layernorm.RMSNorm(4))", ValueError,
+        "Mismatch in shape: grad_output[0] has a shape of (4,) and output[0] has a shape of (2, 4)."),
     "LayerNorm-backward-grad-int": Case(
         "(lambda m: (m(x), m.backward(x.astype(np.int64))))(LayerNorm(4))", TypeError,
         "grad_output must have a floating-point dtype, got dtype int64"),
@@ -562,6 +565,16 @@ CASES = {
         "expected real numbers from checkpoint but received an array of dtype complex64"),
     "LayerNorm-load_state_dict-None-value": Case(
         "module.load_state_dict({'weight': None, 'bias': np.ones(4)})", RuntimeError,
+        "Error(s) in loading state_dict for LayerNorm:\n\tWhile copying the parameter named \"weight\", "
+        "expected torch.Tensor or Tensor-like object from checkpoint but received <class 'NoneType'>",
+        torch="torch.nn.LayerNorm(4).load_state_dict({'weight': None, 'bias': torch.ones(4)})"),
+    "LayerNorm-load_state_dict-str-value": Case(
+        "module.load_state_dict({'weight': 'abcd', 'bias': np.ones(4)})", RuntimeError,
+        "Error(s) in loading state_dict for LayerNorm:\n\tWhile copying the parameter named \"weight\", "
+        "expected torch.Tensor or Tensor-like object from checkpoint but received <class 'str'>",
+        torch="torch.nn.LayerNorm(4).load_state_dict({'weight': 'abcd', 'bias': torch.ones(4)})"),
+    "LayerNorm-load_state_dict-object-values": Case(
+        "module.load_state_dict({'weight': [None] * 4, 'bias': np.ones(4)})", RuntimeError,
         "Error(s) in loading state_dict for LayerNorm:\n\tWhile copying the parameter named \"weight\", "
         "expected real numbers from checkpoint but received an array of dtype object"),
     "LayerNorm-load_state_dict-int-keys": Case(

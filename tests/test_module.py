@@ -19,6 +19,7 @@ import pytest
 
 import layernorm
 from helpers import (
+    BF16,
     LAYER_NORM,
     RMS_NORM,
     NormKind,
@@ -488,6 +489,47 @@ def test_load_state_dict_assign_makes_the_values_the_parameters(kind):
 
 
 @BY_KIND
+def test_load_state_dict_assign_starts_the_parameters_without_gradients(kind):
+    # torch's assign=True makes new parameters, whose .grad is None: the next backward must not
+    # add to the gradients of the parameters they replaced
+    x = spread_input((3, 4), (4,), np.float32, seed=15)
+    grad = np.ones_like(x)
+    ours, fresh = kind.ours(4), kind.ours(4)
+    ours(x)
+    ours.backward(grad)
+    ours.load_state_dict(ours.state_dict(), assign=True)
+    assert all(getattr(ours, name + "_grad") is None for name in kind.names)
+    for m in (ours, fresh):
+        m(x)
+        m.backward(grad)
+    for name in kind.names:
+        np.testing.assert_array_equal(getattr(ours, name + "_grad"), getattr(fresh, name + "_grad"))
+    if torch is not None:
+        theirs = kind.theirs(4)
+        theirs(torch.from_numpy(x)).backward(torch.from_numpy(grad))
+        theirs.load_state_dict(theirs.state_dict(), assign=True)
+        assert all(getattr(theirs, name).grad is None for name in kind.names)
+
+
+@BY_KIND
+def test_load_state_dict_takes_one_element_into_a_0d_parameter_as_torch(kind):
+    # torch's rule for old checkpoints: a value of shape (1,) loads into a parameter of shape ()
+    values = {name: np.array([2.0 + i]) for i, name in enumerate(kind.names)}
+    m = kind.ours(())
+    m.load_state_dict(values)
+    for name in kind.names:
+        assert getattr(m, name).shape == () and getattr(m, name) == values[name][0]
+    with pytest.raises(RuntimeError, match=re.escape("shape (2,) from checkpoint, the shape in current model is ()")):
+        m.load_state_dict({name: np.ones(2) for name in kind.names})
+    if torch is not None:
+        theirs = kind.theirs(())
+        theirs.load_state_dict({name: torch.from_numpy(value) for name, value in values.items()})
+        assert all(getattr(theirs, name).item() == values[name][0] for name in kind.names)
+        with pytest.raises(RuntimeError, match="size mismatch for weight"):
+            theirs.load_state_dict({name: torch.ones(2) for name in kind.names})
+
+
+@BY_KIND
 def test_state_dict_round_trip_between_two_modules(kind):
     a = kind.ours((2, 3))
     a.load_state_dict({name: (-1.0) ** i * np.arange(6.0).reshape(2, 3) for i, name in enumerate(kind.names)})
@@ -818,38 +860,55 @@ def test_type_takes_torchs_tensor_types(kind):
         assert m.weight.dtype == dtype and str(theirs.weight.dtype) == f"torch.{np.dtype(dtype).name}"
 
 
-# float64 values that round to float16 differently once (NumPy's astype) and twice, through
-# float32: 1 + 2**-11 + 2**-40 is 1 + 2**-11 in float32, a tie that float16 rounds to even, 1.0
-TWICE_ROUNDED = np.array([1 + 2**-11 + 2**-40, 1 - 2**-12 - 2**-40, 2048 + 1 + 2**-30, 0.1])
+# Values that a 16-bit float type takes differently rounded once (NumPy's astype, and ml_dtypes'
+# for bfloat16) and twice, through float32, as torch converts them: float64 1 + 2**-11 + 2**-40
+# is 1 + 2**-11 in float32, a tie that float16 rounds to even, 1.0; int64 2**25 + 2**17 + 1 is
+# 2**25 + 2**17 in float32, a tie that bfloat16 rounds to even, 2**25.
+TWICE_ROUNDED = {
+    "float16": np.array([1 + 2**-11 + 2**-40, 1 - 2**-12 - 2**-40, 2048 + 1 + 2**-30, 0.1]),
+    "bfloat16": np.array([1 + 2**-8 + 2**-40, 1 - 2**-9 - 2**-40, 2**8 + 1 + 2**-30, 0.1]),
+    "bfloat16-int64": np.array([2**25 + 2**17 + 1, -(2**26 + 2**18 + 1), 2**24 + 1, 3], np.int64),
+    "bfloat16-int32": np.array([2**25 + 2**17 + 1, -(2**26 + 2**18 + 1), 2**24 + 1, 3], np.int32),
+}
+# (how, values): parameters are float arrays, so integers reach them only through loading.
+NARROWINGS = [("load_state_dict", values) for values in TWICE_ROUNDED]
+NARROWINGS += [("to(dtype)", "float16"), ("half()", "float16"), ("to(dtype)", "bfloat16"), ("bfloat16()", "bfloat16")]
 
 
-@pytest.mark.parametrize("how", ["half()", "to(float16)", "load_state_dict"])
+@pytest.mark.parametrize("how, values_id", NARROWINGS, ids=[f"{h}-{v}" for h, v in NARROWINGS])
 @BY_KIND
-def test_float64_parameters_become_float16_as_torchs_do(kind, how):
-    expected = TWICE_ROUNDED.astype(np.float32).astype(np.float16)
-    assert not np.array_equal(expected, TWICE_ROUNDED.astype(np.float16))  # the case is one
-    n = TWICE_ROUNDED.size
+def test_wider_parameters_become_16_bit_floats_as_torchs_do(kind, how, values_id):
+    target_name = values_id.partition("-")[0]
+    if target_name == "bfloat16":
+        pytest.importorskip("ml_dtypes")
+    target = np.dtype(np.float16) if target_name == "float16" else BF16
+    values = TWICE_ROUNDED[values_id]
+    expected = values.astype(np.float32).astype(target)
+    assert not np.array_equal(expected, values.astype(target))  # the case is one
+    n = values.size
     if how == "load_state_dict":
-        m = kind.ours(n, dtype=np.float16)
-        m.load_state_dict({name: TWICE_ROUNDED.copy() for name in kind.names})
+        m = kind.ours(n, dtype=target)
+        m.load_state_dict({name: values.copy() for name in kind.names})
     else:
-        m = kind.ours(n, dtype=np.float64)
+        m = kind.ours(n, dtype=values.dtype)
         for name in kind.names:
-            getattr(m, name)[...] = TWICE_ROUNDED
-        m.half() if how == "half()" else m.to(np.float16)
+            getattr(m, name)[...] = values
+        m.to(target) if how == "to(dtype)" else getattr(m, how[:-2])()
     for name in kind.names:
-        np.testing.assert_array_equal(getattr(m, name), expected)
+        np.testing.assert_array_equal(getattr(m, name).astype(np.float64), expected.astype(np.float64))
     if torch is not None:
-        theirs = kind.theirs(n, dtype=torch.float16 if how == "load_state_dict" else torch.float64)
+        torch_target = getattr(torch, target_name)
+        theirs = kind.theirs(n, dtype=torch_target if how == "load_state_dict" else torch.float64)
         if how == "load_state_dict":
-            theirs.load_state_dict({name: torch.from_numpy(TWICE_ROUNDED) for name in kind.names})
+            theirs.load_state_dict({name: torch.from_numpy(values) for name in kind.names})
         else:
             with torch.no_grad():
                 for name in kind.names:
-                    getattr(theirs, name).copy_(torch.from_numpy(TWICE_ROUNDED))
-            theirs.half()
+                    getattr(theirs, name).copy_(torch.from_numpy(values))
+            theirs.to(torch_target)
         for name in kind.names:
-            np.testing.assert_array_equal(getattr(theirs, name).detach().numpy(), expected)
+            got = getattr(theirs, name).detach().double().numpy()
+            np.testing.assert_array_equal(got, expected.astype(np.float64))
 
 
 @BY_KIND
