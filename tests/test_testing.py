@@ -271,6 +271,35 @@ def test_nothing_matching_is_said():
     assert "It matches none of the classic mistakes known here: [unbiased-variance]" in message
 
 
+def float32_kernel(x, weight, bias, eps=1e-5):
+    """A correct LayerNorm over the last axis in float32 arithmetic, as torch's CPU kernel
+    computes a float16 input: a float32 mean, then the centred variance."""
+    mean = x.mean(-1, keepdims=True, dtype=np.float32)
+    centred = x - mean
+    rstd = np.float32(1) / np.sqrt((centred * centred).mean(-1, keepdims=True, dtype=np.float32) + np.float32(eps))
+    return centred * rstd * weight + bias
+
+
+def test_a_correct_kernel_just_outside_the_tolerance_gets_no_mistake_named():
+    # float16 rows whose mean is about 1000 times their spread: a float32 kernel misses float16's
+    # tolerance on some by a little, and a mistake fitted to such a row (an eps) can fit it as
+    # closely as the truth does; none may be named, and the message says rounding can do it
+    rng = np.random.default_rng(0)
+    rows = (rng.standard_normal((200, 100)) + 1000) * 10.0 ** rng.uniform(-2, 1.4, (200, 1))
+    x = rows.astype(np.float16)
+    w, b = rng.uniform(0.5, 1.5, 100).astype(np.float16), rng.uniform(-0.5, 0.5, 100).astype(np.float16)
+    messages = []
+    for row in x[:, None]:
+        y = float32_kernel(row.astype(np.float32), w.astype(np.float32), b.astype(np.float32)).astype(np.float16)
+        try:
+            assert_layer_norm_close(y, row, 100, w, b)
+        except AssertionError as error:
+            messages.append(str(error))
+    assert messages, "no row outside the tolerance: the case tests nothing"
+    assert [named_codes(m) for m in messages] == [[]] * len(messages)
+    assert any("rounding in a correct kernel can put it there" in m for m in messages)
+
+
 # ------------------------------------------------------------------------------- the output's dtype
 
 
