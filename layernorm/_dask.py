@@ -175,13 +175,25 @@ def _checked_call(function: Callable[..., Any], family: _Family, input_shape: Tu
 
 def _as_array(value: Any) -> Any:
     """A dask array as it is; anything else as the NumPy array the kernels would make of it."""
-    return value if isinstance(value, da.Array) else np.asarray(_as_numpy(value))
+    return _unmasked(value) if isinstance(value, da.Array) else np.asarray(_as_numpy(value))
 
 
 def _as_param(value: Any) -> Any:
     """A parameter: a dask array or None as it is, anything else through _as_numpy (the
     probe refuses what the kernels refuse, e.g. text, with their words)."""
-    return value if value is None or isinstance(value, da.Array) else _as_numpy(value)
+    if isinstance(value, da.Array):
+        return _unmasked(value)
+    return value if value is None else _as_numpy(value)
+
+
+def _unmasked(value: da.Array) -> da.Array:
+    """`value`, unless its chunks are masked arrays (dask.array.ma): which elements are masked
+    is known only once they are computed, and the kernels would read the values under the mask,
+    so such an array is refused now, as a NumPy masked array with masked elements is."""
+    if isinstance(value._meta, np.ma.MaskedArray):
+        raise ValueError("dask arrays of masked arrays (dask.array.ma) are not supported (the kernels would read "
+                         "the values under the mask): pass dask.array.ma.filled(a, fill_value)")
+    return value
 
 
 def _normalized_axes(ndim: int, normalized_shape: Any, axis: Any) -> Optional[Tuple[int, ...]]:

@@ -745,6 +745,28 @@ def test_a_negative_eps_gives_nan_without_warnings_on_split_rows():
     np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
 
 
+MASKED_CALLS = {
+    "layer_norm input": lambda m, x, w: layernorm.layer_norm(m, 8),
+    "rms_norm weight": lambda m, x, w: layernorm.rms_norm(x, 8, da.ma.masked_array(w, w < 0)),
+    "layer_norm_backward grad_output": lambda m, x, w: layernorm.layer_norm_backward(m, x, 8, x[..., :1], x[..., :1]),
+    "add_layer_norm residual": lambda m, x, w: layernorm.add_layer_norm(x, m, 8),
+    "LayerNorm": lambda m, x, w: layernorm.LayerNorm(8)(m),
+}
+
+
+@pytest.mark.parametrize("chunks", [(2, 4, 8), (2, 4, 3)], ids=["whole rows", "split rows"])
+@pytest.mark.parametrize("make_call", MASKED_CALLS.values(), ids=MASKED_CALLS)
+def test_masked_chunks_are_refused_when_the_call_is_made(make_call, chunks):
+    # which elements are masked is known only once computed, and the kernels would read the
+    # values under the mask (split rows were normalized over them, mask dropped)
+    x = da.from_array(make_input((3, 4, 8), np.float32), chunks=chunks)
+    masked = da.ma.masked_array(x, x > 1)
+    w = da.from_array(np.ones(8, np.float32), chunks=chunks[-1])
+    with pytest.raises(ValueError, match=re.escape("dask arrays of masked arrays (dask.array.ma) are not "
+                                                   "supported (the kernels would read the values under the mask)")):
+        make_call(masked, x, w)
+
+
 def test_an_integer_input_is_refused_as_numpy_refuses_it():
     x = np.arange(12).reshape(3, 4)
     with pytest.raises(TypeError) as numpy_error:
