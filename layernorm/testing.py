@@ -375,8 +375,8 @@ def _findings(p: _Problem, actual: np.ndarray, expected: np.ndarray, rtol: float
             best[variant.code] = _Finding(variant.code, misfit, explanation.format(**variant.fields),
                                           fix.format(**variant.fields))
     ranked = sorted(best.values(), key=lambda f: f.misfit)
-    clear = [f for f in ranked if f.misfit * _CLEAR_FIT <= reference_misfit]
-    return clear, [f for f in ranked if f not in clear]
+    clear = [f for f in ranked if f.misfit * _CLEAR_FIT <= reference_misfit]  # a prefix of ranked
+    return clear, ranked[len(clear):]
 
 
 # ---------------------------------------------------------------------------------- the report
@@ -415,24 +415,28 @@ def _shape_hint(actual_shape: Tuple[int, ...], p: _Problem) -> Optional[str]:
     return None
 
 
+def _code_list(findings: Sequence[_Finding]) -> str:
+    """``[a]``, ``[a] and [b]``, ``[a], [b] and [c]``."""
+    codes = [f"[{f.code}]" for f in findings]
+    return codes[-1] if len(codes) == 1 else ", ".join(codes[:-1]) + " and " + codes[-1]
+
+
 def _finding_lines(findings: Sequence[_Finding], near: Sequence[_Finding], reference_misfit: float,
                    codes: Sequence[str]) -> List[str]:
     if not findings:
         lines = ["It matches none of the classic mistakes known here: " + ", ".join(f"[{c}]" for c in codes) + "."]
         if near:
-            codes_near = [f"[{f.code}]" for f in near]
-            names = " and ".join(filter(None, (", ".join(codes_near[:-1]), codes_near[-1])))
             lines.append(f"It is {reference_misfit:.2g} times its tolerance from the reference: rounding in a correct"
-                         f" kernel can put it there, and {names} fit{'s' if len(near) == 1 else ''} it about as"
-                         " well; rows of other scales and means tell them apart (layernorm.testing.diagnose does).")
+                         f" kernel can put it there, and {_code_list(near)} fit{'s' if len(near) == 1 else ''} it"
+                         " about as well; rows of other scales and means tell them apart (layernorm.testing.diagnose"
+                         " does).")
         return lines
     lines = ["It matches a classic mistake:" if len(findings) == 1 else
              f"It matches {len(findings)} classic mistakes, the closest fit first:"]
     for f in findings:
         lines += [f"  [{f.code}] {f.explanation}.", f"    fix: {f.fix}."]
     if len(findings) > 1:
-        names = ", ".join(f"[{f.code}]" for f in findings[:-1]) + f" and [{findings[-1].code}]"
-        lines.append(f"The input cannot tell apart {names}: use rows of different scales and means"
+        lines.append(f"The input cannot tell apart {_code_list(findings)}: use rows of different scales and means"
                      " (layernorm.testing.diagnose does).")
     return lines
 
