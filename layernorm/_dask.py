@@ -602,7 +602,7 @@ def _merged_moments(parts: np.ndarray, axis: Tuple[int, ...], keepdims: bool = T
 def _row_statistics(moments: np.ndarray, eps: float) -> np.ndarray:
     """_STATS of each row from its _MOMENTS, as the kernels' exact rows take them (ln_exact.c):
     in the moments' units s, rstd_s = 1 / sqrt(M2_s / n + eps / s**2); where the variance is 0
-    or eps / s**2 overflows, eps is all there is, rstd = 1 / sqrt(eps), in units of 1."""
+    or eps / s**2 overflows, eps is all there is, rstd = 1 / sqrt(0 + eps) (-0.0: +inf), in units of 1."""
     scale = moments["scale"]
     variance = moments["m2"] / moments["count"]
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):  # a negative eps: NaN, as the kernels give
@@ -610,7 +610,7 @@ def _row_statistics(moments: np.ndarray, eps: float) -> np.ndarray:
         eps_only = (variance == 0.0) | ~np.isfinite(eps_scaled)
         stats = np.empty(moments.shape, _STATS)
         stats["mean"] = np.where(eps_only, moments["mean"] * scale, moments["mean"])
-        stats["rstd"] = np.where(eps_only, 1.0 / np.sqrt(eps), 1.0 / np.sqrt(variance + eps_scaled))
+        stats["rstd"] = np.where(eps_only, 1.0 / np.sqrt(0.0 + eps), 1.0 / np.sqrt(variance + eps_scaled))
     stats["scale"] = np.where(eps_only, 1.0, scale)
     return stats
 

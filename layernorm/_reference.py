@@ -133,7 +133,7 @@ def normalize(x: Any, normalized_shape: Any, *, centred: bool, eps: float, axis:
         eps_s = np.where(eps == 0, 0.0, eps / (s * s))
         scaled = np.isfinite(eps_s) & (var_s > 0)
         root_s = np.sqrt(var_s + np.where(scaled, eps_s, 0.0))
-        rstd = np.where(scaled, 1.0 / root_s / s, 1.0 / np.sqrt(eps))
+        rstd = np.where(scaled, 1.0 / root_s / s, 1.0 / np.sqrt(0.0 + eps))  # eps -0.0: +inf
         xhat = np.where(scaled, centred_s / root_s, (x - mean_s * s) * rstd)
         mean = mean_s * s if centred else np.zeros(stats_shape)
         # a row holding NaN or Inf is NaN throughout (its mean is the plain float64 mean)

@@ -11,7 +11,7 @@
  *     mean = mean_s * s,  rstd = 1 / root_s / s
  *     y = (x / s - mean_s) / root_s * w + b, in float64, rounded once to the element type
  *
- * (where var_s is 0 or eps / s**2 overflows, eps is all there is: rstd = 1 / sqrt(eps) and
+ * (where var_s is 0 or eps / s**2 overflows, eps is all there is: rstd = 1 / sqrt(0 + eps) and
  * xhat = (x - mean) * rstd).  A row holding NaN or Inf has NaN mean, rstd and output: torch's
  * mean is NaN too, but Inf for an Inf at the end of some lengths (16, 32, 2048), so one rule here.
  * Every NaN written here is the one quiet NaN, and a call whose weight or bias holds NaN or
@@ -81,7 +81,9 @@ void ln_forward_exact_row(const ln_forward_args *a, const ln_array *source, ptrd
     const double eps_s = a->eps == 0.0 ? 0.0 : a->eps / (s * s);
     const int scaled = isfinite(eps_s) && var_s > 0.0;
     const double root_s = sqrt(var_s + (scaled ? eps_s : 0.0));
-    const double rstd = scaled ? 1.0 / root_s / s : 1.0 / sqrt(a->eps);
+    /* unscaled: var + eps with var 0 (or negligible), the sum kept, so that eps -0.0 gives
+       sqrt(+0.0) and rstd +inf, as the formula and torch do */
+    const double rstd = scaled ? 1.0 / root_s / s : 1.0 / sqrt(0.0 + a->eps);
     ln_store_stats(a, r, mean_s * s, rstd);
     for (ptrdiff_t i = 0; i < n; i++) {
         const double v = ln_element(dtype, x, x_step, i);

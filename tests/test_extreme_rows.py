@@ -497,6 +497,29 @@ def test_a_negative_variance_plus_eps_gives_one_quiet_nan_rstd(norm, dtype, row_
         assert rstd[0].tobytes() == rstd[1].tobytes() == canonical, f"{level}, {threads} threads"
 
 
+@pytest.mark.parametrize("route", ["rows", "axis", "dask split rows"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("norm", ["layer", "rms"])
+def test_eps_negative_zero_on_a_row_of_no_variance_gives_rstd_plus_inf(norm, dtype, route, restore_runtime):
+    # 1 / sqrt(var + eps) with var +0.0: +0.0 + -0.0 is +0.0, so +inf (as torch's), where
+    # 1 / sqrt(eps) alone would give -inf
+    x = np.tile(np.linspace(-1.0, 1.0, 6), (3, 1)).astype(dtype)
+    x[1] = 0.0 if norm == "rms" else 0.5
+    call = ((lambda a, **k: layernorm.native_layer_norm(a, 6, None, None, -0.0, **k)[2]) if norm == "layer" else
+            (lambda a, **k: layernorm.native_rms_norm(a, 6, None, -0.0, **k)[1]))
+    for level, threads in _levels_and_threads():
+        layernorm.set_simd_level(level)
+        layernorm.set_num_threads(threads)
+        if route == "rows":
+            rstd = call(x)
+        elif route == "axis":
+            rstd = call(np.ascontiguousarray(x.T), axis=0).T
+        else:
+            da = pytest.importorskip("dask.array")
+            rstd = call(da.from_array(x, chunks=(1, 4))).compute()
+        assert rstd[1, 0] == np.inf and np.isfinite(rstd[[0, 2]]).all(), f"{level}, {threads} threads"
+
+
 @pytest.mark.parametrize("route", ["short-rows", "rows", "transposed", "axis"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("norm", ["layer", "rms"])
