@@ -9,7 +9,7 @@ import numpy as np
 import numpy.typing as npt
 
 _Shape = Union[SupportsIndex, Sequence[SupportsIndex]]
-_Axis = Union[SupportsIndex, Sequence[SupportsIndex], None]
+_Axis = Union[SupportsIndex, Tuple[SupportsIndex, ...], None]
 _FloatArray = npt.NDArray[np.floating[Any]]
 _F64 = npt.NDArray[np.float64]
 _SimdLevel = Literal["scalar", "sse2", "neon", "avx2", "avx512", "avx512bf16"]

@@ -30,7 +30,7 @@ __all__ = [
 ]
 
 _Shape = Union[SupportsIndex, Sequence[SupportsIndex]]
-_Axis = Union[SupportsIndex, Sequence[SupportsIndex], None]
+_Axis = Union[SupportsIndex, Tuple[SupportsIndex, ...], None]
 _FloatArray = npt.NDArray[np.floating[Any]]
 
 _ndarray = np.ndarray
@@ -100,6 +100,8 @@ def _as_numpy(value: Any) -> Any:
         try:
             return value.numpy()
         except TypeError:  # torch's bare "Got unsupported ScalarType Float8_e4m3fn"
+            if value.layout != torch.strided:
+                raise  # torch's own "can't convert Sparse layout tensor to numpy. Use Tensor.to_dense() first."
             raise TypeError(f"a torch tensor of dtype {value.dtype} has no NumPy dtype to compute in: "
                             "convert it first, e.g. tensor.float() (float16, bfloat16, float32 and float64 "
                             "are supported)") from None
@@ -126,8 +128,9 @@ def _torch_worded(error: UnsupportedDTypeError, kernel: str) -> TypeError:
 _AXIS_DOC = """axis : int or tuple of int, optional
         The axes to normalize over, in the order of ``normalized_shape`` (NumPy's convention,
         negatives count from the end), e.g. ``axis=1`` for the channels of an ``(N, C, H, W)``
-        array.  Without it, the last ``len(normalized_shape)`` axes, as torch.  With it, results
-        keep the input's memory order and strided rows are read in place."""
+        array.  Without it, the last ``len(normalized_shape)`` axes, as torch.  With it, the
+        results of the input's shape keep its memory order (``mean`` and ``rstd`` are
+        C-contiguous) and strided rows are read in place."""
 
 
 def layer_norm(
@@ -155,7 +158,8 @@ def layer_norm(
         Added to the (biased) variance inside the square root.
     {axis}
     out : ndarray, optional
-        Array of the input's shape and dtype to write into; may be the input itself.
+        Array of the input's shape and dtype (in native byte order) to write into; may be
+        the input itself.
 
     Returns
     -------
@@ -302,7 +306,8 @@ def rms_norm(
         input, as torch.
     {axis}
     out : ndarray, optional
-        Array of the input's shape and dtype to write into; may be the input itself.
+        Array of the input's shape and dtype (in native byte order) to write into; may be
+        the input itself.
 
     Returns
     -------

@@ -901,6 +901,19 @@ def test_a_tensor_of_a_dtype_numpy_lacks_says_what_to_do(dtype_name):
             call()
 
 
+@requires_torch
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
+@pytest.mark.parametrize("layout", ["to_sparse", "to_sparse_csr", "to_mkldnn"])
+def test_a_tensor_of_another_layout_gets_torchs_own_words(layout):
+    # its dtype is float32: the refusal is torch's .numpy() of a tensor not in strided memory
+    import torch
+
+    tensor = getattr(torch.ones(2, 4), layout)()
+    for call in (lambda: layernorm.layer_norm(tensor, 4), lambda: layernorm.rms_norm(tensor, 4)):
+        with pytest.raises(TypeError, match=r"^can't convert \w+ layout tensor to numpy. Use Tensor.to_dense"):
+            call()
+
+
 # What each exception of torch's is here: (torch's class, ours, whether torch's text is in ours).
 # A dtype torch has no kernel for is its NotImplementedError and our TypeError; a bad value is
 # its RuntimeError (or ValueError) and our ValueError, or RuntimeError where ours is a state
