@@ -1136,9 +1136,11 @@ stats_over_bytes(PyObject *owner, char *data, PyArrayObject *input, const norm_a
 }
 
 /* New reference: an array for input's data that nobody else holds (for backward to read after
-   the caller may have changed its own), C-contiguous and native: the array NumPy made here
-   from a list or tuple input_obj, else a copy; NULL with an exception set.  *kernel_fills is
-   set when the data is not there yet: the forward kernel copies each row as it reads it. */
+   the caller may have changed its own), contiguous in the input's memory order and native, so
+   that forward and backward take the routes they take on the input itself: the array NumPy
+   made here from a list or tuple input_obj, else a copy; NULL with an exception set.
+   *kernel_fills is set when the data is not there yet: the forward kernel copies each row as
+   it reads it. */
 static PyArrayObject *
 private_input(module_state *state, PyObject *input_obj, PyArrayObject *input, int *kernel_fills)
 {
@@ -1163,9 +1165,11 @@ private_input(module_state *state, PyObject *input_obj, PyArrayObject *input, in
         copy = (PyArrayObject *)PyArray_SimpleNew(PyArray_NDIM(input), PyArray_DIMS(input), PyArray_TYPE(input));
     }
     else {
-        copy = (PyArrayObject *)PyArray_FromArray(input, PyArray_DescrFromType(PyArray_TYPE(input)),
-                                                  NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED |
-                                                      NPY_ARRAY_ENSURECOPY | NPY_ARRAY_FORCECAST);
+        copy = (PyArrayObject *)PyArray_NewLikeArray(input, NPY_KEEPORDER, PyArray_DescrFromType(PyArray_TYPE(input)),
+                                                     0);
+        if (copy && PyArray_CopyInto(copy, input) < 0) {
+            Py_CLEAR(copy);
+        }
     }
     return result_memory_end(previous, copy);
 }

@@ -1200,6 +1200,39 @@ def test_training_forward_saves_the_input_it_normalized(kind, route, threads, re
         np.testing.assert_array_equal(getattr(ours, name + "_grad"), getattr(untouched, name + "_grad"))
 
 
+# Memory orders of one (4, 6, 5, 7) array, each holding base's values
+SAVED_LAYOUTS = {
+    "fortran": np.asfortranarray,
+    "channels_last": lambda base: np.ascontiguousarray(base.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2),
+    "reversed_rows": lambda base: np.ascontiguousarray(base[::-1])[::-1],
+    "every_other_image": lambda base: np.repeat(base, 2, axis=0)[::2],
+}
+
+
+@pytest.mark.parametrize("axis", [None, 1], ids=lambda axis: f"axis_{axis}")
+@pytest.mark.parametrize("layout", list(SAVED_LAYOUTS))
+@BY_KIND
+def test_training_mode_computes_as_the_functions_on_the_callers_layout(kind, layout, axis):
+    # The input saved for backward is a copy; made in another memory order, it would send
+    # forward and backward down other routes than the functions take on the caller's array
+    # (other bits, and a grad_input out of the input's order with axis=).
+    rng = np.random.default_rng(34)
+    x = SAVED_LAYOUTS[layout]((30 + rng.standard_normal((4, 6, 5, 7))).astype(np.float32))
+    dy = rng.standard_normal(x.shape).astype(np.float32)
+    ns = (6,) if axis == 1 else (7,)
+    module = randomize(kind.ours(ns, axis=axis), seed=35)
+    params = [getattr(module, name) for name in kind.names]
+    output, *stats = kind.functional.native(x, ns, *params, module.eps, axis=axis)
+    grads = kind.functional.backward(dy, x, ns, stats, *params, axis=axis)
+    y = module(x)
+    grad_input = module.backward(dy)
+    np.testing.assert_array_equal(y, output)
+    np.testing.assert_array_equal(grad_input, grads[0])
+    assert (y.strides, grad_input.strides) == (output.strides, grads[0].strides)
+    for name, grad in zip(kind.names, grads[1:]):
+        np.testing.assert_array_equal(getattr(module, name + "_grad"), grad)
+
+
 # Row lengths about the pipelined loop's steps of 32 elements (a pair of groups, one group,
 # a tail) and its chunks of 2048 elements (float64 rows longer than one chunk are copied before
 # they are normalized).
