@@ -588,15 +588,12 @@ element_type_num(const module_state *state, int dtype)
     return dtype == LN_BF16 ? state->bfloat16_type_num : builtin[dtype];
 }
 
-/* Stores into *out a new reference to the parameter `obj` as a C-contiguous array of the
-   param type, or NULL for None.  Returns 0, or -1 with an exception set. */
+/* Stores into *out a new reference to the parameter `obj` as an array (np.asarray's), or NULL
+   for None: its conversion, which may run the caller's code (__array__); param_checked
+   checks it once no more of that code is to run.  Returns 0, or -1 with an exception set. */
 static int
-param_array(module_state *state, const char *fname, PyObject *obj, const char *name, const shape_t *ns,
-            int type_num, PyArrayObject **out)
+param_object_array(PyObject *obj, const char *name, PyArrayObject **out)
 {
-    int status = -1;
-    PyArrayObject *arr = NULL;
-    PyObject *got = NULL, *want = NULL;
     *out = NULL;
     if (!is_given(obj)) {
         return 0;
@@ -607,9 +604,22 @@ param_array(module_state *state, const char *fname, PyObject *obj, const char *n
                      Py_TYPE(obj)->tp_name);
         return -1;
     }
-    arr = as_array(obj);
+    *out = as_array(obj);
+    return *out ? 0 : -1;
+}
+
+/* Replaces *param, param_object_array's array or NULL, by a new reference to it as a
+   C-contiguous array of the param type, once its shape (normalized_shape's) and dtype are
+   checked.  Returns 0, or -1 with an exception set (*param left for the caller to release). */
+static int
+param_checked(module_state *state, const char *fname, const char *name, const shape_t *ns, int type_num,
+              PyArrayObject **param)
+{
+    int status = -1;
+    PyArrayObject *arr = *param;
+    PyObject *got = NULL, *want = NULL;
     if (!arr) {
-        goto done;
+        return 0;
     }
     int same_shape = PyArray_NDIM(arr) == ns->ndim;
     for (int i = 0; same_shape && i < ns->ndim; i++) {
@@ -635,10 +645,15 @@ param_array(module_state *state, const char *fname, PyObject *obj, const char *n
                      (PyObject *)PyArray_DESCR(arr));
         goto done;
     }
-    *out = contiguous_of_type(arr, type_num);
-    status = *out ? 0 : allocation_failed(fname, name, ns->ndim, ns->dims, type_num);
+    PyArrayObject *converted = contiguous_of_type(arr, type_num);
+    if (!converted) {
+        allocation_failed(fname, name, ns->ndim, ns->dims, type_num);
+        goto done;
+    }
+    *param = converted;
+    Py_DECREF(arr);
+    status = 0;
 done:
-    Py_XDECREF(arr);
     Py_XDECREF(got);
     Py_XDECREF(want);
     return status;
@@ -669,52 +684,90 @@ parse_one_axis(PyObject *obj, Py_ssize_t *value)
     return *value == -1 && PyErr_Occurred() ? -1 : 0;
 }
 
-/* Fills *ax from axis= (None: the last ns->ndim axes, as torch), checks the input's sizes
-   along them against normalized_shape (a mismatch in torch's words for the norm `kind`),
-   then stores their product in ns->size: only an array's dims are known to multiply
-   without overflow, not any sizes a caller writes.  Returns 0, or -1 with an exception set. */
+/* axis= as the caller gave it, its elements read (their __index__ run) before any array's
+   dims are looked at. */
+typedef struct {
+    int given;
+    Py_ssize_t values[LN_MAX_DIMS];  /* normalized_shape's number of them, as given */
+} axis_arg;
+
+/* Fills *arg from axis= (an int or a tuple of normalized_shape's length).  Returns 0, or -1
+   with an exception set. */
 static int
-resolve_axes(module_state *state, ln_norm_kind kind, PyObject *axis_obj, PyArrayObject *input, shape_t *ns,
+parse_axis(PyObject *axis_obj, const shape_t *ns, axis_arg *arg)
+{
+    int status = -1;
+    PyObject *seq = NULL, *ns_list = NULL;
+    arg->given = is_given(axis_obj);
+    if (!arg->given) {
+        return 0;
+    }
+    /* one axis: an int, NumPy's integer scalars and 0-d integer arrays (as np.sum takes) */
+    const int zero_d = PyArray_Check(axis_obj) && PyArray_NDIM((PyArrayObject *)axis_obj) == 0;
+    const int one = PyIndex_Check(axis_obj) && !is_bool(axis_obj) && (zero_d || !PySequence_Check(axis_obj));
+    if (!one && !PyTuple_Check(axis_obj)) {
+        PyErr_Format(PyExc_TypeError, "axis must be an int or a tuple of ints, got %.200s",
+                     Py_TYPE(axis_obj)->tp_name);
+        goto done;
+    }
+    if (one) {
+        seq = PyTuple_Pack(1, axis_obj);
+    }
+    else {
+        Py_INCREF(axis_obj);
+        seq = axis_obj;
+    }
+    if (!seq) {
+        goto done;
+    }
+    if (PyTuple_GET_SIZE(seq) != ns->ndim) {
+        ns_list = dims_as_list(ns->dims, ns->ndim);
+        if (ns_list) {
+            PyErr_Format(PyExc_ValueError, "normalized_shape=%R and axis=%R differ in length", ns_list, seq);
+        }
+        goto done;
+    }
+    for (int i = 0; i < ns->ndim; i++) {
+        if (parse_one_axis(PyTuple_GET_ITEM(seq, i), &arg->values[i]) < 0) {
+            goto done;
+        }
+    }
+    status = 0;
+done:
+    Py_XDECREF(seq);
+    Py_XDECREF(ns_list);
+    return status;
+}
+
+/* New reference: a tuple of the n integers values, or NULL with an exception set. */
+static PyObject *
+tuple_of_ints(const Py_ssize_t *values, int n)
+{
+    PyObject *tuple = PyTuple_New(n);
+    for (int i = 0; tuple && i < n; i++) {
+        PyObject *item = PyLong_FromSsize_t(values[i]);
+        if (!item) {
+            Py_CLEAR(tuple);
+            break;
+        }
+        PyTuple_SET_ITEM(tuple, i, item);
+    }
+    return tuple;
+}
+
+/* Fills *ax from parse_axis's *arg (without axis=: the last ns->ndim axes, as torch), checks
+   the input's sizes along them against normalized_shape (a mismatch in torch's words for the
+   norm `kind`), then stores their product in ns->size: only an array's dims are known to
+   multiply without overflow, not any sizes a caller writes.  Returns 0, or -1 with an
+   exception set. */
+static int
+resolve_axes(module_state *state, ln_norm_kind kind, const axis_arg *arg, PyArrayObject *input, shape_t *ns,
              norm_axes *ax)
 {
     int status = -1;
-    PyObject *seq = NULL, *ns_list = NULL, *size_list = NULL, *axis_tuple = NULL, *ns_text = NULL, *tail = NULL;
-    Py_ssize_t values[LN_MAX_DIMS];
-    ax->given = is_given(axis_obj);
+    PyObject *ns_list = NULL, *size_list = NULL, *axis_tuple = NULL, *ns_text = NULL, *tail = NULL;
+    ax->given = arg->given;
     ax->naxes = ns->ndim;
-    if (ax->given) {
-        /* one axis: an int, NumPy's integer scalars and 0-d integer arrays (as np.sum takes) */
-        const int zero_d = PyArray_Check(axis_obj) && PyArray_NDIM((PyArrayObject *)axis_obj) == 0;
-        const int one = PyIndex_Check(axis_obj) && !is_bool(axis_obj) && (zero_d || !PySequence_Check(axis_obj));
-        if (!one && !PyTuple_Check(axis_obj)) {
-            PyErr_Format(PyExc_TypeError, "axis must be an int or a tuple of ints, got %.200s",
-                         Py_TYPE(axis_obj)->tp_name);
-            goto done;
-        }
-        if (one) {
-            seq = PyTuple_Pack(1, axis_obj);
-        }
-        else {
-            Py_INCREF(axis_obj);
-            seq = axis_obj;
-        }
-        if (!seq) {
-            goto done;
-        }
-        if (PyTuple_GET_SIZE(seq) != ns->ndim) {
-            ns_list = dims_as_list(ns->dims, ns->ndim);
-            if (ns_list) {
-                PyErr_Format(PyExc_ValueError, "normalized_shape=%R and axis=%R differ in length", ns_list, seq);
-            }
-            goto done;
-        }
-        for (int i = 0; i < ns->ndim; i++) {
-            if (parse_one_axis(PyTuple_GET_ITEM(seq, i), &values[i]) < 0) {
-                goto done;
-            }
-        }
-    }
-    /* the input's dims only now: an axis' __index__ may have reshaped it */
     const int ndim = PyArray_NDIM(input);
     int sizes_match = 1;
     if (!ax->given) {
@@ -726,17 +779,20 @@ resolve_axes(module_state *state, ln_norm_kind kind, PyObject *axis_obj, PyArray
     else {
         int seen[LN_MAX_DIMS] = {0};
         for (int i = 0; i < ns->ndim; i++) {
-            if (values[i] < -ndim || values[i] >= ndim) {  /* NumPy's AxisError */
-                PyObject *error = PyObject_CallFunction(state->axis_error, "ni", values[i], ndim);
+            if (arg->values[i] < -ndim || arg->values[i] >= ndim) {  /* NumPy's AxisError */
+                PyObject *error = PyObject_CallFunction(state->axis_error, "ni", arg->values[i], ndim);
                 if (error) {
                     PyErr_SetObject(state->axis_error, error);
                     Py_DECREF(error);
                 }
                 goto done;
             }
-            ax->axes[i] = (int)(values[i] < 0 ? values[i] + ndim : values[i]);
+            ax->axes[i] = (int)(arg->values[i] < 0 ? arg->values[i] + ndim : arg->values[i]);
             if (seen[ax->axes[i]]++) {
-                PyErr_Format(PyExc_ValueError, "repeated axis in axis=%R", seq);
+                axis_tuple = tuple_of_ints(arg->values, ns->ndim);
+                if (axis_tuple) {
+                    PyErr_Format(PyExc_ValueError, "repeated axis in axis=%R", axis_tuple);
+                }
                 goto done;
             }
         }
@@ -767,15 +823,11 @@ resolve_axes(module_state *state, ln_norm_kind kind, PyObject *axis_obj, PyArray
         goto done;
     }
     if (ax->given) {
-        axis_tuple = PyTuple_New(ns->ndim);
-        for (int i = 0; axis_tuple && i < ns->ndim; i++) {
-            PyObject *item = PyLong_FromLong(ax->axes[i]);
-            if (!item) {
-                Py_CLEAR(axis_tuple);
-                break;
-            }
-            PyTuple_SET_ITEM(axis_tuple, i, item);
+        Py_ssize_t axes[LN_MAX_DIMS];
+        for (int i = 0; i < ns->ndim; i++) {
+            axes[i] = ax->axes[i];
         }
+        axis_tuple = tuple_of_ints(axes, ns->ndim);
         if (axis_tuple) {
             PyErr_Format(PyExc_ValueError,
                          "Given normalized_shape=%R and axis=%R, expected input with sizes %R along those "
@@ -793,7 +845,6 @@ resolve_axes(module_state *state, ln_norm_kind kind, PyObject *axis_obj, PyArray
                      kind == LN_NORM_LAYER ? ", " : "", tail, size_list);
     }
 done:
-    Py_XDECREF(seq);
     Py_XDECREF(ns_list);
     Py_XDECREF(size_list);
     Py_XDECREF(axis_tuple);
@@ -1531,15 +1582,21 @@ has_dimensions(PyObject *obj)
     return nonzero;
 }
 
-/* Stores eps into *eps: the kind's default when obj is absent (or None, where the default is
-   the machine epsilon of the compute type: float32 for float16/bfloat16/float32 input, as torch).
-   Returns 0, or -1 with an exception set. */
+/* The kind's eps for an absent eps (or None, where the default is the machine epsilon of the
+   compute type: float32 for float16/bfloat16/float32 input, as torch). */
+static double
+default_eps(const norm_kind *kind, int dtype)
+{
+    return !kind->eps_default_machine ? 1e-5 : dtype == LN_F64 ? DBL_EPSILON : (double)FLT_EPSILON;
+}
+
+/* Stores eps into *eps, or returns 1 where default_eps applies.  Returns 0 or 1, or -1 with an
+   exception set. */
 static int
-parse_eps(const norm_kind *kind, PyObject *obj, int dtype, double *eps)
+parse_eps(const norm_kind *kind, PyObject *obj, double *eps)
 {
     if (!obj || (obj == Py_None && kind->eps_default_machine)) {
-        *eps = !kind->eps_default_machine ? 1e-5 : dtype == LN_F64 ? DBL_EPSILON : (double)FLT_EPSILON;
-        return 0;
+        return 1;
     }
     /* a complex eps would lose its imaginary part (NumPy's only warns), an array of one
        element (NumPy's, or another library's: a torch tensor) would pass for a number */
@@ -1571,7 +1628,7 @@ typedef enum {
     RETURN_OUTPUT,          /* output */
     RETURN_STATS,           /* (output, *stats) */
     RETURN_SUM,             /* (output, sum): the fused residual add */
-    RETURN_SAVED_FOR_GRAD,  /* (output, (input, saved)): input a private C-contiguous array,
+    RETURN_SAVED_FOR_GRAD,  /* (output, (input, saved)): input a private copy (private_input),
                                saved the bytes of saved_layout */
 } forward_returns;
 
@@ -1630,32 +1687,40 @@ forward(module_state *state, const norm_kind *kind, const char *what, const forw
     PyArrayObject *params[2] = {NULL, NULL}, *stats[2] = {NULL, NULL};
     kernel_call call = {0};
     shape_t ns;
+    axis_arg axis;
     norm_axes ax;
     double eps;
 
-    if (parse_normalized_shape(objs->normalized_shape, &ns) < 0) {
+    /* Every conversion before any look at an array: a conversion may run the caller's code
+       (__array__, __float__, __index__), which may reshape or retype an array converted
+       already, or resize it under a shape checked already. */
+    if (parse_normalized_shape(objs->normalized_shape, &ns) < 0 || !(input = as_array(objs->input))) {
         goto done;
     }
-    input = as_array(objs->input);
-    if (!input) {
-        goto done;
-    }
-    const int dtype = kernel_dtype(state, input, what);
-    if (dtype < 0 || parse_eps(kind, objs->eps, dtype, &eps) < 0) {
-        goto done;
-    }
-    /* Every conversion before any check of the shapes: a conversion runs the caller's code
-       (__array__), which may reshape an array converted already. */
-    if (returns == RETURN_SUM && !(residual = as_array(objs->residual))) {
+    const int eps_defaults = parse_eps(kind, objs->eps, &eps);
+    if (eps_defaults < 0 || (returns == RETURN_SUM && !(residual = as_array(objs->residual)))) {
         goto done;
     }
     for (int p = 0; p < kind->n_params; p++) {
-        if (param_array(state, what, objs->params[p], param_names[p], &ns, param_type_num[dtype], &params[p]) < 0) {
+        if (param_object_array(objs->params[p], param_names[p], &params[p]) < 0) {
+            goto done;
+        }
+    }
+    if (parse_axis(objs->axis, &ns, &axis) < 0) {
+        goto done;
+    }
+    const int dtype = kernel_dtype(state, input, what);
+    if (dtype < 0) {
+        goto done;
+    }
+    eps = eps_defaults ? default_eps(kind, dtype) : eps;
+    for (int p = 0; p < kind->n_params; p++) {
+        if (param_checked(state, what, param_names[p], &ns, param_type_num[dtype], &params[p]) < 0) {
             goto done;
         }
     }
     npy_intp batch;
-    if (resolve_axes(state, kind->kernel, objs->axis, input, &ns, &ax) < 0 || batch_size(input, &ax, &batch) < 0) {
+    if (resolve_axes(state, kind->kernel, &axis, input, &ns, &ax) < 0 || batch_size(input, &ax, &batch) < 0) {
         goto done;
     }
     if (returns == RETURN_SUM) {
@@ -1939,21 +2004,13 @@ backward(module_state *state, const norm_kind *kind, const char *what, const bac
     PyArrayObject *params[2] = {NULL, NULL}, *stats[2] = {NULL, NULL}, *grad_params[2] = {NULL, NULL};
     kernel_call call = {0};
     shape_t ns = *ns_arg;
+    axis_arg axis;
     norm_axes ax;
 
-    input = as_array(objs->input);
-    if (!input) {
-        goto done;
-    }
-    const int dtype = kernel_dtype(state, input, what);
-    if (dtype < 0) {
-        goto done;
-    }
-    /* Every conversion before any check of the shapes, as in forward: a grad_output or a
+    /* Every conversion before any look at an array, as in forward: a grad_output or a
        statistic whose __array__ reshaped the input made the kernel walk rows longer than the
        weight. */
-    grad_out = as_array(objs->grad_output);
-    if (!grad_out) {
+    if (!(input = as_array(objs->input)) || !(grad_out = as_array(objs->grad_output))) {
         goto done;
     }
     const int first_stat = 2 - kind->n_stats;  /* index into (mean, rstd) */
@@ -1964,12 +2021,24 @@ backward(module_state *state, const norm_kind *kind, const char *what, const bac
         }
     }
     for (int p = 0; p < kind->n_params; p++) {
-        if (param_array(state, what, objs->params[p], param_names[p], &ns, param_type_num[dtype], &params[p]) < 0) {
+        if (param_object_array(objs->params[p], param_names[p], &params[p]) < 0) {
+            goto done;
+        }
+    }
+    if (parse_axis(objs->axis, &ns, &axis) < 0) {
+        goto done;
+    }
+    const int dtype = kernel_dtype(state, input, what);
+    if (dtype < 0) {
+        goto done;
+    }
+    for (int p = 0; p < kind->n_params; p++) {
+        if (param_checked(state, what, param_names[p], &ns, param_type_num[dtype], &params[p]) < 0) {
             goto done;
         }
     }
     npy_intp rows;
-    if (resolve_axes(state, kind->kernel, objs->axis, input, &ns, &ax) < 0 || batch_size(input, &ax, &rows) < 0) {
+    if (resolve_axes(state, kind->kernel, &axis, input, &ns, &ax) < 0 || batch_size(input, &ax, &rows) < 0) {
         goto done;
     }
     const int is_float = is_float_array(state, grad_out);
@@ -2486,18 +2555,16 @@ part_moments(module_state *state, const norm_kind *kind, const char *what, const
     PyArrayObject *input = NULL, *mean = NULL, *m2 = NULL, *scale = NULL;
     kernel_call call = {0};
     shape_t ns;
+    axis_arg axis;
     norm_axes ax;
     npy_intp rows;
 
-    if (parse_normalized_shape(objs->normalized_shape, &ns) < 0) {
-        goto done;
-    }
-    input = as_array(objs->input);
-    if (!input) {
+    if (parse_normalized_shape(objs->normalized_shape, &ns) < 0 || !(input = as_array(objs->input)) ||
+        parse_axis(objs->axis, &ns, &axis) < 0) {
         goto done;
     }
     const int dtype = kernel_dtype(state, input, what);
-    if (dtype < 0 || resolve_axes(state, kind->kernel, objs->axis, input, &ns, &ax) < 0 ||
+    if (dtype < 0 || resolve_axes(state, kind->kernel, &axis, input, &ns, &ax) < 0 ||
         batch_size(input, &ax, &rows) < 0) {
         goto done;
     }
@@ -2567,22 +2634,15 @@ part_normalize(module_state *state, const norm_kind *kind, const char *what, con
     PyArrayObject *params[2] = {NULL, NULL}, *stats[2] = {NULL, NULL};
     kernel_call call = {0};
     shape_t ns;
+    axis_arg axis;
     norm_axes ax;
     npy_intp rows;
     Py_ssize_t row_len;
 
-    if (parse_normalized_shape(objs->normalized_shape, &ns) < 0) {
+    /* every conversion before any look at an array (see forward) */
+    if (parse_normalized_shape(objs->normalized_shape, &ns) < 0 || !(input = as_array(objs->input))) {
         goto done;
     }
-    input = as_array(objs->input);
-    if (!input) {
-        goto done;
-    }
-    const int dtype = kernel_dtype(state, input, what);
-    if (dtype < 0) {
-        goto done;
-    }
-    /* every conversion before any check of the shapes (see backward) */
     const int first_stat = 2 - kind->n_stats;  /* index into (mean, rstd) */
     for (int s = first_stat; s < 2; s++) {
         stats[s] = as_array(objs->stats[s - first_stat]);
@@ -2594,11 +2654,23 @@ part_normalize(module_state *state, const norm_kind *kind, const char *what, con
         goto done;
     }
     for (int p = 0; p < kind->n_params; p++) {
-        if (param_array(state, what, objs->params[p], param_names[p], &ns, param_type_num[dtype], &params[p]) < 0) {
+        if (param_object_array(objs->params[p], param_names[p], &params[p]) < 0) {
             goto done;
         }
     }
-    if (resolve_axes(state, kind->kernel, objs->axis, input, &ns, &ax) < 0 || batch_size(input, &ax, &rows) < 0) {
+    if (parse_axis(objs->axis, &ns, &axis) < 0) {
+        goto done;
+    }
+    const int dtype = kernel_dtype(state, input, what);
+    if (dtype < 0) {
+        goto done;
+    }
+    for (int p = 0; p < kind->n_params; p++) {
+        if (param_checked(state, what, param_names[p], &ns, param_type_num[dtype], &params[p]) < 0) {
+            goto done;
+        }
+    }
+    if (resolve_axes(state, kind->kernel, &axis, input, &ns, &ax) < 0 || batch_size(input, &ax, &rows) < 0) {
         goto done;
     }
     row_len = (Py_ssize_t)ns.size;
@@ -2811,25 +2883,16 @@ part_backward(module_state *state, const norm_kind *kind, const char *what, cons
     PyArrayObject *stats[2] = {NULL, NULL}, *rows_g[ROW_VALUES] = {NULL};
     kernel_call call = {0};
     shape_t ns;
+    axis_arg axis;
     norm_axes ax;
     npy_intp rows;
 
-    if (parse_normalized_shape(objs->normalized_shape, &ns) < 0) {
+    /* every conversion before any look at an array (see forward) */
+    if (parse_normalized_shape(objs->normalized_shape, &ns) < 0 || !(input = as_array(objs->input)) ||
+        !(grad_out = as_array(objs->grad_output))) {
         goto done;
     }
-    input = as_array(objs->input);
-    if (!input) {
-        goto done;
-    }
-    const int dtype = kernel_dtype(state, input, what);
-    if (dtype < 0) {
-        goto done;
-    }
-    /* every conversion before any check of the shapes (see backward) */
     const int first_stat = 2 - kind->n_stats;  /* index into (mean, rstd) and the row sums */
-    if (!(grad_out = as_array(objs->grad_output))) {
-        goto done;
-    }
     for (int s = first_stat; s < 2; s++) {
         if (!(stats[s] = as_array(objs->stats[s - first_stat]))) {
             goto done;
@@ -2840,8 +2903,12 @@ part_backward(module_state *state, const norm_kind *kind, const char *what, cons
             goto done;
         }
     }
-    if (param_array(state, what, objs->weight, "weight", &ns, param_type_num[dtype], &weight) < 0 ||
-        resolve_axes(state, kind->kernel, objs->axis, input, &ns, &ax) < 0 || batch_size(input, &ax, &rows) < 0) {
+    if (param_object_array(objs->weight, "weight", &weight) < 0 || parse_axis(objs->axis, &ns, &axis) < 0) {
+        goto done;
+    }
+    const int dtype = kernel_dtype(state, input, what);
+    if (dtype < 0 || param_checked(state, what, "weight", &ns, param_type_num[dtype], &weight) < 0 ||
+        resolve_axes(state, kind->kernel, &axis, input, &ns, &ax) < 0 || batch_size(input, &ax, &rows) < 0) {
         goto done;
     }
     if (!PyArray_SAMESHAPE(grad_out, input)) {

@@ -61,6 +61,16 @@ class ReshapingIndex(Reshaping):  # an axis whose __index__ reshapes `array`
     def __index__(self):
         self.array.shape = self.shape
         return self.value
+
+class Shrinking:  # a bias or an axis whose conversion frees most of `array` (resize without refcheck)
+    def __init__(self, array, value):
+        self.array, self.value = array, value
+    def __array__(self, dtype=None, copy=None):
+        self.array.resize((1,), refcheck=False)
+        return self.value
+    def __index__(self):
+        self.array.resize((1,), refcheck=False)
+        return self.value
 """
 
 TORCH_SETUP = """
@@ -825,6 +835,23 @@ CASES = {
     "layer_norm-axis-index-reshapes-input": Case(
         "(lambda a: layernorm.layer_norm(a, 4, axis=ReshapingIndex(a, (12, 4), 2)))(np.zeros((2, 6, 4), np.float32))",
         AxisError, "axis 2 is out of bounds for array of dimension 2", isolated=True),
+    # a parameter is checked once the caller's code has run, not before: a shrunken weight was
+    # read at its old length (past the end of its memory)
+    "layer_norm-bias-shrinks-weight": Case(
+        "(lambda w: layer_norm(np.ones((2, 2**20), np.float32), 2**20, w, Shrinking(w, np.zeros(2**20, np.float32))))"
+        "(np.ones(2**20, np.float32))",
+        ValueError, "Expected weight to be of same shape as normalized_shape, but got weight of shape [1] and "
+        "normalized_shape = [1048576]", isolated=True),
+    "rms_norm-axis-index-shrinks-weight": Case(
+        "(lambda w: layernorm.rms_norm(np.ones((2, 2**20), np.float32), 2**20, w, axis=Shrinking(w, 1)))"
+        "(np.ones(2**20, np.float32))",
+        ValueError, "Expected weight to be of same shape as normalized_shape, but got weight of shape [1] and "
+        "normalized_shape = [1048576]", isolated=True),
+    "layer_norm_backward-bias-shrinks-weight": Case(
+        "(lambda x, w: layer_norm_backward(x, x, 2**20, *native_layer_norm(x, 2**20)[1:], w, "
+        "Shrinking(w, np.zeros(2**20, np.float32))))(np.ones((2, 2**20), np.float32), np.ones(2**20, np.float32))",
+        ValueError, "Expected weight to be of same shape as normalized_shape, but got weight of shape [1] and "
+        "normalized_shape = [1048576]", isolated=True),
     "add_layer_norm-no-residual": Case(
         "layernorm.add_layer_norm(x, normalized_shape=4)", TypeError,
         "add_layer_norm() missing 1 required positional argument: 'residual'"),
@@ -886,6 +913,23 @@ def test_bad_input(name):
         eval(case.call, space)
     assert type(info.value) is case.error, info.value
     _check(case, type(info.value).__name__, str(info.value))
+
+
+RETYPING_SETUP = SETUP + """
+x = np.arange(16, dtype=np.float32).reshape(2, 8)
+class Retyping:  # an eps whose conversion makes x's bytes float16 elements, (2, 16) of them
+    def __float__(self):
+        x.dtype = np.float16
+        return 1e-5
+"""
+
+
+def test_an_eps_that_retypes_the_input_gets_the_kernel_of_the_new_dtype():
+    # eps is read before the input's dtype chooses the kernel: the float32 kernel read rows of
+    # float16 elements as float32, past the end of their memory
+    outcome = run_in_child("(lambda y: (y.dtype == np.float16, np.array_equal(y, layer_norm(x, 16))))"
+                           "(layer_norm(x, 16, eps=Retyping()))", RETYPING_SETUP)
+    assert (outcome.error, outcome.message) == (None, "(True, True)")
 
 
 @requires_torch
