@@ -688,7 +688,7 @@ parse_one_axis(PyObject *obj, Py_ssize_t *value)
    dims are looked at. */
 typedef struct {
     int given;
-    Py_ssize_t values[LN_MAX_DIMS];  /* normalized_shape's number of them, as given */
+    npy_intp values[LN_MAX_DIMS];  /* normalized_shape's number of them, as given */
 } axis_arg;
 
 /* Fills *arg from axis= (an int or a tuple of normalized_shape's length).  Returns 0, or -1
@@ -728,9 +728,11 @@ parse_axis(PyObject *axis_obj, const shape_t *ns, axis_arg *arg)
         goto done;
     }
     for (int i = 0; i < ns->ndim; i++) {
-        if (parse_one_axis(PyTuple_GET_ITEM(seq, i), &arg->values[i]) < 0) {
+        Py_ssize_t value;
+        if (parse_one_axis(PyTuple_GET_ITEM(seq, i), &value) < 0) {
             goto done;
         }
+        arg->values[i] = value;
     }
     status = 0;
 done:
@@ -739,19 +741,13 @@ done:
     return status;
 }
 
-/* New reference: a tuple of the n integers values, or NULL with an exception set. */
+/* New reference: axes as a Python tuple, for messages that print them as given, (1, -1). */
 static PyObject *
-tuple_of_ints(const Py_ssize_t *values, int n)
+axes_as_tuple(const npy_intp *axes, int naxes)
 {
-    PyObject *tuple = PyTuple_New(n);
-    for (int i = 0; tuple && i < n; i++) {
-        PyObject *item = PyLong_FromSsize_t(values[i]);
-        if (!item) {
-            Py_CLEAR(tuple);
-            break;
-        }
-        PyTuple_SET_ITEM(tuple, i, item);
-    }
+    PyObject *list = dims_as_list(axes, naxes);
+    PyObject *tuple = list ? PyList_AsTuple(list) : NULL;
+    Py_XDECREF(list);
     return tuple;
 }
 
@@ -780,7 +776,7 @@ resolve_axes(module_state *state, ln_norm_kind kind, const axis_arg *arg, PyArra
         int seen[LN_MAX_DIMS] = {0};
         for (int i = 0; i < ns->ndim; i++) {
             if (arg->values[i] < -ndim || arg->values[i] >= ndim) {  /* NumPy's AxisError */
-                PyObject *error = PyObject_CallFunction(state->axis_error, "ni", arg->values[i], ndim);
+                PyObject *error = PyObject_CallFunction(state->axis_error, "ni", (Py_ssize_t)arg->values[i], ndim);
                 if (error) {
                     PyErr_SetObject(state->axis_error, error);
                     Py_DECREF(error);
@@ -789,7 +785,7 @@ resolve_axes(module_state *state, ln_norm_kind kind, const axis_arg *arg, PyArra
             }
             ax->axes[i] = (int)(arg->values[i] < 0 ? arg->values[i] + ndim : arg->values[i]);
             if (seen[ax->axes[i]]++) {
-                axis_tuple = tuple_of_ints(arg->values, ns->ndim);
+                axis_tuple = axes_as_tuple(arg->values, ns->ndim);
                 if (axis_tuple) {
                     PyErr_Format(PyExc_ValueError, "repeated axis in axis=%R", axis_tuple);
                 }
@@ -823,11 +819,11 @@ resolve_axes(module_state *state, ln_norm_kind kind, const axis_arg *arg, PyArra
         goto done;
     }
     if (ax->given) {
-        Py_ssize_t axes[LN_MAX_DIMS];
+        npy_intp axes[LN_MAX_DIMS];
         for (int i = 0; i < ns->ndim; i++) {
             axes[i] = ax->axes[i];
         }
-        axis_tuple = tuple_of_ints(axes, ns->ndim);
+        axis_tuple = axes_as_tuple(axes, ns->ndim);
         if (axis_tuple) {
             PyErr_Format(PyExc_ValueError,
                          "Given normalized_shape=%R and axis=%R, expected input with sizes %R along those "
