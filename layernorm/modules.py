@@ -154,9 +154,7 @@ def _as_param_dtype(dtype: Any, kind: str) -> np.dtype[Any]:
         raise TypeError(
             f"dtype must be a float dtype (float16, bfloat16, float32, float64), got {dtype!r}"
         ) from None
-    if _is_bfloat16(np_dtype):
-        return np_dtype
-    if np_dtype.kind != "f" or np_dtype.itemsize not in (2, 4, 8):
+    if np_dtype.kind != "f" and not _is_bfloat16(np_dtype) or np_dtype.itemsize not in (2, 4, 8):
         raise TypeError(f"{kind} supports float16, bfloat16, float32 and float64 parameters, got {np_dtype}")
     return np_dtype.newbyteorder("=")
 

@@ -299,6 +299,20 @@ def test_module_with_bfloat16_parameters(module, dtype):
     assert grad.dtype == BF16 and m.weight_grad.dtype == BF16
 
 
+@requires_ml_dtypes
+@pytest.mark.parametrize("module", [layernorm.LayerNorm, layernorm.RMSNorm], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("half", ["bfloat16", "float16"])
+@pytest.mark.parametrize("how", ["constructor", "to"])
+def test_a_byte_swapped_dtype_gives_native_parameters(module, half, how):
+    # the parameters are handed to torch by their bits (.view(np.int16)): native byte order
+    swapped = np.dtype(ml_dtypes.bfloat16 if half == "bfloat16" else np.float16).newbyteorder("S")
+    m = module(4, dtype=swapped) if how == "constructor" else module(4).to(swapped)
+    m.backward(m(np.ones((2, 4), swapped)))
+    for name in m.state_dict():
+        assert getattr(m, name).dtype.isnative and getattr(m, name + "_grad").dtype.isnative, name
+        assert getattr(m, name).dtype == swapped.newbyteorder("=")
+
+
 @requires_torch
 @requires_ml_dtypes
 @pytest.mark.parametrize("module_dtype", ["bfloat16", "float32"])
