@@ -877,8 +877,8 @@ class RMSNorm(NormModule):
     Examples
     --------
     >>> rms = RMSNorm(4).eval()
-    >>> rms(np.array([1.0, -1.0, 1.0, -1.0], dtype=np.float32))
-    array([ 1., -1.,  1., -1.], dtype=float32)
+    >>> rms(np.array([1.0, -1.0, 1.0, -1.0], dtype=np.float32))  # 1 / sqrt(1 + eps), eps 2**-23
+    array([ 0.99999994, -0.99999994,  0.99999994, -0.99999994], dtype=float32)
     """
 
     _KIND = "RMSNorm"

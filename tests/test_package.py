@@ -43,3 +43,12 @@ def test_stub_agrees_with_the_core_under_stubtest(tmp_path):
         env=dict(os.environ, PYTHONPATH=os.path.dirname(PACKAGE), MYPY_CACHE_DIR=str(tmp_path / "cache")),
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("module", ["layernorm", "layernorm.modules", "layernorm.testing"])
+def test_docstring_examples_print_what_they_show(module):
+    import doctest
+    import importlib
+
+    results = doctest.testmod(importlib.import_module(module), optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert results.attempted > 0 and results.failed == 0
