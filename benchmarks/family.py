@@ -3,6 +3,9 @@ residual adds, each against what a user would otherwise run and against its memo
 
 Usage, from the repository root:
     python -m benchmarks.family [--threads N[,M]] [--quick] [--fresh] [--markdown PATH]
+                                [--cases SUBSTRING]
+
+--cases keeps the comparisons whose label contains SUBSTRING (--cases block: the examples' rows).
 
 What is timed (one row per comparison, at each thread count; single-threaded peers once; the
 copy cut into a part per thread, the fastest of at most the table's thread count):
@@ -19,8 +22,17 @@ copy cut into a part per thread, the fastest of at most the table's thread count
     add            add_layer_norm / add_rms_norm on 2048x4096 float32 vs np.add followed by
                    layer_norm / rms_norm, and vs np.copyto of x: the floor is two copies (input
                    and residual read, sum and output written)
+    block          the end-to-end examples' forwards, NumPy with layernorm vs torch, without
+                   targets; left out when torch is not installed (the examples import it):
+                   GPT-2-style and Llama-style stacks of examples/transformer_blocks.py
+                   (d_model 384, 6 heads, 2 layers, batch 1, 64 tokens), and ConvNeXt's
+                   channels-first LayerNorm of examples/convnext_norm.py on (8, 96, 56, 56)
+                   float32 (ConvNeXt-T's first stage) vs torch's permute route and vs np.copyto
+                   of x.  NumPy's matrix products run on NumPy's BLAS at its own thread count:
+                   the thread count of a table is layernorm's and torch's
 
-Every call is checked against the float64 reference (layernorm._reference) before it is timed.
+Every call is checked before it is timed: against the float64 reference (layernorm._reference),
+and the block rows against torch by their example's own difference and tolerance.
 The method is the main benchmark's (benchmarks/timing.py): interleaved round-robin turns, best
 turn per call.  The report ends with the targets as a checklist (met / NOT met).
 """
@@ -28,6 +40,7 @@ turn per call.  The report ends with the targets as a checklist (met / NOT met).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 import time
@@ -47,6 +60,10 @@ STANDARD_SHAPES = [(4, 20), (16, 768), (512, 768), (2048, 4096), (1_000_000, 8),
 CHANNELS_FIRST_SHAPE = (8, 64, 56, 56)
 IN_PLACE_SHAPE = (24, 64, 32, 32)  # 32 x 32 images: channel strides of a power of two bytes
 ADD_SHAPE = (2048, 4096)
+# The examples' sizes: one NumPy forward of each stack takes a few ms
+BLOCK_SIZE = {"d_model": 384, "n_heads": 6, "n_layers": 2, "batch": 1, "seq": 64}
+CONVNEXT_SHAPE = (8, 96, 56, 56)  # ConvNeXt-T's first stage
+EXAMPLES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "examples")
 
 # (what, the peer it is compared with, the largest ratio the targets allow)
 TARGETS = {
@@ -226,6 +243,43 @@ def add_comparisons(rng):
     return [layer, rms]
 
 
+def load_example(name):
+    """examples/<name>.py as a module (examples/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(f"examples_{name}", os.path.join(EXAMPLES_DIR, name + ".py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def block_comparisons(rng):
+    """The examples' NumPy forwards against torch's forwards of the same models; none without
+    torch, which the examples import."""
+    if not torch:
+        print("  torch not installed: the block rows are left out", file=sys.stderr)
+        return []
+    blocks, convnext = load_example("transformer_blocks"), load_example("convnext_norm")
+    seed = int(rng.integers(1 << 31))
+    comparisons = []
+    shape = "x".join(map(str, (BLOCK_SIZE["batch"], BLOCK_SIZE["seq"], BLOCK_SIZE["d_model"])))
+    for name, build in (("GPT-2", blocks.build_gpt2), ("Llama", blocks.build_llama)):
+        built = build(**BLOCK_SIZE, seed=seed)
+        comparison = Comparison(f"block {name} {BLOCK_SIZE['n_layers']} layers {shape} float32", {
+            "ours": threaded(built.numpy, built.input),
+            "torch": torch_threaded(built.torch, torch.from_numpy(built.input)),
+        }, [])
+        comparison.error = "" if blocks.difference(built) <= blocks.TOLERANCE else "WRONG"
+        comparisons.append(comparison)
+    built = convnext.build_convnext_norm(CONVNEXT_SHAPE, seed=seed)
+    comparison = Comparison(f"block ConvNeXt norm {'x'.join(map(str, CONVNEXT_SHAPE))} axis=1", {
+        "ours": threaded(built.numpy, built.input),
+        "torch": torch_threaded(built.torch_permute, torch.from_numpy(built.input)),
+        "copy": peers.copy(built.input),
+    }, [])
+    differences = convnext.forward_differences(built)
+    comparison.error = "" if max(differences.values()) <= convnext.TOLERANCE else "WRONG"
+    return comparisons + [comparison]
+
+
 def measure(comparisons, settings, thread_counts, fresh):
     for comparison in comparisons:
         if comparison.error:
@@ -290,6 +344,8 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--fresh", action="store_true")
     parser.add_argument("--markdown")
+    parser.add_argument("--cases", default="", metavar="SUBSTRING",
+                        help="time only the comparisons whose label contains SUBSTRING")
     arguments = parser.parse_args(argv)
     thread_counts = tuple(int(part) for part in arguments.threads.split(","))
     settings = timing.QUICK_SETTINGS if arguments.quick else timing.FULL_SETTINGS
@@ -297,7 +353,10 @@ def main(argv=None):
     load_at_start = os.getloadavg()
     started = time.perf_counter()
     with torch_no_grad():
-        comparisons = rms_comparisons(rng) + channels_first_comparisons(rng) + add_comparisons(rng)
+        comparisons = [comparison for comparison in rms_comparisons(rng) + channels_first_comparisons(rng)
+                       + add_comparisons(rng) + block_comparisons(rng) if arguments.cases in comparison.label]
+        if not comparisons:
+            parser.error(f"no comparison's label contains {arguments.cases!r}")
         # rounds: each comparison measured at several moments of the run, best kept
         best = {}
         for _ in range(settings.rounds):

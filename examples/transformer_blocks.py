@@ -7,8 +7,8 @@ Two stacks, each run by torch and by NumPy on the same input:
   are one call, ``layernorm.add_layer_norm``: it returns both the new residual stream and its
   normalized copy, reading the stream once::
 
-      h = h + attention(ln_1(h))         ->  h, y = add_layer_norm(attention(y), h, ...ln_2)
-      h = h + mlp(ln_2(h))               ->  h, y = add_layer_norm(mlp(y), h, ...next ln_1)
+      h = h + attention(ln_1(h))         ->  y, h = add_layer_norm(attention(y), h, ...ln_2)
+      h = h + mlp(ln_2(h))               ->  y, h = add_layer_norm(mlp(y), h, ...next ln_1)
 
 - Llama style: RMSNorm -> attention -> residual -> RMSNorm -> SwiGLU MLP -> residual, with
   torch's nn.RMSNorm, and ``layernorm.add_rms_norm`` in NumPy (no rotary embedding: position

@@ -243,3 +243,60 @@ def test_two_runs_reads_the_norm_familys_checklist(monkeypatch, tmp_path):
         "rms fwd 4x20 float32, 1 thread: ours / torch (target <= 0.5)": ("0.07", True),
         "add_rms_norm 2048x4096 float32 out=, 2 threads: ours / copy (target <= 2.2)": ("2.50", False),
         "rms fwd 4x20 float32, 1 thread: ours / ort (target <= 0.8)": ("n/a", None)}
+
+
+@pytest.fixture
+def small_family(monkeypatch, restore_runtime):
+    """benchmarks.family with small shapes; the thread counts its quick run sets put back after."""
+    monkeypatch.syspath_prepend(str(REPOSITORY))
+    from benchmarks import family, peers
+    monkeypatch.setattr(family, "STANDARD_SHAPES", [(4, 20)])
+    monkeypatch.setattr(family, "CHANNELS_FIRST_SHAPE", (2, 8, 4, 4))
+    monkeypatch.setattr(family, "IN_PLACE_SHAPE", (2, 8, 4, 4))
+    monkeypatch.setattr(family, "ADD_SHAPE", (8, 64))
+    monkeypatch.setattr(family, "BLOCK_SIZE", {"d_model": 32, "n_heads": 2, "n_layers": 2, "batch": 1, "seq": 8})
+    monkeypatch.setattr(family, "CONVNEXT_SHAPE", (1, 16, 4, 4))
+    torch_threads = peers.torch.get_num_threads() if peers.torch else None
+    yield family
+    peers.set_copy_threads(1)
+    if torch_threads:
+        peers.torch.set_num_threads(torch_threads)
+
+
+def family_rows(text):
+    """The case cells and the rest of the rows of the norm family's first table."""
+    table = text.split("## 1 thread")[1].split("## Targets")[0]
+    rows = [line.strip("| ").split(" | ") for line in table.splitlines() if line.startswith("| ")]
+    return {cells[0]: cells[1:] for cells in rows if cells[0] != "case"}
+
+
+def test_family_times_the_examples_against_torch(small_family, capsys):
+    if not small_family.torch:
+        pytest.skip("torch is not installed: the block rows compare with it")
+    small_family.main(["--quick", "--threads", "1", "--cases", "block"])
+    out = capsys.readouterr().out
+    rows = family_rows(out)
+    assert set(rows) == {"block GPT-2 2 layers 1x8x32 float32", "block Llama 2 layers 1x8x32 float32",
+                         "block ConvNeXt norm 1x16x4x4 axis=1"}
+    for label, cells in rows.items():
+        assert float(cells[0]) > 0 and float(cells[1]) > 0, label  # ours µs, ours / torch
+        assert cells[2] == cells[4] == "n/a"  # ort, unfused
+        assert (cells[3] != "n/a") == ("ConvNeXt" in label)  # copy: the ConvNeXt norm's floor only
+    assert out.split("## Targets")[1].strip() == ""
+
+
+def test_family_without_torch_leaves_the_block_rows_out(small_family, monkeypatch):
+    monkeypatch.setattr(small_family, "torch", None)
+    assert small_family.block_comparisons(np.random.default_rng(0)) == []
+
+
+def test_family_cases_keeps_the_labels_that_contain_it(small_family, capsys):
+    small_family.main(["--quick", "--threads", "1", "--cases", "channels-first"])
+    out = capsys.readouterr().out
+    assert set(family_rows(out)) == {"channels-first fwd 2x8x4x4 axis=1", "channels-first bwd 2x8x4x4 axis=1",
+                                     "channels-first fwd 2x8x4x4 axis=1 in place"}
+    assert all(line.startswith("- [") and " channels-first " in line
+               for line in out.split("## Targets")[1].strip().splitlines())
+    with pytest.raises(SystemExit) as raised:
+        small_family.main(["--quick", "--threads", "1", "--cases", "no such case"])
+    assert raised.value.code == 2
