@@ -111,6 +111,8 @@ typedef struct {
     PyObject *unsupported_dtype_error;  /* UnsupportedDTypeError, a TypeError subclass */
     PyObject *parameter_changed_error;  /* ParameterChangedError, a RuntimeError subclass */
     PyObject *axis_error;               /* NumPy's AxisError, raised as NumPy raises it */
+    PyObject *shares_memory;            /* np.shares_memory, NumPy's exact overlap test */
+    PyObject *too_hard_error;           /* NumPy's TooHardError, when that test gives up */
     PyObject *keywords[KW_COUNT];       /* interned keyword names */
     PyObject *result_memory;            /* NumPy memory handler (a capsule) over ln_buffers.c */
     int bfloat16_type_num;              /* ml_dtypes' bfloat16 once an array of it is seen, else -1 */
@@ -131,6 +133,8 @@ module_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(state->unsupported_dtype_error);
     Py_VISIT(state->parameter_changed_error);
     Py_VISIT(state->axis_error);
+    Py_VISIT(state->shares_memory);
+    Py_VISIT(state->too_hard_error);
     Py_VISIT(state->result_memory);
     for (int k = 0; k < KW_COUNT; k++) {
         Py_VISIT(state->keywords[k]);
@@ -145,6 +149,8 @@ module_clear(PyObject *module)
     Py_CLEAR(state->unsupported_dtype_error);
     Py_CLEAR(state->parameter_changed_error);
     Py_CLEAR(state->axis_error);
+    Py_CLEAR(state->shares_memory);
+    Py_CLEAR(state->too_hard_error);
     Py_CLEAR(state->result_memory);
     for (int k = 0; k < KW_COUNT; k++) {
         Py_CLEAR(state->keywords[k]);
@@ -918,6 +924,32 @@ arrays_overlap(PyArrayObject *a, PyArrayObject *b)
         return 1;
     }
     return a_lo < a_hi && b_lo < b_hi && a_lo < b_hi && b_lo < a_hi;
+}
+
+/* The work np.shares_memory may do on one pair of arrays before it gives up. */
+#define SHARES_MEMORY_MAX_WORK 100000
+
+/* 1 when an element of a and one of b share memory, else 0, or -1 with an exception set:
+   where their extents overlap, NumPy's exact test decides (interleaved halves of one buffer
+   share nothing), and counts as sharing where it gives up. */
+static int
+arrays_share_memory(module_state *state, PyArrayObject *a, PyArrayObject *b)
+{
+    if (!arrays_overlap(a, b)) {
+        return 0;
+    }
+    PyObject *shares = PyObject_CallFunction(state->shares_memory, "OOn", (PyObject *)a, (PyObject *)b,
+                                             (Py_ssize_t)SHARES_MEMORY_MAX_WORK);
+    if (!shares) {
+        if (!PyErr_ExceptionMatches(state->too_hard_error)) {
+            return -1;
+        }
+        PyErr_Clear();
+        return 1;
+    }
+    const int share = PyObject_IsTrue(shares);
+    Py_DECREF(shares);
+    return share;
 }
 
 /* 1 when two elements of `a` may share memory (a zero stride, or axes whose steps interleave),
@@ -1749,8 +1781,12 @@ forward(module_state *state, const norm_kind *kind, const char *what, const forw
         if (!sum) {
             goto done;
         }
-        if (arrays_overlap(output, sum)) {
-            PyErr_SetString(PyExc_ValueError, "out and residual_out overlap: the output would overwrite the sum");
+        const int share = arrays_share_memory(state, output, sum);
+        if (share != 0) {
+            if (share > 0) {
+                PyErr_SetString(PyExc_ValueError,
+                                "out and residual_out overlap: the output would overwrite the sum");
+            }
             goto done;
         }
     }
@@ -3455,9 +3491,11 @@ layernorm_exec(PyObject *module)
         exceptions = numpy;
     }
     state->axis_error = PyObject_GetAttrString(exceptions, "AxisError");
+    state->too_hard_error = state->axis_error ? PyObject_GetAttrString(exceptions, "TooHardError") : NULL;
+    state->shares_memory = state->too_hard_error ? PyObject_GetAttrString(numpy, "shares_memory") : NULL;
     Py_DECREF(exceptions);
     Py_DECREF(numpy);
-    if (!state->axis_error) {
+    if (!state->shares_memory) {
         return -1;
     }
     return apply_environment();

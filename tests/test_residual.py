@@ -254,6 +254,34 @@ def test_residual_out_strided(kind):
     assert bits(out) == bits(kind.forward(x + residual, (17,), w, b))
 
 
+# out and residual_out in one buffer, sharing no element: (buffer shape, out's part, residual_out's part)
+SHARED_BUFFERS = {
+    "column-halves": ((6, 34), np.s_[:, :17], np.s_[:, 17:]),
+    "alternate-rows": ((12, 17), np.s_[::2], np.s_[1::2]),
+    "alternate-elements": ((6, 34), np.s_[:, ::2], np.s_[:, 1::2]),
+}
+
+
+@pytest.mark.parametrize("layout", list(SHARED_BUFFERS))
+@pytest.mark.parametrize("kind", KINDS, ids=str)
+def test_out_and_residual_out_may_share_a_buffer(kind, layout):
+    buffer_shape, out_part, sum_part = SHARED_BUFFERS[layout]
+    x, residual, w, b = case_data(np.float32, (6, 17), (17,), kind.affines[0], seed=6)
+    buffer = np.zeros(buffer_shape, np.float32)
+    out, total = kind.add(x, residual, (17,), w, b, out=buffer[out_part], residual_out=buffer[sum_part])
+    assert bits(buffer[sum_part]) == bits(x + residual)
+    assert bits(buffer[out_part]) == bits(kind.forward(x + residual, (17,), w, b))
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=str)
+def test_out_overlapping_residual_out_is_refused(kind):
+    x, residual, w, b = case_data(np.float32, (6, 17), (17,), kind.affines[0], seed=6)
+    buffer = np.zeros((6, 20), np.float32)
+    with pytest.raises(ValueError, match="^out and residual_out overlap: the output would overwrite the sum$"):
+        kind.add(x, residual, (17,), w, b, out=buffer[:, :17], residual_out=buffer[:, 3:])
+    np.testing.assert_array_equal(buffer, 0.0)
+
+
 @pytest.mark.parametrize("kind", KINDS, ids=str)
 def test_fortran_input_fortran_output(kind):
     x, residual, w, b = case_data(np.float32, (2, 8, 3, 5), (8,), kind.affines[0], seed=6)
