@@ -19,8 +19,8 @@ typedef float ln_vf __attribute__((vector_size(32)));   /* __m256 */
 #define LN_VD_PER_GROUP 4
 #define LN_VF_PER_GROUP 2
 #define LN_AFFINE_LOOP_APART 1
-#define LN_ROWS8_F32_TRANSPOSE 0
-#define LN_GF_TRANSPOSE 0
+#define LN_ROWS8_F32_TRANSPOSE 1  /* rows8_f32_to_columns and rows8_f32_from_columns, below */
+#define LN_GF_TRANSPOSE 1  /* gf_transpose, below */
 #define LN_BF16_PAIR_STORE 0
 #define LN_LANE_REDUCTIONS 1  /* gd_sum_lanes and gf_largest_lane, below */
 #define LN_GF_KEEP 1          /* gf_kept: AVX registers */
@@ -201,6 +201,86 @@ static LN_ALWAYS_INLINE void piece_stream(char *p, const char *from)
 {
     assert(((uintptr_t)p & 15) == 0);
     _mm_stream_si128((__m128i *)p, _mm_loadu_si128((const __m128i *)from));
+}
+
+/* 16 rows of 8 float32 elements, one after another, turned in registers between rows and
+   columns (see short_rows_to_columns): rows holds 128 elements, and columns[i] element i of
+   each row, as 16 float32 in its first 64 bytes.  Each 8 rows are an 8x8 matrix, transposed in
+   three rounds of 8: in-lane unpacks pair rows 2j and 2j + 1, in-lane shuffles gather 4 rows of
+   a column (column c in the low half, c + 4 in the high), and cross-lane permutes join rows 0-3
+   and 4-7.  A transpose undoes itself, so the way back is the same.  Element by element it was
+   128 loads and 128 stores each way. */
+static LN_ALWAYS_INLINE void transpose8_f32(__m256 m[8])
+{
+    __m256 pairs[8], quads[8];
+    for (int j = 0; j < 4; j++) {
+        pairs[2 * j] = _mm256_unpacklo_ps(m[2 * j], m[2 * j + 1]);
+        pairs[2 * j + 1] = _mm256_unpackhi_ps(m[2 * j], m[2 * j + 1]);
+    }
+    for (int h = 0; h < 2; h++) {  /* rows 4h .. 4h + 3 */
+        const __m256 *p = pairs + 4 * h;
+        quads[4 * h + 0] = _mm256_shuffle_ps(p[0], p[2], _MM_SHUFFLE(1, 0, 1, 0));
+        quads[4 * h + 1] = _mm256_shuffle_ps(p[0], p[2], _MM_SHUFFLE(3, 2, 3, 2));
+        quads[4 * h + 2] = _mm256_shuffle_ps(p[1], p[3], _MM_SHUFFLE(1, 0, 1, 0));
+        quads[4 * h + 3] = _mm256_shuffle_ps(p[1], p[3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int c = 0; c < 4; c++) {
+        m[c] = _mm256_permute2f128_ps(quads[c], quads[4 + c], 0x20);
+        m[c + 4] = _mm256_permute2f128_ps(quads[c], quads[4 + c], 0x31);
+    }
+}
+
+static LN_ALWAYS_INLINE void rows8_f32_to_columns(const float *rows, double columns[16][16])
+{
+    for (int half = 0; half < 2; half++) {  /* rows 8 * half .. 8 * half + 7 */
+        __m256 m[8];
+        for (int r = 0; r < 8; r++) {
+            m[r] = _mm256_loadu_ps(rows + 64 * half + 8 * r);
+        }
+        transpose8_f32(m);
+        for (int i = 0; i < 8; i++) {
+            _mm256_storeu_ps((float *)columns[i] + 8 * half, m[i]);
+        }
+    }
+}
+
+static LN_ALWAYS_INLINE void rows8_f32_from_columns(double columns[16][16], float *rows)
+{
+    for (int half = 0; half < 2; half++) {
+        __m256 m[8];
+        for (int i = 0; i < 8; i++) {
+            m[i] = _mm256_loadu_ps((const float *)columns[i] + 8 * half);
+        }
+        transpose8_f32(m);
+        for (int r = 0; r < 8; r++) {
+            _mm256_storeu_ps(rows + 64 * half + 8 * r, m[r]);
+        }
+    }
+}
+
+/* 16 groups turned in registers: lane k of group i to lane i of group k (a 16x16 matrix of
+   float32 transposed), as four 8x8 transposes: the block of groups 8R .. 8R + 7, lanes
+   8C .. 8C + 7 (their vectors v[C]) goes transposed to groups 8C .. 8C + 7, vectors v[R]. */
+static LN_ALWAYS_INLINE void gf_transpose(gf groups[16])
+{
+    __m256 blocks[2][2][8];
+    for (int r = 0; r < 16; r++) {
+        for (int c = 0; c < 2; c++) {
+            blocks[r / 8][c][r % 8] = (__m256)groups[r].v[c];
+        }
+    }
+    for (int r = 0; r < 2; r++) {
+        for (int c = 0; c < 2; c++) {
+            transpose8_f32(blocks[r][c]);
+        }
+    }
+    for (int r = 0; r < 2; r++) {
+        for (int c = 0; c < 2; c++) {
+            for (int i = 0; i < 8; i++) {
+                groups[8 * c + i].v[r] = (ln_vf)blocks[r][c][i];
+            }
+        }
+    }
 }
 
 /* Non-temporal stores are weakly ordered: finish them before the output is handed on. */

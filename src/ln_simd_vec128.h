@@ -30,8 +30,8 @@ typedef float ln_vf __attribute__((vector_size(16)));
 #else
 #define LN_AFFINE_LOOP_APART 0  /* SSE2: the loops' tests are small beside its emulated fma */
 #endif
-#define LN_ROWS8_F32_TRANSPOSE 0
-#define LN_GF_TRANSPOSE 0
+#define LN_ROWS8_F32_TRANSPOSE 1  /* rows8_f32_to_columns and rows8_f32_from_columns, below */
+#define LN_GF_TRANSPOSE 1  /* gf_transpose, below */
 #define LN_BF16_PAIR_STORE 0
 
 #include "ln_simd_group.h"
@@ -337,6 +337,88 @@ static LN_ALWAYS_INLINE void gf_stream(float *p, gf a)
 {
     assert(((uintptr_t)p & 63) == 0);
     gf_stream16(p, a);
+}
+
+/* The 4x4 transpose of float32 m[0..3] (m[r] holds row r): m[c] then holds column c.  Rows
+   0 and 1, 2 and 3 interleaved element by element, then those pairs interleaved two elements
+   at a time (SSE's _MM_TRANSPOSE4_PS does the same in its own shuffles). */
+static LN_ALWAYS_INLINE void transpose4_f32(ln_vf m[4])
+{
+#if defined(__aarch64__)
+    const float32x4_t t0 = vzip1q_f32((float32x4_t)m[0], (float32x4_t)m[1]);
+    const float32x4_t t1 = vzip2q_f32((float32x4_t)m[0], (float32x4_t)m[1]);
+    const float32x4_t t2 = vzip1q_f32((float32x4_t)m[2], (float32x4_t)m[3]);
+    const float32x4_t t3 = vzip2q_f32((float32x4_t)m[2], (float32x4_t)m[3]);
+    m[0] = (ln_vf)vzip1q_f64((float64x2_t)t0, (float64x2_t)t2);
+    m[1] = (ln_vf)vzip2q_f64((float64x2_t)t0, (float64x2_t)t2);
+    m[2] = (ln_vf)vzip1q_f64((float64x2_t)t1, (float64x2_t)t3);
+    m[3] = (ln_vf)vzip2q_f64((float64x2_t)t1, (float64x2_t)t3);
+#else
+    __m128 r0 = (__m128)m[0], r1 = (__m128)m[1], r2 = (__m128)m[2], r3 = (__m128)m[3];
+    _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+    m[0] = (ln_vf)r0;
+    m[1] = (ln_vf)r1;
+    m[2] = (ln_vf)r2;
+    m[3] = (ln_vf)r3;
+#endif
+}
+
+/* 16 rows of 8 float32 elements, one after another, turned in registers between rows and
+   columns (see short_rows_to_columns): rows holds 128 elements, and columns[i] element i of
+   each row, as 16 float32 in its first 64 bytes; each 4 rows by 4 columns a 4x4 transpose.
+   A transpose undoes itself, so the way back is the same.  Element by element it was 128
+   loads and 128 stores each way. */
+static LN_ALWAYS_INLINE void rows8_f32_to_columns(const float *rows, double columns[16][16])
+{
+    for (int a = 0; a < 4; a++) {      /* rows 4a .. 4a + 3 */
+        for (int c = 0; c < 2; c++) {  /* columns 4c .. 4c + 3 */
+            ln_vf m[4];
+            for (int r = 0; r < 4; r++) {
+                m[r] = *(const ln_vf_mem *)(rows + 8 * (4 * a + r) + 4 * c);
+            }
+            transpose4_f32(m);
+            for (int j = 0; j < 4; j++) {
+                *(ln_vf_mem *)((float *)columns[4 * c + j] + 4 * a) = m[j];
+            }
+        }
+    }
+}
+
+static LN_ALWAYS_INLINE void rows8_f32_from_columns(double columns[16][16], float *rows)
+{
+    for (int a = 0; a < 4; a++) {
+        for (int c = 0; c < 2; c++) {
+            ln_vf m[4];
+            for (int j = 0; j < 4; j++) {
+                m[j] = *(const ln_vf_mem *)((const float *)columns[4 * c + j] + 4 * a);
+            }
+            transpose4_f32(m);
+            for (int r = 0; r < 4; r++) {
+                *(ln_vf_mem *)(rows + 8 * (4 * a + r) + 4 * c) = m[r];
+            }
+        }
+    }
+}
+
+/* 16 groups turned in registers: lane k of group i to lane i of group k (a 16x16 matrix of
+   float32 transposed), as sixteen 4x4 transposes: the block of groups 4R .. 4R + 3, lanes
+   4C .. 4C + 3 (their vectors v[C]) goes transposed to groups 4C .. 4C + 3, vectors v[R]. */
+static LN_ALWAYS_INLINE void gf_transpose(gf groups[16])
+{
+    gf turned[16];
+    for (int r = 0; r < 4; r++) {
+        for (int c = 0; c < 4; c++) {
+            ln_vf m[4];
+            for (int i = 0; i < 4; i++) {
+                m[i] = groups[4 * r + i].v[c];
+            }
+            transpose4_f32(m);
+            for (int i = 0; i < 4; i++) {
+                turned[4 * c + i].v[r] = m[i];
+            }
+        }
+    }
+    memcpy(groups, turned, sizeof(turned));
 }
 
 #endif
