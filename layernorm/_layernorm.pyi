@@ -67,8 +67,8 @@ def training_forward(
     axis: _Axis = None,
 ) -> Tuple[_FloatArray, Tuple[_FloatArray, bytes]]:
     """native_layer_norm for LayerNorm's training mode: (output, (input, stats)), input a private
-    C-contiguous copy, stats the rows' mean then rstd, then the weight and bias used, as bytes;
-    saved_backward reads them."""
+    copy in the input's memory order, stats the rows' mean then rstd, then the weight and bias
+    used, as bytes; saved_backward reads them."""
 
 def layer_norm_backward(
     grad_output: npt.ArrayLike,

@@ -931,24 +931,32 @@ arrays_overlap(PyArrayObject *a, PyArrayObject *b)
 
 /* 1 when an element of a and one of b share memory, else 0, or -1 with an exception set:
    where their extents overlap, NumPy's exact test decides (interleaved halves of one buffer
-   share nothing), and counts as sharing where it gives up. */
+   share nothing), and counts as sharing where it gives up.  It is given base-class views, so
+   that no subclass's __array_function__ (the caller's code) runs after the checks. */
 static int
 arrays_share_memory(module_state *state, PyArrayObject *a, PyArrayObject *b)
 {
     if (!arrays_overlap(a, b)) {
         return 0;
     }
-    PyObject *shares = PyObject_CallFunction(state->shares_memory, "OOn", (PyObject *)a, (PyObject *)b,
-                                             (Py_ssize_t)SHARES_MEMORY_MAX_WORK);
-    if (!shares) {
-        if (!PyErr_ExceptionMatches(state->too_hard_error)) {
-            return -1;
-        }
-        PyErr_Clear();
-        return 1;
+    int share = -1;
+    PyObject *shares = NULL;
+    PyObject *a_view = PyArray_View(a, NULL, &PyArray_Type);
+    PyObject *b_view = a_view ? PyArray_View(b, NULL, &PyArray_Type) : NULL;
+    if (b_view) {
+        shares = PyObject_CallFunction(state->shares_memory, "OOn", a_view, b_view,
+                                       (Py_ssize_t)SHARES_MEMORY_MAX_WORK);
     }
-    const int share = PyObject_IsTrue(shares);
-    Py_DECREF(shares);
+    if (shares) {
+        share = PyObject_IsTrue(shares);
+    }
+    else if (b_view && PyErr_ExceptionMatches(state->too_hard_error)) {
+        PyErr_Clear();
+        share = 1;
+    }
+    Py_XDECREF(a_view);
+    Py_XDECREF(b_view);
+    Py_XDECREF(shares);
     return share;
 }
 
@@ -2324,8 +2332,8 @@ PyDoc_STRVAR(training_forward_doc,
 "--\n"
 "\n"
 "native_layer_norm that also returns what saved_backward needs to read later:\n"
-"(output, (input, stats)), where input holds the input's values in a C-contiguous\n"
-"array that nothing else refers to (the array made from a list when there is one, else\n"
+"(output, (input, stats)), where input holds the input's values, in its memory order, in\n"
+"an array that nothing else refers to (the array made from a list when there is one, else\n"
 "a copy), so that changing the caller's array afterwards cannot change the gradients,\n"
 "and stats is a bytes object holding the mean and then the rstd of every row, then the\n"
 "weight and the bias as the kernel read them.  Used by LayerNorm in training mode.\n");
@@ -2669,7 +2677,7 @@ part_normalize(module_state *state, const norm_kind *kind, const char *what, con
     axis_arg axis;
     norm_axes ax;
     npy_intp rows;
-    Py_ssize_t row_len;
+    Py_ssize_t row_len = 0;
 
     /* every conversion before any look at an array (see forward) */
     if (parse_normalized_shape(objs->normalized_shape, &ns) < 0 || !(input = as_array(objs->input))) {
@@ -2693,6 +2701,12 @@ part_normalize(module_state *state, const norm_kind *kind, const char *what, con
     if (parse_axis(objs->axis, &ns, &axis) < 0) {
         goto done;
     }
+    if (is_given(objs->row_len)) {
+        row_len = PyNumber_AsSsize_t(objs->row_len, PyExc_OverflowError);
+        if (row_len == -1 && PyErr_Occurred()) {
+            goto done;
+        }
+    }
     const int dtype = kernel_dtype(state, input, what);
     if (dtype < 0) {
         goto done;
@@ -2705,12 +2719,10 @@ part_normalize(module_state *state, const norm_kind *kind, const char *what, con
     if (resolve_axes(state, kind->kernel, &axis, input, &ns, &ax) < 0 || batch_size(input, &ax, &rows) < 0) {
         goto done;
     }
-    row_len = (Py_ssize_t)ns.size;
-    if (is_given(objs->row_len)) {
-        row_len = PyNumber_AsSsize_t(objs->row_len, PyExc_OverflowError);
-        if (row_len == -1 && PyErr_Occurred()) {
-            goto done;
-        }
+    if (!is_given(objs->row_len)) {
+        row_len = (Py_ssize_t)ns.size;
+    }
+    else {
         if (row_len < (Py_ssize_t)ns.size) {
             PyErr_Format(PyExc_ValueError, "%s: row_len must be the whole row's length, at least the part's "
                          "(%zd); got %zd", what, (Py_ssize_t)ns.size, row_len);

@@ -852,6 +852,11 @@ CASES = {
         "Shrinking(w, np.zeros(2**20, np.float32))))(np.ones((2, 2**20), np.float32), np.ones(2**20, np.float32))",
         ValueError, "Expected weight to be of same shape as normalized_shape, but got weight of shape [1] and "
         "normalized_shape = [1048576]", isolated=True),
+    "_layer_norm_part_normalize-row-len-shrinks-weight": Case(
+        "(lambda w: layernorm._layernorm._layer_norm_part_normalize(np.ones((2, 2**20), np.float32), 2**20, "
+        "np.zeros(2), np.ones(2), w, None, row_len=Shrinking(w, 2**20)))(np.ones(2**20, np.float32))",
+        ValueError, "Expected weight to be of same shape as normalized_shape, but got weight of shape [1] and "
+        "normalized_shape = [1048576]", isolated=True),
     "add_layer_norm-no-residual": Case(
         "layernorm.add_layer_norm(x, normalized_shape=4)", TypeError,
         "add_layer_norm() missing 1 required positional argument: 'residual'"),
@@ -922,6 +927,27 @@ class Retyping:  # an eps whose conversion makes x's bytes float16 elements, (2,
         x.dtype = np.float16
         return 1e-5
 """
+
+
+SUBCLASS_SETUP = SETUP + """
+N = 2**20
+w = np.ones(N, np.float32)
+hooks = []
+class Hooked(np.ndarray):  # results whose __array_function__ would shrink the weight
+    def __array_function__(self, func, types, args, kwargs):
+        hooks.append(func.__name__)
+        w.resize((1,), refcheck=False)
+        return super().__array_function__(func, types, args, kwargs)
+buffer = np.zeros((2, 2 * N), np.float32).view(Hooked)
+"""
+
+
+def test_results_of_an_array_subclass_run_none_of_its_code_after_the_checks():
+    # the test of out= against residual_out= in one buffer went through np.shares_memory, which
+    # hands a subclass to its __array_function__: the weight shrank under the kernel
+    outcome = run_in_child("(layernorm.add_layer_norm(np.ones((2, N), np.float32), np.ones((2, N), np.float32), N, w, "
+                           "out=buffer[:, :N], residual_out=buffer[:, N:]), (hooks, w.shape))[1]", SUBCLASS_SETUP)
+    assert (outcome.error, outcome.message) == (None, "([], (1048576,))")
 
 
 def test_an_eps_that_retypes_the_input_gets_the_kernel_of_the_new_dtype():
