@@ -648,3 +648,31 @@ def test_backward_streamed_dx_same_bits(shape, dtype, threads, restore_runtime):
     for name, g, e in zip(("dx", "dweight", "dbias"), got, expected):
         assert same_bits(g, e), name
     assert_backward_matches_reference(got, dy, x, n, w, dtype)
+
+
+# Streamed dx whose rows lie a multiple of 2 KiB apart (so that a group's rows' lines share
+# their offsets in a page) goes two groups of columns of a row at a time: each row's dx keeps
+# the bits of the same rows backward on their own (not streamed), and dweight and dbias those
+# of the call without dx (not streamed either), at every level and thread count.
+PAGE_COLLIDING_CASES = [(1024, 1024), (2048, 512), (512, 2048), (1024, 1040)]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("shape", PAGE_COLLIDING_CASES, ids=[f"{r}x{n}" for r, n in PAGE_COLLIDING_CASES])
+def test_backward_streamed_dx_of_page_colliding_rows_same_bits(shape, level, threads, restore_runtime):
+    n = shape[-1]
+    x = make_input(shape, np.float32, seed=n, offset=5.0)
+    dy = make_input(shape, np.float32, seed=n + 1)
+    w, b = make_params((n,), np.float32, "weight+bias")
+    _, mean, rstd = layernorm.native_layer_norm(x, (n,), w, b, 1e-5)
+    layernorm.set_num_threads(threads)
+    layernorm.set_simd_level(level)
+    dx, dweight, dbias = layernorm.layer_norm_backward(dy, x, (n,), mean, rstd, w, b)
+    _, dweight_alone, dbias_alone = layernorm.layer_norm_backward(dy, x, (n,), mean, rstd, w, b,
+                                                                  output_mask=(False, True, True))
+    assert same_bits(dweight, dweight_alone) and same_bits(dbias, dbias_alone)
+    for rows in (slice(0, 9), slice(500, 507), slice(shape[0] - 5, shape[0])):
+        dx_rows, _, _ = layernorm.layer_norm_backward(dy[rows], x[rows], (n,), mean[rows], rstd[rows], w, b)
+        assert same_bits(dx[rows], dx_rows), rows
+    assert_backward_matches_reference((dx, dweight, dbias), dy, x, n, w, np.float32)
