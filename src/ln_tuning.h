@@ -2,8 +2,8 @@
  * ln_tuning.h -- every tuning threshold of the kernel layer, each with its reason.
  *
  * Timings quoted are from the machine they were measured on (AMD EPYC, 2 threads unless
- * said otherwise).  None of these changes a result bit except LN_CHUNK, LN_F16_BLOCK and
- * LN_GRAD_SUM_BLOCK, which fix the order of the sums.
+ * said otherwise).  None of these changes a result bit except LN_CHUNK, LN_F16_BLOCK,
+ * LN_GRAD_SUM_BLOCK and LN_GRAD_ROWS, which fix the order of the sums.
  */
 #ifndef LN_TUNING_H
 #define LN_TUNING_H
@@ -59,7 +59,9 @@
 /* ------------------------------------------------------------------------ */
 
 /* Rows that make backward pass 2 together: their terms of a column are summed in
-   registers, and dweight and dbias go to memory once per group instead of once per row. */
+   registers, and dweight and dbias go to memory once per group instead of once per row.
+   Those float32 sums of a group fix the order of dweight's and dbias' sums: changing this
+   changes their bits. */
 #define LN_GRAD_ROWS 4
 
 /* Row blocks for the parameter gradients: enough to share evenly among threads, one for
