@@ -1859,17 +1859,20 @@ typedef struct {
     int want_dx, paired;  /* dx asked for; columns two groups at a time (grad_dx_rows_collide) */
 } grad_apply_rows;
 
-/* Whether the non-temporal dx stores of a group's rows, a line of one row after a line of the
-   next, would go to lines of the same offset in a 4 KiB page (rows 1024 float32 elements
-   apart, or 512, 2048, ...): streamed so, those rows' dx took 1.2x-1.6x the time of cached
-   stores (2-core AVX2 EPYC, one thread, 2**22 float32 elements in rows of 512 to 4096), and
-   two groups of a row at a time, 128 bytes before the next row's, took 0.7x-0.9x of it. */
-static LN_ALWAYS_INLINE int grad_dx_rows_collide(const ln_grad_rows *group)
+/* Whether a group's dx, written as dx_store says, goes by non-temporal stores to rows whose
+   lines share their offsets in a 4 KiB page (rows 2048 bytes apart, or a multiple of it: rows
+   of 512, 1024, 2048 ... float32 elements), stores that pass 2 would alternate between the
+   rows a line at a time.  Streamed so, those rows' dx took 1.2x-1.6x the time of cached stores
+   (2-core AVX2 EPYC, one thread, 2**22 float32 elements in rows of 512 to 4096), and two groups
+   of a row at a time, 128 bytes before the next row's, took 0.7x-0.9x of it.  Any two of a
+   group's rows are 1 to 3 rows apart, so they collide only where one row's length does,
+   modulo 2048. */
+static LN_ALWAYS_INLINE int grad_dx_rows_collide(const ln_grad_rows *group, ln_store dx_store)
 {
-    if (group->count < 2 || !grad_dx_store(group)) {
+    if (group->count < 2 || dx_store == LN_STORE_CACHED || !group->dx[0]) {
         return 0;
     }
-    const uintptr_t apart = ((uintptr_t)group->dx[1] - (uintptr_t)group->dx[0]) % 2048;  /* rows 1 or 2 apart */
+    const uintptr_t apart = ((uintptr_t)group->dx[1] - (uintptr_t)group->dx[0]) % 2048;
     return apart < 64 || apart > 2048 - 64;
 }
 
@@ -1880,7 +1883,7 @@ static LN_ALWAYS_INLINE void grad_apply_start(grad_apply_rows *rows, const ln_gr
     rows->set_sums = group->set_sums;
     rows->prefetch = group->next_x[0] != NULL;
     rows->want_dx = group->dx[0] != NULL;
-    rows->paired = grad_dx_rows_collide(group);
+    rows->paired = grad_dx_rows_collide(group, rows->dx_store);
     for (int k = 0; k < count; k++) {
         rows->next_dy[k] = group->next_dy[k] ? group->next_dy[k] : group->dy[k];
         rows->next_x[k] = group->next_x[k] ? group->next_x[k] : group->x[k];
@@ -1897,13 +1900,13 @@ static LN_ALWAYS_INLINE void grad_apply_start(grad_apply_rows *rows, const ln_gr
 /* Row k's terms of the group of 16 columns at j: its dx stored, dy * xhat and dy added into
    the group's sums of the columns (want_sums: bit 0 dweight's, bit 1 dbias'). */
 static LN_ALWAYS_INLINE void grad_apply_term(ln_norm_kind kind, ln_dtype dtype, const grad_apply_rows *rows, int k,
-                                             ptrdiff_t j, const gf *w, int want_dx, gf *group_dweight,
-                                             gf *group_dbias, int want_sums)
+                                             ptrdiff_t j, const gf *w, gf *group_dweight, gf *group_dbias,
+                                             int want_sums)
 {
     const gf dy_v = load_as_f32(dtype, rows->dy[k], j);
     const gf value_x = load_as_f32(dtype, rows->x[k], j);
     const gf xc = kind == LN_NORM_LAYER ? gf_sub(value_x, rows->mean_v[k]) : value_x;
-    if (want_dx) {
+    if (rows->want_dx) {
         grad_store_dx(dtype, rows->dx_store, rows->dx[k], j,
                       grad_dx(kind, w ? gf_mul(dy_v, *w) : dy_v, xc, rows->rstd_v[k], rows->xc_scale_v[k],
                               rows->offset_v[k]));
@@ -1937,7 +1940,7 @@ static LN_ALWAYS_INLINE void grad_apply_columns(ln_norm_kind kind, ln_dtype dtyp
                                                 int count, const float *weight, ptrdiff_t begin, ptrdiff_t end,
                                                 double *dweight, double *dbias)
 {
-    const int want_dx = rows->want_dx, want_sums = (dweight ? 1 : 0) | (dbias ? 2 : 0);
+    const int want_sums = (dweight ? 1 : 0) | (dbias ? 2 : 0);
     const ptrdiff_t size = (ptrdiff_t)ln_dtype_size(dtype);
     ptrdiff_t j = begin;
     for (; rows->paired && j + 32 <= end; j += 32) {
@@ -1948,8 +1951,8 @@ static LN_ALWAYS_INLINE void grad_apply_columns(ln_norm_kind kind, ln_dtype dtyp
             if (rows->prefetch) {
                 grad_prefetch_next(rows->next_dy[k], rows->next_x[k], j * size, 2 * group_bytes_of(dtype));
             }
-            grad_apply_term(kind, dtype, rows, k, j, weight ? &w0 : NULL, want_dx, &dweight0, &dbias0, want_sums);
-            grad_apply_term(kind, dtype, rows, k, j + 16, weight ? &w1 : NULL, want_dx, &dweight1, &dbias1, want_sums);
+            grad_apply_term(kind, dtype, rows, k, j, weight ? &w0 : NULL, &dweight0, &dbias0, want_sums);
+            grad_apply_term(kind, dtype, rows, k, j + 16, weight ? &w1 : NULL, &dweight1, &dbias1, want_sums);
         }
         grad_apply_sums(rows, j, dweight0, dbias0, dweight, dbias);
         grad_apply_sums(rows, j + 16, dweight1, dbias1, dweight, dbias);
@@ -1961,7 +1964,7 @@ static LN_ALWAYS_INLINE void grad_apply_columns(ln_norm_kind kind, ln_dtype dtyp
             if (rows->prefetch) {
                 grad_prefetch_next(rows->next_dy[k], rows->next_x[k], j * size, group_bytes_of(dtype));
             }
-            grad_apply_term(kind, dtype, rows, k, j, weight ? &w : NULL, want_dx, &group_dweight, &group_dbias, want_sums);
+            grad_apply_term(kind, dtype, rows, k, j, weight ? &w : NULL, &group_dweight, &group_dbias, want_sums);
         }
         grad_apply_sums(rows, j, group_dweight, group_dbias, dweight, dbias);
     }

@@ -2,8 +2,10 @@
  * ln_tuning.h -- every tuning threshold of the kernel layer, each with its reason.
  *
  * Timings quoted are from the machine they were measured on (AMD EPYC, 2 threads unless
- * said otherwise).  None of these changes a result bit except LN_CHUNK, LN_F16_BLOCK,
- * LN_GRAD_SUM_BLOCK and LN_GRAD_ROWS, which fix the order of the sums.
+ * said otherwise).  The constants under "Summation order" fix the order of the statistics'
+ * sums; LN_GRAD_ROWS, and those that decide backward's row blocks and column spans
+ * (LN_PARALLEL_MIN_ELEMENTS, LN_SPLIT_ROW_MIN, LN_COLUMN_SPANS_MIN, LN_GRAD_BLOCKS,
+ * LN_GRAD_PARTIALS_MAX), fix the order of dweight's and dbias'.  The others change no bit.
  */
 #ifndef LN_TUNING_H
 #define LN_TUNING_H
