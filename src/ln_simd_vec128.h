@@ -229,24 +229,43 @@ static LN_ALWAYS_INLINE gf gf_load_f16(const uint16_t *p)
     return r;
 }
 
-static LN_ALWAYS_INLINE void gf_store_f16(uint16_t *p, gf a)
+/* Four 16-bit elements, float16 or bfloat16. */
+typedef uint16_t ln_vu16 __attribute__((vector_size(8)));
+typedef ln_vu16 ln_vu16_mem __attribute__((aligned(1), may_alias));
+
+/* 8 16-bit elements, two vectors of 4, by one 16-byte store: a 16-byte load of them (the
+   streaming store's, halves_stream) cannot take its bytes from two 8-byte stores still in
+   flight, and would wait for both to reach the cache. */
+static LN_ALWAYS_INLINE void halves_store8(uint16_t *p, ln_vu16 low, ln_vu16 high)
 {
 #if defined(__aarch64__)
-    FOR_VF(k) { vst1_u16(p + 4 * k, vreinterpret_u16_f16(vcvt_f16_f32((float32x4_t)a.v[k]))); }
+    vst1q_u16(p, vcombine_u16((uint16x4_t)low, (uint16x4_t)high));
 #else
-    FOR_VF(k) {
-        for (int lane = 0; lane < 4; lane++) {
-            p[4 * k + lane] = ln_float_to_half(a.v[k][lane]);
-        }
-    }
+    uint64_t low_bits, high_bits;
+    memcpy(&low_bits, &low, sizeof low_bits);
+    memcpy(&high_bits, &high, sizeof high_bits);
+    _mm_storeu_si128((__m128i *)p, _mm_set_epi64x((long long)high_bits, (long long)low_bits));
 #endif
+}
+
+static LN_ALWAYS_INLINE ln_vu16 f16_narrowed(ln_vf a)
+{
+#if defined(__aarch64__)
+    return (ln_vu16)vreinterpret_u16_f16(vcvt_f16_f32((float32x4_t)a));
+#else
+    return (ln_vu16){ln_float_to_half(a[0]), ln_float_to_half(a[1]), ln_float_to_half(a[2]),
+                     ln_float_to_half(a[3])};
+#endif
+}
+
+static LN_ALWAYS_INLINE void gf_store_f16(uint16_t *p, gf a)
+{
+    halves_store8(p, f16_narrowed(a.v[0]), f16_narrowed(a.v[1]));
+    halves_store8(p + 8, f16_narrowed(a.v[2]), f16_narrowed(a.v[3]));
 }
 
 /* bfloat16: the lanes widened and narrowed as the compiler does it for the target (NEON's
    vmovl/vmovn, SSE2's unpacks and shuffles). */
-typedef uint16_t ln_vu16 __attribute__((vector_size(8)));
-typedef ln_vu16 ln_vu16_mem __attribute__((aligned(1), may_alias));
-
 static LN_ALWAYS_INLINE gf gf_load_bf16(const uint16_t *p)
 {
     gf r;
@@ -256,7 +275,10 @@ static LN_ALWAYS_INLINE gf gf_load_bf16(const uint16_t *p)
 
 static LN_ALWAYS_INLINE void gf_store_bf16(uint16_t *p, gf a, int nan_lanes)
 {
-    FOR_VF(k) { *(ln_vu16_mem *)(p + 4 * k) = __builtin_convertvector(bf16_rounded(a.v[k], nan_lanes), ln_vu16); }
+    ln_vu16 narrowed[LN_VF_PER_GROUP];
+    FOR_VF(k) { narrowed[k] = __builtin_convertvector(bf16_rounded(a.v[k], nan_lanes), ln_vu16); }
+    halves_store8(p, narrowed[0], narrowed[1]);
+    halves_store8(p + 8, narrowed[2], narrowed[3]);
 }
 
 /* Streaming stores (p 64-byte aligned), 16-byte streaming stores (p 16-byte aligned, also
