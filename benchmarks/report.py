@@ -287,24 +287,28 @@ def header_lines(options, load_at_start, load_at_end):
 # ----------------------------------------------------------------------------- tables
 
 
-def run_sweep_script(doc, measure, report, argv=None):
+def run_sweep_script(doc, measure, report, argv=None, add_options=None):
     """The command line of a sweep script (benchmarks.placement, benchmarks.row_lengths):
-    --threads N[,M], --quick and --markdown PATH; measure(thread_counts, quick) is reported by
-    report(results, quick, (load average before, after)) to stdout and to PATH."""
+    --threads N[,M], --quick and --markdown PATH, and the script's own options, which
+    add_options(parser) adds and which go to measure as keywords; measure(thread_counts, quick,
+    **options) is reported by report(results, quick, (load average before, after)) to stdout and
+    to PATH."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", default=None, help="thread counts, e.g. 1,2")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--markdown", default=None)
-    arguments = parser.parse_args(argv)
-    thread_counts = (tuple(int(value) for value in arguments.threads.split(","))
-                     if arguments.threads else timing.default_thread_counts())
+    if add_options:
+        add_options(parser)
+    arguments = vars(parser.parse_args(argv))
+    threads, quick, markdown = arguments.pop("threads"), arguments.pop("quick"), arguments.pop("markdown")
+    thread_counts = tuple(int(value) for value in threads.split(",")) if threads else timing.default_thread_counts()
     load_at_start = os.getloadavg()
-    results = measure(thread_counts, arguments.quick)
-    text = report(results, arguments.quick, (load_at_start, os.getloadavg()))
+    results = measure(thread_counts, quick, **arguments)
+    text = report(results, quick, (load_at_start, os.getloadavg()))
     sys.stdout.write(text)
-    if arguments.markdown:
-        with open(arguments.markdown, "w", encoding="utf-8") as markdown_file:
+    if markdown:
+        with open(markdown, "w", encoding="utf-8") as markdown_file:
             markdown_file.write(text)
 
 

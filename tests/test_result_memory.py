@@ -322,12 +322,14 @@ def test_numpy_allocates_with_its_own_handler_after_a_call():
 
 @pytest.mark.parametrize("affine", ["plain", "weight+bias"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
-@pytest.mark.parametrize("row_len", [256, 768, 2048])
+@pytest.mark.parametrize("row_len", [40, 256, 768, 1000, 2048])
 def test_large_outputs_of_short_rows_stream_the_same_bits(row_len, dtype, affine, restore_runtime):
-    # Rows of up to 2048 elements write an output of 16 MiB or more with non-temporal stores:
-    # in whole lines when every row starts a cache line (a result made here), in 16-byte pieces
-    # when every row is 16-byte aligned (out= 16 bytes past a line), else with plain stores
-    # (out= 8 bytes past a line): the same values every way, at every level and thread count.
+    # Rows of up to 2048 elements, a multiple of 16, write an output of 16 MiB or more with
+    # non-temporal stores: in whole lines when every row starts a cache line (a result made
+    # here), in 16-byte pieces when every row is 16-byte aligned (out= 16 bytes past a line),
+    # else with plain stores (out= 8 bytes past a line); rows with elements past their last
+    # group of 16 (40, 1000) with plain stores every way: the same values every way, at every
+    # level and thread count.
     rows = (16 * MIB) // (row_len * np.dtype(dtype).itemsize) + 3
     x = make_input((rows, row_len), dtype, seed=7)
     w, b = make_params((row_len,), dtype, affine, seed=7)
