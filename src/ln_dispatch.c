@@ -104,3 +104,9 @@ const ln_dtype_kernels *ln_dtype_kernels_in_use(ln_dtype dtype)
     assert(0 && "the scalar level has every type's kernels");
     return &ln_kernels_scalar.by_dtype[dtype];
 }
+
+void ln_widen_to_f32(ln_dtype dtype, const void *from, float *to, ptrdiff_t n)
+{
+    assert(dtype != LN_F64 && n >= 0);
+    ln_dtype_kernels_in_use(dtype)->widen_to_f32(from, to, n);
+}

@@ -165,6 +165,8 @@ typedef struct {
     /* params[0 .. n) = sums in the parameters' dtype (float32; float64 for float64 data), a NaN
        as the one quiet NaN */
     void (*store_params)(void *params, const double *sums, ptrdiff_t n);
+    /* to[0 .. n) = from[0 .. n) as float32, exactly (float16, bfloat16 and float32 elements) */
+    void (*widen_to_f32)(const void *from, float *to, ptrdiff_t n);
 } ln_dtype_kernels;
 
 /* One SIMD level's kernels, the only export of its translation unit. */

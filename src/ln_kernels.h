@@ -90,6 +90,10 @@ typedef struct {
 int ln_forward(const ln_forward_args *args);
 int ln_backward(const ln_backward_args *args);
 
+/* to[0 .. n) = from[0 .. n) as float32, exactly, by the SIMD level in use: float16, bfloat16
+   or float32 elements (the parameters of 16-bit data are float32). */
+void ln_widen_to_f32(ln_dtype dtype, const void *from, float *to, ptrdiff_t n);
+
 /*
  * Rows split across arrays (a chunked array whose normalized axes are cut into parts): the
  * caller takes each part's moments, merges them across the parts (ln_merge's formulas) into

@@ -711,6 +711,20 @@ static LN_ALWAYS_INLINE void add_one(ln_dtype dtype, const void *x, const void *
    before the select, so that the loop vectorizes at the level's width (a 1x4096 backward's
    parameter gradients go out 16 at a time at AVX-512 where the scalar loop took most of the
    call after the kernel). */
+/* to[0 .. n) = from[0 .. n) as float32, a group at a time: exact, every float16 and bfloat16
+   value being a float32 one (float64 has no such kernel: its parameters are float64). */
+static LN_ALWAYS_INLINE void widen_to_f32(ln_dtype dtype, const void *from, float *to, ptrdiff_t n)
+{
+    assert(dtype != LN_F64);
+    ptrdiff_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        gf_store(to + i, load_as_f32(dtype, from, i));
+    }
+    for (; i < n; i++) {
+        to[i] = (float)ln_load1_as_f64(dtype, from, i);
+    }
+}
+
 static LN_ALWAYS_INLINE void store_params(ln_dtype dtype, void *params, const double *sums, ptrdiff_t n)
 {
     if (dtype == LN_F64) {
@@ -3471,6 +3485,10 @@ static LN_ALWAYS_INLINE void backward_tiles(ln_norm_kind kind, ln_dtype dtype, c
     {                                                                                              \
         store_params(DTYPE, params, sums, n);                                                      \
     }                                                                                              \
+    static void widen_to_f32_##suffix(const void *from, float *to, ptrdiff_t n)                    \
+    {                                                                                              \
+        widen_to_f32(DTYPE, from, to, n);                                                          \
+    }                                                                                              \
     LN_FOR_EACH_KIND(LN_KIND_FUNCTIONS, DTYPE, suffix)
 
 /* The element types the level compiles: all of them, unless its file names fewer (a level
@@ -3502,6 +3520,7 @@ LN_LEVEL_FOR_EACH_DTYPE(LN_DTYPE_FUNCTIONS)
         .add_row = add_row_##suffix,                                                \
         .param_magnitudes = param_magnitudes_##suffix,                              \
         .store_params = store_params_##suffix,                                      \
+        .widen_to_f32 = widen_to_f32_##suffix,                                      \
     },
 
 const ln_kernel_table LN_LEVEL_KERNELS = {.by_dtype = {LN_LEVEL_FOR_EACH_DTYPE(LN_DTYPE_TABLE_ENTRY)}};

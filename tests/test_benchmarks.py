@@ -8,6 +8,8 @@ import sys
 import numpy as np
 import pytest
 
+from helpers import ml_dtypes
+
 REPOSITORY = pathlib.Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.skipif(not (REPOSITORY / "benchmarks" / "placement.py").exists(),
                                 reason="benchmarks/ is not part of this copy of the tests")
@@ -103,6 +105,15 @@ def test_row_lengths_quick_run_reports_each_row_length(monkeypatch):
     table = proc.stdout.split("## 1 thread")[1]
     for n in row_lengths.QUICK_ROW_LENGTHS:
         assert f"\n| {n} | " in table
+
+
+def test_param_dtypes_quick_run_reports_each_dtype():
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.param_dtypes", "--quick", "--threads", "1"],
+                          cwd=REPOSITORY, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    table = proc.stdout.split("## 1 thread")[1]
+    assert "\n| 16x768 float16 | " in table
+    assert ("\n| 16x768 bfloat16 | " in table) == (ml_dtypes is not None)
 
 
 @pytest.mark.parametrize("peer_name, module", [("ort_forward", "onnxruntime"), ("jax_forward", "jax")])

@@ -280,6 +280,37 @@ def test_float32_parameters_with_16_bit_input(name, kind):
     assert grads[0].dtype == dtype and grads[1].dtype == np.float32
 
 
+# 16-bit parameters are widened to float32 by the kernels' vector conversions (C-contiguous
+# ones) or by NumPy's cast (the others): exact either way, so the results are those of the same
+# values given as float32, subnormals, the largest values, Inf and NaN among them, and those in
+# a group's last lanes and past the last whole group, at every level.
+PARAM_SPECIALS = (0x0001, 0x8003, 0x03FF, 0x0400, 0x7BFF, 0x7C00, 0x7F80, 0x7E00, 0xFE01)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "strided", "byte-swapped"])
+@pytest.mark.parametrize("name", HALF_DTYPES)
+def test_16_bit_parameters_give_their_float32_values_results(name, layout, restore_runtime):
+    dtype = dtype_named(name)
+    n = 37  # two groups of 16 and 5 more
+    x = rows(dtype, (3, n), seed=24)
+    params = [rows(dtype, (n,), seed=seed) for seed in (25, 26)]
+    for param, at in zip(params, ([32, 15, 16, 31, 20, 0, 5, 9, 12], [33, 14, 17, 30, 25, 1, 3, 10, 13])):
+        param.view(np.uint16)[at] = PARAM_SPECIALS
+    if layout == "strided":
+        params = [np.repeat(param, 2)[::2] for param in params]
+    elif layout == "byte-swapped":
+        params = [param.astype(param.dtype.newbyteorder()) for param in params]
+    as_float32 = [param.astype(np.float32) for param in params]
+    dy = rows(dtype, (3, n), seed=27)
+    for level in layernorm.available_simd_levels():
+        layernorm.set_simd_level(level)
+        y, mean, rstd = layernorm.native_layer_norm(x, n, *params, 1e-5)
+        assert same_bits(y, layernorm.layer_norm(x, n, *as_float32, 1e-5)), level
+        grads = layernorm.layer_norm_backward(dy, x, n, mean, rstd, *params)
+        for got, want in zip(grads, layernorm.layer_norm_backward(dy, x, n, mean, rstd, *as_float32)):
+            assert same_bits(got, want), level
+
+
 # --------------------------------------------------------------------------------- modules
 
 
