@@ -53,10 +53,8 @@ def calls(shape, dtype_name, threads):
     rng = np.random.default_rng(shape[-1])
     x = rng.standard_normal(shape, dtype=np.float32).astype(dtype)
     n = shape[-1]
-    params = {}
-    for kind in PARAMS:
-        param_dtype = dtype if kind == "same" else np.dtype(np.float32)
-        params[kind] = (rng.standard_normal(n).astype(param_dtype), rng.standard_normal(n).astype(param_dtype))
+    same = (rng.standard_normal(n).astype(dtype), rng.standard_normal(n).astype(dtype))
+    params = {"same": same, "float32": tuple(param.astype(np.float32) for param in same)}  # the same values
     timed = {f"ours {kind}": Timed(layernorm.layer_norm, (x, (n,), *params[kind], EPS), layernorm.set_num_threads)
              for kind in PARAMS}
     torch = peers.torch

@@ -288,11 +288,11 @@ def header_lines(options, load_at_start, load_at_end):
 
 
 def run_sweep_script(doc, measure, report, argv=None, add_options=None):
-    """The command line of a sweep script (benchmarks.placement, benchmarks.row_lengths):
-    --threads N[,M], --quick and --markdown PATH, and the script's own options, which
-    add_options(parser) adds and which go to measure as keywords; measure(thread_counts, quick,
-    **options) is reported by report(results, quick, (load average before, after)) to stdout and
-    to PATH."""
+    """The command line of a sweep script (benchmarks.placement, benchmarks.row_lengths,
+    benchmarks.param_dtypes): --threads N[,M], --quick and --markdown PATH, and the script's own
+    options, which add_options(parser) adds and which go to measure and report as keywords;
+    measure(thread_counts, quick, **options) is reported by report(results, quick, (load average
+    before, after), **options) to stdout and to PATH."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", default=None, help="thread counts, e.g. 1,2")
@@ -305,7 +305,7 @@ def run_sweep_script(doc, measure, report, argv=None, add_options=None):
     thread_counts = tuple(int(value) for value in threads.split(",")) if threads else timing.default_thread_counts()
     load_at_start = os.getloadavg()
     results = measure(thread_counts, quick, **arguments)
-    text = report(results, quick, (load_at_start, os.getloadavg()))
+    text = report(results, quick, (load_at_start, os.getloadavg()), **arguments)
     sys.stdout.write(text)
     if markdown:
         with open(markdown, "w", encoding="utf-8") as markdown_file:

@@ -85,7 +85,7 @@ def calls(n, threads, elements):
 
 
 def measure(thread_counts, quick, elements):
-    """{"elements": elements, threads: {n: {name: seconds}}}."""
+    """{threads: {n: {name: seconds}}}."""
     settings = QUICK_SETTINGS if quick else FULL_SETTINGS
     lengths = QUICK_ROW_LENGTHS if quick else ROW_LENGTHS
     results = {threads: {} for threads in thread_counts}
@@ -97,11 +97,10 @@ def measure(thread_counts, quick, elements):
                 results[threads][n] = {name: min(t, previous.get(name, t)) for name, t in best.items()}
                 print(f"  {threads_text(threads)}, n={n}: "
                       + ", ".join(f"{name} {t * 1e6:.1f} us" for name, t in best.items()), file=sys.stderr)
-    return {"elements": elements, **results}
+    return results
 
 
-def report(results, quick, loads):
-    elements = results.pop("elements")
+def report(results, quick, loads, elements):
     lines = [
         "# layernorm row-length benchmark",
         "",

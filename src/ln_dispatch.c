@@ -107,6 +107,7 @@ const ln_dtype_kernels *ln_dtype_kernels_in_use(ln_dtype dtype)
 
 void ln_widen_to_f32(ln_dtype dtype, const void *from, float *to, ptrdiff_t n)
 {
-    assert(dtype != LN_F64 && n >= 0);
-    ln_dtype_kernels_in_use(dtype)->widen_to_f32(from, to, n);
+    const ln_dtype_kernels *kernels = ln_dtype_kernels_in_use(dtype);
+    assert(kernels->widen_to_f32 && n >= 0);
+    kernels->widen_to_f32(from, to, n);
 }

@@ -165,7 +165,8 @@ typedef struct {
     /* params[0 .. n) = sums in the parameters' dtype (float32; float64 for float64 data), a NaN
        as the one quiet NaN */
     void (*store_params)(void *params, const double *sums, ptrdiff_t n);
-    /* to[0 .. n) = from[0 .. n) as float32, exactly (float16, bfloat16 and float32 elements) */
+    /* to[0 .. n) = from[0 .. n) as float32, exactly (float16, bfloat16 and float32 elements;
+       NULL for float64) */
     void (*widen_to_f32)(const void *from, float *to, ptrdiff_t n);
 } ln_dtype_kernels;
 
@@ -618,23 +619,32 @@ static inline int ln_rows_pipelined(const ln_forward_args *a)
     return n >= 16 && (n <= LN_CHUNK || !ln_forward_streams(a));
 }
 
+/* Whether rows of n elements, of up to LN_CHUNK, may go to a large output by non-temporal
+   stores: rows of whole groups of 16 filling whole lines (float16/bfloat16: an even number of
+   groups).  Elements past a row's last whole group go by plain stores, and beside them, in the
+   same lines and rows, the non-temporal stores cost 2x to 40x their time (AMD Zen 3, one
+   thread, 40 MiB of float32 rows with weight and bias: rows of 24 235.7 -> 10.1 ms, 40 144.1
+   -> 9.1, 100 47.0 -> 6.7, 1000 9.4 -> 5.7; add_layer_norm, rows of 40: 271 -> 20 ms; float16
+   add_layer_norm, rows of 48: 8.2-8.5 ns an element streamed, 1.6 below the size that
+   streams). */
+static inline int ln_short_rows_may_stream(ln_dtype dtype, ptrdiff_t n)
+{
+    return n % 16 == 0 && (n * (ptrdiff_t)ln_dtype_size(dtype)) % 64 == 0;
+}
+
 /* How the pipelined rows write a float32/float64 output: with non-temporal stores once it is
    LN_STREAM_MIN_OUTPUT_BYTES in all (rows of up to LN_CHUNK elements: longer ones pipeline
-   only while their output stays in cache), in whole lines where every row starts one, else in
-   16-byte pieces where every row starts 16-byte aligned (NumPy's arrays: 16 bytes past a
-   line), the loop having no head of its own to reach a line (Zen 4, float32 with weight and
-   bias, one thread: 10923x768 into a line-aligned output 3.13 -> 2.52 ms; into one 16 bytes
-   past a line, by plain stores against 16-byte pieces, 2.97-3.16 -> 2.49-2.50 ms, at two
-   threads 1.86-1.89 -> 1.48-1.53 ms).  Rows with elements past their last group of 16 take
-   plain stores: those elements go by plain stores, and beside them in the same lines and
-   rows the non-temporal stores cost 2x to 40x their time (AMD Zen 3, one thread, 40 MiB of
-   float32 rows with weight and bias: rows of 24 235.7 -> 10.1 ms, 40 144.1 -> 9.1, 100 47.0
-   -> 6.7, 1000 9.4 -> 5.7). */
+   only while their output stays in cache, and ln_short_rows_may_stream), in whole lines where
+   every row starts one, else in 16-byte pieces where every row starts 16-byte aligned (NumPy's
+   arrays: 16 bytes past a line), the loop having no head of its own to reach a line (Zen 4,
+   float32 with weight and bias, one thread: 10923x768 into a line-aligned output 3.13 -> 2.52
+   ms; into one 16 bytes past a line, by plain stores against 16-byte pieces, 2.97-3.16 ->
+   2.49-2.50 ms, at two threads 1.86-1.89 -> 1.48-1.53 ms). */
 static inline ln_store ln_pipelined_rows_store(const ln_forward_args *a)
 {
-    const ptrdiff_t row_bytes = a->extent.row_len * (ptrdiff_t)ln_dtype_size(a->dtype);
-    if (!((a->dtype == LN_F32 || a->dtype == LN_F64) && a->extent.row_len <= LN_CHUNK &&
-          a->extent.row_len % 16 == 0 && row_bytes * ln_rows_of(&a->extent) >= LN_STREAM_MIN_OUTPUT_BYTES)) {
+    const ptrdiff_t n = a->extent.row_len, row_bytes = n * (ptrdiff_t)ln_dtype_size(a->dtype);
+    if (!((a->dtype == LN_F32 || a->dtype == LN_F64) && n <= LN_CHUNK && ln_short_rows_may_stream(a->dtype, n) &&
+          row_bytes * ln_rows_of(&a->extent) >= LN_STREAM_MIN_OUTPUT_BYTES)) {
         return LN_STORE_CACHED;
     }
     return ln_rows_aligned(&a->output, &a->extent, 64)   ? LN_STREAM_LINES
@@ -651,16 +661,16 @@ static inline int ln_copies_in_rows(const ln_forward_args *a)
 }
 
 /* Whether the fused residual pass (forward_sum_rows) writes sum and the output with
-   non-temporal stores: as ln_output_streams says for outputs, and for rows of any length a
-   multiple of 16 (see ln_pipelined_rows_store) once the results are large
+   non-temporal stores: as ln_output_streams says for outputs, and for the rows
+   ln_short_rows_may_stream lets, of any length, once the results are large
    (LN_SUM_STREAM_MIN_BYTES): the pass reads neither back from memory (8192x1024 float32 out=,
    one thread: 10.8 -> 4.6 ms), but on pages the OS has just zeroed, non-temporal stores cost
-   more than they save (32x197x768 float32 into new arrays: 7.0 -> 10.1 ms).  Rows of 40
-   float32 elements, 40 MiB, streamed: 271 ms; by plain stores 20 ms (AMD Zen 3, one thread). */
+   more than they save (32x197x768 float32 into new arrays: 7.0 -> 10.1 ms). */
 static inline int ln_sum_streams(const ln_forward_args *a)
 {
-    const ptrdiff_t result_bytes = ln_rows_of(&a->extent) * a->extent.row_len * (ptrdiff_t)ln_dtype_size(a->dtype);
-    return ln_forward_streams(a) || (a->extent.row_len % 16 == 0 && result_bytes >= LN_SUM_STREAM_MIN_BYTES);
+    const ptrdiff_t n = a->extent.row_len;
+    const ptrdiff_t result_bytes = ln_rows_of(&a->extent) * n * (ptrdiff_t)ln_dtype_size(a->dtype);
+    return ln_forward_streams(a) || (ln_short_rows_may_stream(a->dtype, n) && result_bytes >= LN_SUM_STREAM_MIN_BYTES);
 }
 
 /* Whether a backward over extent writes dx, of dtype, with non-temporal stores (see

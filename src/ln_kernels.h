@@ -91,7 +91,7 @@ int ln_forward(const ln_forward_args *args);
 int ln_backward(const ln_backward_args *args);
 
 /* to[0 .. n) = from[0 .. n) as float32, exactly, by the SIMD level in use: float16, bfloat16
-   or float32 elements (the parameters of 16-bit data are float32). */
+   or float32 elements, not float64 (the parameters of 16-bit data are float32). */
 void ln_widen_to_f32(ln_dtype dtype, const void *from, float *to, ptrdiff_t n);
 
 /*

@@ -707,12 +707,9 @@ static LN_ALWAYS_INLINE void add_one(ln_dtype dtype, const void *x, const void *
     }
 }
 
-/* params[0 .. n) = sums in dtype's parameter type, a NaN as the one quiet NaN: converted
-   before the select, so that the loop vectorizes at the level's width (a 1x4096 backward's
-   parameter gradients go out 16 at a time at AVX-512 where the scalar loop took most of the
-   call after the kernel). */
 /* to[0 .. n) = from[0 .. n) as float32, a group at a time: exact, every float16 and bfloat16
-   value being a float32 one (float64 has no such kernel: its parameters are float64). */
+   value being a float32 one (the float64 instance is never in a table: see
+   LN_DTYPE_TABLE_ENTRY). */
 static LN_ALWAYS_INLINE void widen_to_f32(ln_dtype dtype, const void *from, float *to, ptrdiff_t n)
 {
     assert(dtype != LN_F64);
@@ -725,6 +722,10 @@ static LN_ALWAYS_INLINE void widen_to_f32(ln_dtype dtype, const void *from, floa
     }
 }
 
+/* params[0 .. n) = sums in dtype's parameter type, a NaN as the one quiet NaN: converted
+   before the select, so that the loop vectorizes at the level's width (a 1x4096 backward's
+   parameter gradients go out 16 at a time at AVX-512 where the scalar loop took most of the
+   call after the kernel). */
 static LN_ALWAYS_INLINE void store_params(ln_dtype dtype, void *params, const double *sums, ptrdiff_t n)
 {
     if (dtype == LN_F64) {
@@ -1323,8 +1324,10 @@ static LN_ALWAYS_INLINE void forward_rows_batched(ln_norm_kind kind, ln_dtype dt
             char *y = ln_row_address(&a->output, &a->extent, r);
             /* elements past the last whole group: a group ending at n, taken before the
                stores (y may be x) and stored after them, over elements stored already with
-               the same values (cached stores only: streaming ones might land after it) */
-            const int last_group = n % 16 != 0 && store == LN_STORE_CACHED;
+               the same values (cached stores: rows with such elements never stream, see
+               ln_short_rows_may_stream, and streaming stores might land after it) */
+            assert(store == LN_STORE_CACHED || n % 16 == 0);
+            const int last_group = n % 16 != 0;
             gd last_f64 = gd_splat(0.0);
             gf last_f32 = gf_splat(0.0f);
             if (last_group && dtype == LN_F64) {
@@ -1346,9 +1349,6 @@ static LN_ALWAYS_INLINE void forward_rows_batched(ln_norm_kind kind, ln_dtype dt
             }
             else if (last_group) {
                 store_from_f32(dtype, y, n - 16, last_f32, 0);
-            }
-            for (; !last_group && i < n; i++) {
-                normalize_one(kind, dtype, &norm, x, y, i, weight, bias);
             }
         }
     }
@@ -3520,7 +3520,7 @@ LN_LEVEL_FOR_EACH_DTYPE(LN_DTYPE_FUNCTIONS)
         .add_row = add_row_##suffix,                                                \
         .param_magnitudes = param_magnitudes_##suffix,                              \
         .store_params = store_params_##suffix,                                      \
-        .widen_to_f32 = widen_to_f32_##suffix,                                      \
+        .widen_to_f32 = DTYPE == LN_F64 ? NULL : widen_to_f32_##suffix,             \
     },
 
 const ln_kernel_table LN_LEVEL_KERNELS = {.by_dtype = {LN_LEVEL_FOR_EACH_DTYPE(LN_DTYPE_TABLE_ENTRY)}};

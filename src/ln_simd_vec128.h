@@ -233,9 +233,10 @@ static LN_ALWAYS_INLINE gf gf_load_f16(const uint16_t *p)
 typedef uint16_t ln_vu16 __attribute__((vector_size(8)));
 typedef ln_vu16 ln_vu16_mem __attribute__((aligned(1), may_alias));
 
-/* 8 16-bit elements, two vectors of 4, by one 16-byte store: a 16-byte load of them (the
-   streaming store's, halves_stream) cannot take its bytes from two 8-byte stores still in
-   flight, and would wait for both to reach the cache. */
+/* 8 16-bit elements, two vectors of 4, by one 16-byte store: on SSE2, halves_stream's 16-byte
+   load of them cannot take its bytes from two 8-byte stores still in flight, and would wait
+   for both to reach the cache (on aarch64 halves_stream copies with ordinary stores; there the
+   store only matches its loads' width). */
 static LN_ALWAYS_INLINE void halves_store8(uint16_t *p, ln_vu16 low, ln_vu16 high)
 {
 #if defined(__aarch64__)

@@ -282,26 +282,35 @@ def test_float32_parameters_with_16_bit_input(name, kind):
 
 # 16-bit parameters are widened to float32 by the kernels' vector conversions (C-contiguous
 # ones) or by NumPy's cast (the others): exact either way, so the results are those of the same
-# values given as float32, subnormals, the largest values, Inf and NaN among them, and those in
-# a group's last lanes and past the last whole group, at every level.
-PARAM_SPECIALS = (0x0001, 0x8003, 0x03FF, 0x0400, 0x7BFF, 0x7C00, 0x7F80, 0x7E00, 0xFE01)
+# values given as float32, at every level, with 16-bit or float32 input.  "finite": subnormals,
+# the smallest normal, values of odd significands (rows on the kernels' vector paths);
+# "extreme": the largest finite values, Inf, quiet and signalling NaNs (rows that go exact).
+# Each lands in a group's first and last lanes and past the last whole group.
+PARAM_SPECIALS = {
+    ("float16", "finite"): (0x0001, 0x8003, 0x03FF, 0x0400, 0x3C01, 0xBBFF, 0x0401, 0x3555, 0x8401),
+    ("float16", "extreme"): (0x7BFF, 0xFBFF, 0x7C00, 0xFC00, 0x7E00, 0xFE01, 0x7C01, 0x7D55, 0x3C00),
+    ("bfloat16", "finite"): (0x0001, 0x8003, 0x007F, 0x0080, 0x3F81, 0xBF7F, 0x0081, 0x3EAB, 0x8081),
+    ("bfloat16", "extreme"): (0x7F7F, 0xFF7F, 0x7F80, 0xFF80, 0x7FC0, 0xFFC1, 0x7F81, 0x7FA5, 0x3F80),
+}
 
 
+@pytest.mark.parametrize("input_name", ["same", "float32"])
+@pytest.mark.parametrize("values", ["finite", "extreme"])
 @pytest.mark.parametrize("layout", ["contiguous", "strided", "byte-swapped"])
 @pytest.mark.parametrize("name", HALF_DTYPES)
-def test_16_bit_parameters_give_their_float32_values_results(name, layout, restore_runtime):
+def test_16_bit_parameters_give_their_float32_values_results(name, layout, values, input_name, restore_runtime):
     dtype = dtype_named(name)
     n = 37  # two groups of 16 and 5 more
-    x = rows(dtype, (3, n), seed=24)
+    x = rows(dtype if input_name == "same" else np.float32, (3, n), seed=24)
     params = [rows(dtype, (n,), seed=seed) for seed in (25, 26)]
-    for param, at in zip(params, ([32, 15, 16, 31, 20, 0, 5, 9, 12], [33, 14, 17, 30, 25, 1, 3, 10, 13])):
-        param.view(np.uint16)[at] = PARAM_SPECIALS
+    for param, at in zip(params, ([32, 15, 16, 31, 20, 0, 5, 9, 36], [33, 14, 17, 30, 25, 1, 3, 10, 34])):
+        param.view(np.uint16)[at] = PARAM_SPECIALS[name, values]
     if layout == "strided":
         params = [np.repeat(param, 2)[::2] for param in params]
     elif layout == "byte-swapped":
         params = [param.astype(param.dtype.newbyteorder()) for param in params]
     as_float32 = [param.astype(np.float32) for param in params]
-    dy = rows(dtype, (3, n), seed=27)
+    dy = rows(x.dtype, (3, n), seed=27)
     for level in layernorm.available_simd_levels():
         layernorm.set_simd_level(level)
         y, mean, rstd = layernorm.native_layer_norm(x, n, *params, 1e-5)

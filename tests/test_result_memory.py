@@ -329,7 +329,8 @@ def test_large_outputs_of_short_rows_stream_the_same_bits(row_len, dtype, affine
     # here), in 16-byte pieces when every row is 16-byte aligned (out= 16 bytes past a line),
     # else with plain stores (out= 8 bytes past a line); rows with elements past their last
     # group of 16 (40, 1000) with plain stores every way: the same values every way, at every
-    # level and thread count.
+    # level and thread count.  (Which stores a case takes only its speed shows:
+    # python -m benchmarks.row_lengths --elements 8388608.)
     rows = (16 * MIB) // (row_len * np.dtype(dtype).itemsize) + 3
     x = make_input((rows, row_len), dtype, seed=7)
     w, b = make_params((row_len,), dtype, affine, seed=7)
