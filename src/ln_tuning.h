@@ -116,6 +116,20 @@
    ownership (8x1000000 float32: ours/torch 0.91-1.07 -> 0.75-0.83). */
 #define LN_STREAM_MIN_BYTES ((ptrdiff_t)1 << 20)
 
+/* Forward's statistics of float32/float64 data that comes from cache take a chunk's groups in
+   blocks, each block's even groups first, then its odd ones: one parity's float64 sums, 8 of
+   AVX2's 16 vector registers, then stay in registers, where both parities' sums together
+   were kept on the stack and each addition waited on a store and a load.  Each sum still
+   takes the same terms in the same order, so results do not depend on these.  A chunk of up
+   to LN_PARITY_CHUNK_MAX_BYTES is one block; longer ones go LN_PARITY_BLOCK_GROUPS groups at
+   a time, for which 4 KiB rows lost (rows of 2048 and 4096 float32 elements, one thread,
+   whole chunks by parity: 512x2048 1.0-1.4x and 64x4096 1.1-1.3x the time of the interleaved
+   loop; blocks of 4, 8, 16 and 32 groups: 8 was the fastest, 0.86-0.94x).  Zen 3, one thread,
+   float32, interleaved -> by parity: 16x768 4.65 -> 3.61 us, 512x768 124 -> 95 us, 1024x1024
+   328 -> 281 us; 512x2048 323 -> 279 us in blocks of 8. */
+#define LN_PARITY_CHUNK_MAX_BYTES 4096
+#define LN_PARITY_BLOCK_GROUPS 8
+
 /* Forward's statistics loops ask for the input this many bytes ahead of the group they add
    (a prefetch into L1 per 64 bytes read) where the input comes from memory (see
    LN_READ_AHEAD_MIN_BYTES).  A loop as busy as the statistics' (a conversion, a subtraction,
