@@ -341,6 +341,7 @@ static LN_ALWAYS_INLINE ptrdiff_t parity_block_of(ln_dtype dtype, ptrdiff_t n, p
     if (ln_dtype_is_16bit(dtype) || read_ahead || store != LN_STORE_CACHED) {
         return 0;
     }
+    _Static_assert(LN_PARITY_BLOCK_GROUPS % 2 == 0, "a block after the first must start at an even group");
     return n * (ptrdiff_t)ln_dtype_size(dtype) <= LN_PARITY_CHUNK_MAX_BYTES ? n : 16 * LN_PARITY_BLOCK_GROUPS;
 }
 
@@ -623,17 +624,19 @@ static LN_ALWAYS_INLINE void copy_elements(ln_dtype dtype, const char *x, char *
 }
 
 /* The whole groups of a float32/float64 chunk, elements [0, groups_end), in blocks of `block`
-   elements (parity_block_of's, a multiple of 32), each block's even groups first, then its odd
-   ones: with `gather`, their moments into acc (the sums of each parity kept in registers while
-   its groups go), and the groups copied into chunk_copy where it is not NULL; with `emit`, the same columns of row x, column + 0 .. groups_end, normalized
-   by norm into row y (y may be x).  acc is moments_start's (or unused: the pipelined loop's
-   last turn, which gathers nothing, passes one that holds zeros). */
+   elements (parity_block_of's: the whole chunk, or a multiple of 32, so that every block starts
+   at an even group), each block's even groups first, then its odd ones: with `gather`, their
+   moments into acc (the sums of each parity kept in registers while its groups go), and the
+   groups copied into chunk_copy where it is not NULL; with `emit`, the same columns of row x,
+   column + 0 .. column + groups_end, normalized by norm into row y (y may be x).  acc is
+   moments_start's; the pipelined loop's last turn, which gathers nothing, passes one of zeros,
+   whose sums no one reads. */
 static LN_ALWAYS_INLINE void groups_by_parity(ln_norm_kind kind, ln_dtype dtype, int gather, moments_acc *acc,
                                               const char *chunk, char *chunk_copy, ptrdiff_t groups_end,
                                               ptrdiff_t block, int emit, const row_norm *norm, const char *x,
                                               char *y, ptrdiff_t column, const void *weight, const void *bias)
 {
-    assert(!ln_dtype_is_16bit(dtype) && block % 32 == 0 && groups_end % 16 == 0);
+    assert(!ln_dtype_is_16bit(dtype) && (block >= groups_end || block % 32 == 0) && groups_end % 16 == 0);
     assert(!gather || !acc->read_ahead);
     const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(dtype);
     for (ptrdiff_t first = 0; first < groups_end; first += block) {

@@ -121,10 +121,10 @@
    AVX2's 16 vector registers, then stay in registers, where both parities' sums together
    were kept on the stack and each addition waited on a store and a load.  Each sum still
    takes the same terms in the same order, so results do not depend on these.  A chunk of up
-   to LN_PARITY_CHUNK_MAX_BYTES is one block; longer ones go LN_PARITY_BLOCK_GROUPS groups at
-   a time, for which 4 KiB rows lost (rows of 2048 and 4096 float32 elements, one thread,
-   whole chunks by parity: 512x2048 1.0-1.4x and 64x4096 1.1-1.3x the time of the interleaved
-   loop; blocks of 4, 8, 16 and 32 groups: 8 was the fastest, 0.86-0.94x).  Zen 3, one thread,
+   to LN_PARITY_CHUNK_MAX_BYTES is one block; longer ones go LN_PARITY_BLOCK_GROUPS groups (an
+   even number) at a time: whole chunks of 2048 float32 elements by parity were slower than the
+   interleaved loop (one thread, 512x2048 1.0-1.4x and 64x4096 1.1-1.3x its time), blocks of 4,
+   8, 16 and 32 groups measured, 8 the fastest (0.86-0.94x).  Zen 3, one thread,
    float32, interleaved -> by parity: 16x768 4.65 -> 3.61 us, 512x768 124 -> 95 us, 1024x1024
    328 -> 281 us; 512x2048 323 -> 279 us in blocks of 8. */
 #define LN_PARITY_CHUNK_MAX_BYTES 4096

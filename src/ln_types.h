@@ -197,8 +197,9 @@ static inline float ln_double_to_float_odd(double value)
    0 and leaves values as they were where a lane lies below float32's normal range (not
    zero), whose precision is shorter.  On the bits, rounding to odd is truncation (of the 29
    bits below float32's last) with the last kept bit set where a dropped bit was set, a few
-   integer operations a lane that vectorize, where the scalar function's conversions and
-   tests do not (float16 rows of 4 elements, forward: 1.5x as fast).  Values at or above
+   integer operations a lane, where the scalar function's conversions and tests take longer
+   (float16 rows of 4 elements, forward: 1.5x as fast); the vector levels do the same on
+   vectors (gd_to_odd_float_bits).  Values at or above
    2**128 stay there, and the conversion to float32 rounds them to Inf where
    ln_double_to_float_odd gives FLT_MAX, which float16 and bfloat16 both round to Inf. */
 static inline int ln_doubles_to_odd_float_bits(double values[16])
