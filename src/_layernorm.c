@@ -1300,7 +1300,8 @@ typedef struct {
 } call_array;
 
 /* The arrays of one kernel call (all of the input's shape, statistics aside), their common
-   shape and normalized axes, and, once planned, the kernel's extent and walks. */
+   shape and normalized axes, and, once planned, the kernel's extent and walks.  Not zeroed
+   (a few KiB, on every call): call_init, call_add and call_plan set what is read. */
 typedef struct {
     int n;
     call_array arrays[MAX_CALL_ARRAYS];
@@ -1314,10 +1315,12 @@ typedef struct {
 static void
 call_init(kernel_call *call, PyArrayObject *input, const norm_axes *ax)
 {
-    memset(call, 0, sizeof *call);
+    call->n = 0;
     call->ndim = PyArray_NDIM(input);
     memcpy(call->dims, PyArray_DIMS(input), (size_t)call->ndim * sizeof(npy_intp));
-    call->axes = *ax;
+    call->axes.naxes = ax->naxes;
+    call->axes.given = ax->given;
+    memcpy(call->axes.axes, ax->axes, (size_t)ax->naxes * sizeof ax->axes[0]);
 }
 
 /* Adds arr (borrowed, may be NULL), called `name`, to the call; returns its index there. */
@@ -1328,6 +1331,7 @@ call_add(kernel_call *call, PyArrayObject *arr, const char *name, int writes, in
     call_array *slot = &call->arrays[call->n];
     Py_XINCREF(arr);
     slot->arr = arr;
+    slot->result = NULL;
     slot->name = name;
     slot->writes = writes;
     slot->per_row = per_row;
@@ -1741,7 +1745,8 @@ forward(module_state *state, const norm_kind *kind, const char *what, const forw
     PyArrayObject *input = NULL, *residual = NULL, *output = NULL, *sum = NULL, *saved_input = NULL;
     PyArrayObject *copy = NULL;  /* borrowed: saved_input when the kernel fills it */
     PyArrayObject *params[2] = {NULL, NULL}, *stats[2] = {NULL, NULL};
-    kernel_call call = {0};
+    kernel_call call;
+    call.n = 0;  /* for call_release, should the call end before call_init */
     shape_t ns;
     axis_arg axis;
     norm_axes ax;
@@ -2062,7 +2067,8 @@ backward(module_state *state, const norm_kind *kind, const char *what, const bac
     PyObject *result = NULL, *got = NULL, *want = NULL;
     PyArrayObject *input = NULL, *grad_out = NULL, *grad_input = NULL;
     PyArrayObject *params[2] = {NULL, NULL}, *stats[2] = {NULL, NULL}, *grad_params[2] = {NULL, NULL};
-    kernel_call call = {0};
+    kernel_call call;
+    call.n = 0;  /* for call_release, should the call end before call_init */
     shape_t ns = *ns_arg;
     axis_arg axis;
     norm_axes ax;
@@ -2613,7 +2619,8 @@ part_moments(module_state *state, const norm_kind *kind, const char *what, const
 {
     PyObject *result = NULL;
     PyArrayObject *input = NULL, *mean = NULL, *m2 = NULL, *scale = NULL;
-    kernel_call call = {0};
+    kernel_call call;
+    call.n = 0;  /* for call_release, should the call end before call_init */
     shape_t ns;
     axis_arg axis;
     norm_axes ax;
@@ -2692,7 +2699,8 @@ part_normalize(module_state *state, const norm_kind *kind, const char *what, con
     PyObject *result = NULL;
     PyArrayObject *input = NULL, *output = NULL, *scale = NULL;
     PyArrayObject *params[2] = {NULL, NULL}, *stats[2] = {NULL, NULL};
-    kernel_call call = {0};
+    kernel_call call;
+    call.n = 0;  /* for call_release, should the call end before call_init */
     shape_t ns;
     axis_arg axis;
     norm_axes ax;
@@ -2945,7 +2953,8 @@ part_backward(module_state *state, const norm_kind *kind, const char *what, cons
     PyObject *result = NULL;
     PyArrayObject *input = NULL, *grad_out = NULL, *weight = NULL, *grad_input = NULL;
     PyArrayObject *stats[2] = {NULL, NULL}, *rows_g[ROW_VALUES] = {NULL};
-    kernel_call call = {0};
+    kernel_call call;
+    call.n = 0;  /* for call_release, should the call end before call_init */
     shape_t ns;
     axis_arg axis;
     norm_axes ax;
