@@ -1301,7 +1301,7 @@ typedef struct {
 
 /* The arrays of one kernel call (all of the input's shape, statistics aside), their common
    shape and normalized axes, and, once planned, the kernel's extent and walks.  Not zeroed
-   (a few KiB, on every call): call_init, call_add and call_plan set what is read. */
+   (1.4 KiB, on every call): call_init, call_add and call_plan set what is read. */
 typedef struct {
     int n;
     call_array arrays[MAX_CALL_ARRAYS];
