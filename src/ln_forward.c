@@ -33,11 +33,12 @@ typedef struct {
     int stream_copy;                        /* the copy by non-temporal stores (see
                                                LN_STREAM_COPY_MIN_BYTES) */
     int fused;                              /* with a residual: by forward_sum_rows, unstaged */
+    ptrdiff_t read_ahead;                   /* how the statistics read the input (huge rows:
+                                               row_x) ahead (ln_read_ahead) */
     /* for a few huge rows, each split into chunks (ln_forward_huge_rows): */
     const char *row_x, *row_residual;       /* the row's input and residual (or NULL) */
     char *row_sum;                          /* ... and its sum (or NULL) */
     const char *row_in;                     /* the row normalized: row_sum, or row_x */
-    ptrdiff_t read_ahead;                   /* ... how its moments read row_x ahead (ln_read_ahead) */
     char *row_out;
     ln_moments *chunk_moments;              /* one per LN_CHUNK-element chunk of the row */
     double mean, rstd;
@@ -149,7 +150,7 @@ static void ln_forward_rows(void *ctx, ptrdiff_t begin, ptrdiff_t end)
     const ln_forward_job *job = ctx;
     const ln_forward_args *a = job->args;
     if (!a->residual.data && (!a->copy.data || ln_copies_in_rows(a))) {
-        job->kernels->forward_rows(a, &job->bounds, begin, end, ln_read_ahead(a, &a->input));
+        job->kernels->forward_rows(a, &job->bounds, begin, end, job->read_ahead);
         return;
     }
     if (job->fused) {
@@ -246,8 +247,6 @@ static int ln_forward_huge_rows(ln_forward_job *job, int parallel)
     const ptrdiff_t rows = ln_rows_of(&a->extent), n = a->extent.row_len;
     const ptrdiff_t chunks = (n + LN_CHUNK - 1) / LN_CHUNK;
     const ln_array *source = a->sum.data ? &a->sum : &a->input;
-    /* a sum is read just after it is written, from cache */
-    job->read_ahead = a->sum.data ? 0 : ln_read_ahead(a, &a->input);
     assert(rows >= 1);
     job->chunk_moments = malloc((size_t)chunks * sizeof(ln_moments));
     if (!job->chunk_moments) {
@@ -353,6 +352,9 @@ int ln_forward(const ln_forward_args *a)
         of_copy.copy = (ln_array){0};
         return ln_forward(&of_copy);
     }
+    /* a page ahead where one thread takes the call; a sum (huge rows) is read just after it
+       is written, from cache */
+    job.read_ahead = a->sum.data ? 0 : ln_read_ahead(a, &a->input, !parallel);
     if (contiguous && huge_rows) {
         return ln_forward_huge_rows(&job, parallel);
     }

@@ -567,13 +567,14 @@ static inline int ln_read_in_one_run(const ln_array *array, const ln_extent *ext
 }
 
 /* How far ahead of its reads a forward statistics loop over `array`'s rows (the input of
-   call a, or its residual) asks for them (LN_READ_AHEAD_BYTES, or LN_L3_READ_AHEAD_BYTES for
-   float16/bfloat16/float32 arrays that the last-level cache may hold), or 0: not at all.  The
-   weight and bias count with the array: a row of millions of elements reads its parameters
-   from memory too, and they push the array out of the cache before the next call (1x3000000
-   float32 with both, 12 MiB of input and 24 MiB of parameters, one thread, into out=:
-   1.61-1.95 -> 1.43-1.47 ms; 3x1000000, 20 MiB in all, 0.71-0.80 -> 0.69-0.73 ms). */
-static inline ptrdiff_t ln_read_ahead(const ln_forward_args *a, const ln_array *array)
+   call a, or its residual) asks for them (LN_READ_AHEAD_BYTES; with page_ahead, which a call
+   that one thread takes whole sets, LN_L3_READ_AHEAD_BYTES for float16/bfloat16/float32
+   arrays that the last-level cache may hold), or 0: not at all.  The weight and bias count
+   with the array: a row of millions of elements reads its parameters from memory too, and
+   they push the array out of the cache before the next call (1x3000000 float32 with both,
+   12 MiB of input and 24 MiB of parameters, one thread, into out=: 1.61-1.95 -> 1.43-1.47 ms;
+   3x1000000, 20 MiB in all, 0.71-0.80 -> 0.69-0.73 ms). */
+static inline ptrdiff_t ln_read_ahead(const ln_forward_args *a, const ln_array *array, int page_ahead)
 {
     const double param_bytes = (double)a->extent.row_len * (double)ln_param_size(a->dtype) *
                                ((a->weight != NULL) + (a->bias != NULL));
@@ -584,7 +585,9 @@ static inline ptrdiff_t ln_read_ahead(const ln_forward_args *a, const ln_array *
     if (bytes + param_bytes >= LN_READ_AHEAD_MIN_BYTES) {
         return LN_READ_AHEAD_BYTES;
     }
-    return bytes + param_bytes >= LN_L3_READ_AHEAD_MIN_BYTES && a->dtype != LN_F64 ? LN_L3_READ_AHEAD_BYTES : 0;
+    return page_ahead && bytes + param_bytes >= LN_L3_READ_AHEAD_MIN_BYTES && a->dtype != LN_F64
+               ? LN_L3_READ_AHEAD_BYTES
+               : 0;
 }
 
 /* Whether a forward over extent writes its float32/float64 output with non-temporal stores. */
@@ -725,7 +728,7 @@ static inline int ln_backward_prefetches(const ln_backward_args *a)
    LN_GRAD_PREFETCH_MIN_BYTES together, as for ln_backward_prefetches, whose rows pass 2 asks
    for instead, and both are read in one run; else 0 (float64's pass 1 ignores it).  One
    thread, A/B in alternating processes: 2048x4096 float32 3.68-3.80 -> 3.27-3.43 ms (8, 16 and
-   32 KiB ahead alike); with arrays of 8 to 16 MiB, which ln_read_ahead's threshold left out,
+   32 KiB ahead alike); with arrays of 8 to 16 MiB, which LN_READ_AHEAD_MIN_BYTES leaves out,
    1024x2048 float32 0.67-0.68 -> 0.57 ms, 2048x2048 float16 1.15-1.26 -> 0.86-0.92 ms,
    1500x2048 float32 1.01-1.04 -> 0.86-0.95 ms. */
 static inline ptrdiff_t ln_backward_read_ahead(const ln_backward_args *a)

@@ -333,7 +333,7 @@ static LN_ALWAYS_INLINE chunk_sums lane_sums(moments_acc *acc, ln_norm_kind kind
 
 /* The blocks, in elements, in which a chunk of n elements takes its groups by parity (see
    LN_PARITY_CHUNK_MAX_BYTES), or 0 where it takes them in order: float16/bfloat16 data (its
-   float32 block sums take both parities at once), an input read ahead from memory (a parity
+   float32 block sums take both parities at once), an input read ahead (ln_read_ahead; a parity
    at a time reads every other line: 2048x4096 float64 7.0 -> 8.1 ms), an output that
    streams (its lines leave whole), and a chunk `copying` into a training-mode copy on a level
    whose registers hold both parities' sums (AVX-512's 32; a group is LN_VD_PER_GROUP float64
@@ -1518,10 +1518,9 @@ static LN_ALWAYS_INLINE void forward_sum_rows(ln_norm_kind kind, ln_dtype dtype,
     const int sum_streams = streaming && !ln_dtype_is_16bit(dtype) && ln_rows_aligned(&a->sum, &a->extent, 16);
     const ln_row_kernels *kernels = &LN_LEVEL_KERNELS.by_dtype[dtype].by_kind[kind];
     const ln_normalize_fn normalize_span = streaming ? kernels->normalize_row_streaming : kernels->normalize_row;
-    /* as far ahead as memory needs, both arrays: a page ahead, as for one array that the L3
-       may hold, made 2048x1024 float32 slower (one thread: 1448 -> 1659 us) */
-    const int reads_ahead = ln_read_ahead(a, &a->input) == LN_READ_AHEAD_BYTES &&
-                            ln_read_ahead(a, &a->residual) == LN_READ_AHEAD_BYTES;
+    /* no page ahead even at one thread: reading both arrays so made 2048x1024 float32 slower
+       (1448 -> 1659 us) */
+    const int reads_ahead = ln_read_ahead(a, &a->input, 0) && ln_read_ahead(a, &a->residual, 0);
     const ptrdiff_t read_ahead = reads_ahead ? LN_READ_AHEAD_BYTES : 0;
     for (ptrdiff_t r = begin; r < end; r++) {
         const char *x = ln_row_address(&a->input, &a->extent, r);

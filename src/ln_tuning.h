@@ -144,20 +144,24 @@
 
 /* ... once the array the statistics read, with the weight and bias, holds this many bytes
    and is read in one run (its rows one after another, or each row at least 4 x
-   LN_READ_AHEAD_BYTES long): an input that stays in the last-level cache gained nothing and
-   lost up to 3% (4096x768 float32, 12 MiB, one thread: 0.95-0.96 ms either way; 256x4096, 4
-   MiB: 285 -> 289-294 us).  Backward's pass 1 goes by LN_GRAD_PREFETCH_MIN_BYTES of x and dy
-   together instead (ln_backward_read_ahead). */
+   LN_READ_AHEAD_BYTES long): on Zen 5, that far ahead, an input that stays in the last-level
+   cache gained nothing and lost up to 3% (4096x768 float32, 12 MiB, one thread: 0.95-0.96 ms
+   either way; 256x4096, 4 MiB: 285 -> 289-294 us), but see LN_L3_READ_AHEAD_MIN_BYTES.
+   Backward's pass 1 goes by LN_GRAD_PREFETCH_MIN_BYTES of x and dy together instead
+   (ln_backward_read_ahead). */
 #define LN_READ_AHEAD_MIN_BYTES ((ptrdiff_t)16 << 20)
 
 /* ... and a page ahead for float16/bfloat16/float32 arrays of this many bytes up to that
    size, which a 32 MiB L3 holds: the statistics loop, busy with its float64 sums, waits on
-   the L3 as it waits on memory, if less.  Zen 4, one thread, into out=, in one process
-   turn by turn with the reading ahead off (best of 31 turns, three runs): 2048x1024 float32
-   577-910 -> 525-711 us, 4096x768 float32 1349-1611 -> 1210-1394 us, 8192x256 float32
-   607-1116 -> 593-889 us, 2048x2048 float16 1156-1245 -> 959-1042 us; 16 KiB ahead gained
-   less; smaller arrays (1024x1024 float32, 4 MiB: 196-248 -> 209-262 us) and float64 ones
-   (1536x1024, 12 MiB: 1314-1334 -> 1413-1461 us) lost. */
+   the L3 as it waits on memory, if less.  Zen 4, one thread, into out=, in one process turn
+   by turn with the reading ahead off (best of 31 turns, three runs): 2048x1024 float32
+   577-910 -> 525-711 us, 4096x768 float32 1349-1611 -> 1210-1394 us, 2048x2048 float16
+   1156-1245 -> 959-1042 us; 8192x256 float32 607-1116 -> 593-889 us, later 0.92x-1.09x the
+   time (no clear gain); 16 KiB ahead gained less; smaller arrays (1024x1024 float32, 4 MiB:
+   196-248 -> 209-262 us) and float64 ones (1536x1024, 12 MiB: 1314-1334 -> 1413-1461 us)
+   lost, and so did two threads each reading half (2048x1024 float32, alternating processes:
+   248-314 -> 273-337 us), so only a call that one thread takes whole reads a page ahead
+   (ln_read_ahead's page_ahead). */
 #define LN_L3_READ_AHEAD_MIN_BYTES ((ptrdiff_t)8 << 20)
 #define LN_L3_READ_AHEAD_BYTES 4096
 
