@@ -75,8 +75,10 @@ def causal_attention(x: np.ndarray, wq, wk, wv, n_heads: int) -> np.ndarray:
 
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
-    """GPT-2's GELU, the tanh approximation (torch's GELU(approximate="tanh"))."""
-    inner = np.float32(math.sqrt(2 / math.pi)) * (x + np.float32(0.044715) * x**3)
+    """GPT-2's GELU, the tanh approximation (torch's GELU(approximate="tanh")).  The cube is
+    x * x * x, as torch's kernel forms it: NumPy's float32 x**3 goes through its power function,
+    which took 5.9 ms on 64x1536 elements where x * x * x took 21 us (NumPy 2.4, AVX-512)."""
+    inner = np.float32(math.sqrt(2 / math.pi)) * (x + np.float32(0.044715) * (x * x * x))
     return np.float32(0.5) * x * (1 + np.tanh(inner))
 
 
