@@ -636,10 +636,12 @@ param_object_array(PyObject *obj, const char *name, PyArrayObject **out)
 
 /* Replaces *param, param_object_array's array or NULL, by a new reference to it as a
    C-contiguous array of the param type, once its shape (normalized_shape's) and dtype are
-   checked.  Returns 0, or -1 with an exception set (*param left for the caller to release). */
+   checked; where the call reads no parameter (`values_read` 0: an input without elements), it
+   is only checked (a broadcast weight of 10**8 elements was copied, 0.4 GB, for an empty
+   result).  Returns 0, or -1 with an exception set (*param left for the caller to release). */
 static int
 param_checked(module_state *state, const char *fname, const char *name, const shape_t *ns, int type_num,
-              PyArrayObject **param)
+              int values_read, PyArrayObject **param)
 {
     int status = -1;
     PyArrayObject *arr = *param;
@@ -671,13 +673,15 @@ param_checked(module_state *state, const char *fname, const char *name, const sh
                      (PyObject *)PyArray_DESCR(arr));
         goto done;
     }
-    PyArrayObject *converted = param_of_type(state, arr, type_num);
-    if (!converted) {
-        allocation_failed(fname, name, ns->ndim, ns->dims, type_num);
-        goto done;
+    if (values_read) {
+        PyArrayObject *converted = param_of_type(state, arr, type_num);
+        if (!converted) {
+            allocation_failed(fname, name, ns->ndim, ns->dims, type_num);
+            goto done;
+        }
+        *param = converted;
+        Py_DECREF(arr);
     }
-    *param = converted;
-    Py_DECREF(arr);
     status = 0;
 done:
     Py_XDECREF(got);
@@ -1775,8 +1779,10 @@ forward(module_state *state, const norm_kind *kind, const char *what, const forw
         goto done;
     }
     eps = eps_defaults ? default_eps(kind, dtype) : eps;
+    /* training mode saves the parameters' bytes, which backward compares */
+    const int params_read = PyArray_SIZE(input) > 0 || returns == RETURN_SAVED_FOR_GRAD;
     for (int p = 0; p < kind->n_params; p++) {
-        if (param_checked(state, what, param_names[p], &ns, param_type_num[dtype], &params[p]) < 0) {
+        if (param_checked(state, what, param_names[p], &ns, param_type_num[dtype], params_read, &params[p]) < 0) {
             goto done;
         }
     }
@@ -2098,8 +2104,10 @@ backward(module_state *state, const norm_kind *kind, const char *what, const bac
     if (dtype < 0) {
         goto done;
     }
+    /* a module's backward compares the parameters' bytes with those its forward saved */
+    const int params_read = PyArray_SIZE(input) > 0 || !objs->stats;
     for (int p = 0; p < kind->n_params; p++) {
-        if (param_checked(state, what, param_names[p], &ns, param_type_num[dtype], &params[p]) < 0) {
+        if (param_checked(state, what, param_names[p], &ns, param_type_num[dtype], params_read, &params[p]) < 0) {
             goto done;
         }
     }
@@ -2739,8 +2747,9 @@ part_normalize(module_state *state, const norm_kind *kind, const char *what, con
     if (dtype < 0) {
         goto done;
     }
+    const int params_read = PyArray_SIZE(input) > 0;
     for (int p = 0; p < kind->n_params; p++) {
-        if (param_checked(state, what, param_names[p], &ns, param_type_num[dtype], &params[p]) < 0) {
+        if (param_checked(state, what, param_names[p], &ns, param_type_num[dtype], params_read, &params[p]) < 0) {
             goto done;
         }
     }
@@ -2980,7 +2989,8 @@ part_backward(module_state *state, const norm_kind *kind, const char *what, cons
         goto done;
     }
     const int dtype = kernel_dtype(state, input, what);
-    if (dtype < 0 || param_checked(state, what, "weight", &ns, param_type_num[dtype], &weight) < 0 ||
+    if (dtype < 0 ||
+        param_checked(state, what, "weight", &ns, param_type_num[dtype], PyArray_SIZE(input) > 0, &weight) < 0 ||
         resolve_axes(state, kind->kernel, &axis, input, &ns, &ax) < 0 || batch_size(input, &ax, &rows) < 0) {
         goto done;
     }

@@ -3172,7 +3172,7 @@ static LN_ALWAYS_INLINE int tiles_pipelined(ln_dtype dtype, const ln_forward_arg
    (forward_tile_output_with_next).  A tile's statistics alone are a chain of dependent
    additions a group, ending in divisions and a square root that its output waits for; beside
    another tile's output they cost little ((8, 64, 56, 56) float32 over C, one thread, Zen 4:
-   0.7-0.77x the time).  Each lane's arithmetic is the same either way: the same bits.  In a
+   0.68-0.77x the time).  Each lane's arithmetic is the same either way: the same bits.  In a
    function of its own: forward_tiles' gathering loops, sharing one with it, took 1.1x the time
    ((200000, 8) over axis 0). */
 static LN_ALWAYS_INLINE void forward_tiles_pipelined(ln_norm_kind kind, ln_dtype dtype, const ln_forward_args *args,

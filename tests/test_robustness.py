@@ -158,6 +158,31 @@ def test_backward_of_no_rows_needs_no_scratch(call):
     assert (outcome.error, outcome.message) == (None, repr(grads))
 
 
+# No rows with parameters of 2**30 elements broadcast from one value: the call reads no
+# parameter, so it converts none (each was copied to a C-contiguous 4 GiB array, for an empty
+# result); a child with 1 GiB to spare
+NO_ROWS_BROADCAST_SETUP = ("z = np.zeros((0, 2**30), np.float32); "
+                           "w = np.broadcast_to(np.float32(1), (2**30,)); "
+                           "s = np.zeros((0, 1), np.float32)")
+NO_ROWS_BROADCAST_PARAMS = {
+    "layer_norm": "layernorm.layer_norm(z, 2**30, w, w).shape",
+    "native_layer_norm": "[a.shape for a in layernorm.native_layer_norm(z, 2**30, w, w)]",
+    "rms_norm": "layernorm.rms_norm(z, 2**30, w).shape",
+    "add_layer_norm": "[a.shape for a in layernorm.add_layer_norm(z, z, 2**30, w, w)]",
+    "add_rms_norm": "[a.shape for a in layernorm.add_rms_norm(z, z, 2**30, w)]",
+    "layer_norm-axis": "layernorm.layer_norm(z.T, 2**30, w, w, axis=0).shape",
+    "layer_norm_backward": "layernorm.layer_norm_backward(z, z, 2**30, s, s, w, w, (True, False, False))[0].shape",
+    "rms_norm_backward": "layernorm.rms_norm_backward(z, z, 2**30, s, w, (True, False))[0].shape",
+}
+
+
+@pytest.mark.parametrize("call", list(NO_ROWS_BROADCAST_PARAMS))
+def test_no_rows_convert_no_parameter(call):
+    outcome = run_in_child(NO_ROWS_BROADCAST_PARAMS[call], NO_ROWS_BROADCAST_SETUP, memory=2**30, timeout=60)
+    assert outcome.error is None, outcome.message
+    assert "2**30" not in outcome.message and "1073741824" in outcome.message
+
+
 # Backward of two strided rows of 2**22 elements: scratch memory in proportion to the results (the
 # partial sums of the route for strided rows, 16 float64 lanes a column, took 1 GiB here)
 FEW_STRIDED_ROWS_SETUP = ("x = np.broadcast_to(np.arange(2, dtype=np.float32), (2**22, 2)); "
