@@ -272,14 +272,14 @@ static int ln_forward_huge_rows(ln_forward_job *job, int parallel)
         }
         job->mean = m.mean;
         job->rstd = ln_rstd_of(m, a->eps);
-        if (scanned && ln_row_needs_exact(job->rstd, &widest)) {
+        if (scanned && ln_row_needs_exact(job->mean, job->rstd, &widest)) {
             /* outside every call's bounds: the row goes by the exact path whatever the weight
                and bias, and the normalize's float32 constants could not even hold its rstd */
             job->bounds = ln_rstd_bounds_of_call(a);
             free(scanned);
             scanned = NULL;
         }
-        if (!scanned && ln_row_needs_exact(job->rstd, &job->bounds)) {
+        if (!scanned && ln_row_needs_exact(job->mean, job->rstd, &job->bounds)) {
             ln_forward_exact_row(a, source, r);
             continue;
         }
@@ -303,7 +303,7 @@ static int ln_forward_huge_rows(ln_forward_job *job, int parallel)
             job->scanned = NULL;
             free(scanned);
             scanned = NULL;
-            if (ln_row_needs_exact(job->rstd, &job->bounds)) {
+            if (ln_row_needs_exact(job->mean, job->rstd, &job->bounds)) {
                 ln_forward_exact_row(a, source, r);
             }
             else if (!complete) {

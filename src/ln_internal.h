@@ -67,13 +67,16 @@ typedef struct {
 typedef void (*ln_normalize_fn)(const void *x, void *y, ptrdiff_t n, double mean, double rstd,
                                 const void *weight, const void *bias);
 
-/* The range of rstd whose rows the row kernels normalize: float16/bfloat16/float32 rows take
-   float(rstd) * w_j in float32, so rstd outside [low, high] leaves float32's normal range
-   for some normal weight or the largest, float64 rows the same in float64; low > 0, so a row whose squares
-   overflowed (rstd 0) or whose moments are not finite (rstd NaN) is outside.  One call's,
-   from its weight and bias (ln_rstd_bounds_of); empty where those hold NaN or Inf. */
+/* The rows the row kernels normalize, the others going by ln_forward_exact_row: those whose
+   rstd lies in [low, high] and whose mean is 0 or at least tiny_mean in magnitude.
+   float16/bfloat16/float32 rows take float(rstd) * w_j in float32, so rstd outside [low, high]
+   leaves float32's normal range for some normal weight or the largest, float64 rows the same
+   in float64; low > 0, so a row whose squares overflowed (rstd 0) or whose moments are not
+   finite (rstd NaN) is outside.  One call's, from its weight and bias (ln_rstd_bounds_of);
+   empty where those hold NaN or Inf. */
 typedef struct {
     double low, high;
+    double tiny_mean;
 } ln_rstd_bounds;
 
 /* What a call's rstd bounds depend on, over some columns of its weight and bias (the levels'
@@ -325,7 +328,7 @@ static inline ln_param_magnitudes ln_magnitudes_without_params(void)
 static inline ln_rstd_bounds ln_rstd_bounds_of(ln_dtype dtype, ptrdiff_t n, ln_param_magnitudes params)
 {
     if (!isfinite(params.weight_largest) || !isfinite(params.bias_largest)) {
-        return (ln_rstd_bounds){INFINITY, 0.0};
+        return (ln_rstd_bounds){INFINITY, 0.0, 0.0};
     }
     /* the nonzero magnitudes that rstd * w must keep normal, and 1 */
     const double kept = params.weight_smallest_normal <= params.weight_largest ? params.weight_smallest_normal
@@ -341,13 +344,20 @@ static inline ln_rstd_bounds ln_rstd_bounds_of(ln_dtype dtype, ptrdiff_t n, ln_p
        bfloat16 near 1e-20, with eps 0) go by the exact path, which scales them first. */
     if (dtype == LN_F64) {
         const double high = DBL_MAX / largest;
-        return (ln_rstd_bounds){DBL_MIN / smallest, high < 0x1p507 ? high : 0x1p507};
+        return (ln_rstd_bounds){DBL_MIN / smallest, high < 0x1p507 ? high : 0x1p507, 0.0};
     }
     /* float32 arithmetic also needs x - mean finite: |x - mean| <= sqrt(m2) <= sqrt(n) / rstd,
        at most FLT_MAX / 2 once rstd >= 2 sqrt(n) / FLT_MAX (rows of std above ~1e37). */
     const double low = fmax((double)FLT_MIN / smallest, 2.0 * sqrt((double)n) / (double)FLT_MAX);
     const double high = (double)FLT_MAX / largest;
-    return (ln_rstd_bounds){low, ln_dtype_is_16bit(dtype) && high > 0x1p55 ? 0x1p55 : high};
+    /* and float32 arithmetic subtracts the mean as two floats, mean_hi + mean_lo (row_norm_of),
+       whose second falls below float32's normal range where |mean| < 2**-102: the subnormals'
+       spacing, 2**-149, then stands between it and the mean's own value, a large part of
+       x - mean in rows as narrow (float32 or bfloat16 data near 1e-38 and below).  Such rows
+       go by the exact path (float32 rows 1e-39 + 1e-42 * N(0, 1) of 512 elements: outputs
+       1.6e-4 of their scale off with eps 1e-30, and by 66 of the subnormals' steps with eps
+       1e-5, where the output is subnormal too). */
+    return (ln_rstd_bounds){low, ln_dtype_is_16bit(dtype) && high > 0x1p55 ? 0x1p55 : high, 0x1p-102};
 }
 
 /* The rstd bounds of a call (its kind says whether its bias counts). */
@@ -358,11 +368,11 @@ static inline ln_rstd_bounds ln_rstd_bounds_of_call(const ln_forward_args *a)
     return ln_rstd_bounds_of(a->dtype, n, ln_dtype_kernels_in_use(a->dtype)->param_magnitudes(a->weight, bias, n));
 }
 
-/* Whether a row needs ln_forward_exact_row: its rstd is outside the call's bounds, which
-   includes rows whose moments overflowed or hold NaN or Inf. */
-static inline int ln_row_needs_exact(double rstd, const ln_rstd_bounds *bounds)
+/* Whether a row needs ln_forward_exact_row: its rstd or its mean is outside the call's
+   bounds, which includes rows whose moments overflowed or hold NaN or Inf. */
+static inline int ln_row_needs_exact(double mean, double rstd, const ln_rstd_bounds *bounds)
 {
-    return !(bounds->low <= rstd && rstd <= bounds->high);
+    return !(bounds->low <= rstd && rstd <= bounds->high) || (mean != 0.0 && fabs(mean) < bounds->tiny_mean);
 }
 
 /* Pass 1's results for a span of a row: sum(g), sum(g * xhat), then the largest magnitudes. */
@@ -788,7 +798,7 @@ static inline void ln_normalize_spans_backwards(ln_normalize_fn normalize, ln_dt
             const ln_param_magnitudes span = scan->param_magnitudes(span_weight, span_bias, stop - start);
             const ln_rstd_bounds allowed = ln_rstd_bounds_of(scan->dtype, scan->row_len, span);
             scan->seen = ln_merge_param_magnitudes(scan->seen, span);
-            scan->complete &= !ln_row_needs_exact(rstd, &allowed);
+            scan->complete &= !ln_row_needs_exact(mean, rstd, &allowed);
         }
         if (!scan || scan->complete) {
             normalize((const char *)x + start * elsize, (char *)y + start * elsize, stop - start, mean, rstd,

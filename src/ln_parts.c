@@ -153,7 +153,7 @@ static void ln_part_normalize_tasks(void *ctx, ptrdiff_t begin, ptrdiff_t end)
         const void *bias = a->bias ? (const char *)a->bias + start * param_elsize : NULL;
         const char *x = ln_row_address(&a->input, &a->extent, r);
         char *y = ln_row_address(&a->output, &a->extent, r);
-        if (scale != 1.0 || ln_row_needs_exact(rstd, &job->bounds)) {
+        if (scale != 1.0 || ln_row_needs_exact(mean, rstd, &job->bounds)) {
             ln_part_normalize_exact(a, r, start, len, mean, rstd, scale, weight, bias);
         }
         else if (adjacent) {
@@ -302,7 +302,8 @@ int ln_part_normalize(const ln_part_normalize_args *a)
     const ln_forward_args row = {.kind = a->kind, .dtype = a->dtype,
                                  .extent = {.blocks = 1, .rows = 1, .row_len = a->row_len}};
     const ln_rstd_bounds of_part = ln_rstd_bounds_of_call(&part), of_row = ln_rstd_bounds_of_call(&row);
-    job.bounds = (ln_rstd_bounds){fmax(of_part.low, of_row.low), fmin(of_part.high, of_row.high)};
+    job.bounds = (ln_rstd_bounds){fmax(of_part.low, of_row.low), fmin(of_part.high, of_row.high),
+                                  fmax(of_part.tiny_mean, of_row.tiny_mean)};
     ln_part_run(&job, ln_part_normalize_tasks);
     return 0;
 }

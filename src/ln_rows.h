@@ -1168,9 +1168,10 @@ static LN_ALWAYS_INLINE void short_block_statistics(ln_norm_kind kind, ln_dtype 
     const gd rstd_v = gd_div(gd_splat(1.0), gd_sqrt(gd_add(gd_div_by(m2, &p->by_n), gd_splat(a->eps))));
     gd_store(b->means, mean_v);
     gd_store(b->rstds, rstd_v);
-    /* the common block: every lane's rstd within bounds, so every row's moments are finite
-       (a lane past the last row may fail, and sends the block the long way) */
-    b->every_row = gd_all_within(rstd_v, bounds->low, bounds->high);
+    /* the common block: every lane's rstd and mean within bounds, so every row's moments are
+       finite (a lane past the last row may fail, and sends the block the long way) */
+    b->every_row = gd_all_within(rstd_v, bounds->low, bounds->high) &&
+                   !(has_mean && gd_any_nonzero_below(mean_v, bounds->tiny_mean));
     if (b->every_row) {
         if (a->mean.data) {
             store_block_stat(dtype, &a->mean, &a->extent, block, rows, b->means);
@@ -1185,7 +1186,7 @@ static LN_ALWAYS_INLINE void short_block_statistics(ln_norm_kind kind, ln_dtype 
     for (ptrdiff_t k = 0; k < rows; k++) {
         const ln_moments m = {(double)n, b->means[k], m2s[k]};
         b->rstds[k] = ln_moments_finite(m) ? b->rstds[k] : NAN;
-        b->written[k] = !ln_row_needs_exact(b->rstds[k], bounds);
+        b->written[k] = !ln_row_needs_exact(b->means[k], b->rstds[k], bounds);
         if (b->written[k]) {
             ln_store_stats(a, block + k, b->means[k], b->rstds[k]);
         }
@@ -1331,7 +1332,7 @@ static LN_ALWAYS_INLINE void forward_rows_pipelined(ln_norm_kind kind, ln_dtype 
         }
         if (gather) {
             const double rstd = ln_rstd_of(m, a->eps);
-            previous_done = ln_row_needs_exact(rstd, bounds);
+            previous_done = ln_row_needs_exact(m.mean, rstd, bounds);
             if (previous_done) {
                 ln_forward_exact_row(a, &a->input, r);
             }
@@ -1402,7 +1403,7 @@ static LN_ALWAYS_INLINE void forward_rows_batched(ln_norm_kind kind, ln_dtype dt
         lane_rstds(n, a->eps, means, m2s, rstds);
         for (int k = 0; k < rows; k++) {
             const ptrdiff_t r = block + k;
-            if (ln_row_needs_exact(rstds[k], bounds)) {
+            if (ln_row_needs_exact(means[k], rstds[k], bounds)) {
                 ln_forward_exact_row(a, &a->input, r);
                 continue;
             }
@@ -1488,7 +1489,7 @@ static LN_ALWAYS_INLINE void forward_rows(ln_norm_kind kind, ln_dtype dtype, con
         char *y = ln_row_address(&a->output, &a->extent, r);
         const ln_moments m = row_moments(kind, dtype, x, n, read_ahead);
         const double rstd = ln_rstd_of(m, a->eps);
-        if (ln_row_needs_exact(rstd, bounds)) {
+        if (ln_row_needs_exact(m.mean, rstd, bounds)) {
             ln_forward_exact_row(a, &a->input, r);
             continue;
         }
@@ -1536,7 +1537,7 @@ static LN_ALWAYS_INLINE void forward_sum_rows(ln_norm_kind kind, ln_dtype dtype,
             m = start == 0 ? chunk : ln_merge(m, chunk);
         }
         const double rstd = ln_rstd_of(m, a->eps);
-        if (ln_row_needs_exact(rstd, bounds)) {
+        if (ln_row_needs_exact(m.mean, rstd, bounds)) {
             ln_forward_exact_row(a, &a->sum, r);
             continue;
         }
@@ -2913,7 +2914,7 @@ static void forward_tile_rows(ln_norm_kind kind, ln_dtype dtype, const ln_forwar
     const ptrdiff_t x_step = source->walk.elem_step, y_step = a->output.walk.elem_step;
     const char *weight = a->weight, *bias = kind == LN_NORM_LAYER ? a->bias : NULL;
     for (int k = 0; k < count; k++) {
-        if (ln_row_needs_exact(rstds[k], bounds)) {
+        if (ln_row_needs_exact(means[k], rstds[k], bounds)) {
             ln_forward_exact_row(a, source, first + k);
             continue;
         }
@@ -3042,7 +3043,7 @@ static LN_ALWAYS_INLINE int forward_tile_output(ln_norm_kind kind, ln_dtype dtyp
     const ptrdiff_t group_bytes = group_bytes_of(dtype);
     int exact_rows = 0;
     for (int k = 0; k < count; k++) {
-        exact_rows |= ln_row_needs_exact(rstds[k], bounds);
+        exact_rows |= ln_row_needs_exact(means[k], rstds[k], bounds);
     }
     const ln_array *source_rows = a->residual.data ? &a->sum : &a->input;  /* the rows normalized */
     if (exact_rows) {

@@ -164,6 +164,27 @@ static LN_ALWAYS_INLINE int gd_all_within(gd a, double low, double high)
 }
 #endif
 
+/* Whether any lane of a is nonzero and of magnitude below bound. */
+#if LN_VD_LANES > 1
+static LN_ALWAYS_INLINE int gd_any_nonzero_below(gd a, double bound)
+{
+    ln_vu64 found = {0};
+    FOR_VD(k) { found |= (ln_vu64)((a.v[k] != 0.0) & (a.v[k] < bound) & (a.v[k] > -bound)); }
+    uint64_t any = 0;
+    for (int j = 0; j < LN_VD_LANES; j++) {
+        any |= found[j];
+    }
+    return any != 0;
+}
+#else
+static LN_ALWAYS_INLINE int gd_any_nonzero_below(gd a, double bound)
+{
+    int any = 0;
+    FOR_VD(k) { any |= a.v[k] != 0.0 && fabs(a.v[k]) < bound; }
+    return any;
+}
+#endif
+
 static LN_ALWAYS_INLINE gf gf_splat(float value)
 {
     gf r;

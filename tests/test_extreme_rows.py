@@ -1,6 +1,7 @@
 """Rows whose statistics leave the row kernels' number ranges get the float64 reference's answer
 on every route: float64 rows whose squared deviations overflow, float16/float32 rows whose rstd
-is beyond float32's range or whose rstd * weight is below float32's normal range.  Rows holding
+is beyond float32's range or whose rstd * weight is below float32's normal range, float32 rows
+of subnormal data whose mean float32 arithmetic cannot hold.  Rows holding
 NaN or Inf give NaN, as one quiet NaN.  bfloat16 (with ml_dtypes) goes the float32 rows' way.
 
 Each route of the kernel layer is reached by its shape: rows shorter than a group (3), rows of
@@ -67,12 +68,22 @@ def _extreme(kind, row_len):
     if kind == "float64-squares-subnormal-eps-0":
         rows[0] = 1e-160 * wave
         return np.float64, rows, None, 0.0
+    # float32 data spread over a few hundred of the subnormals' steps, whose mean float32
+    # arithmetic cannot hold as two floats (the output is normal with eps 1e-30, subnormal
+    # with 1e-5)
+    if kind == "float32-subnormal-spread-eps-1e-30":
+        rows[0] = 1e-39 + 1e-42 * wave
+        return np.float32, rows, None, 1e-30
+    if kind == "float32-subnormal-spread-eps-1e-5":
+        rows[0] = 1e-39 + 1e-42 * wave
+        return np.float32, rows, None, 1e-5
     raise AssertionError(kind)
 
 
 KINDS = ["float64-squares-overflow", "float64-squares-overflow-near-max", "float32-constant-row-eps-1e-80",
          "float16-constant-row-eps-5e-324", "float32-subnormal-rstd-times-weight", "float32-centred-overflows",
-         "float64-squares-subnormal-eps-0"] + (
+         "float64-squares-subnormal-eps-0", "float32-subnormal-spread-eps-1e-30",
+         "float32-subnormal-spread-eps-1e-5"] + (
     ["bfloat16-squares-overflow", "bfloat16-constant-row-eps-1e-80", "bfloat16-squares-subnormal-eps-0",
      "bfloat16-squares-subnormal-eps-1e-70"] if BF16 else [])
 
