@@ -112,6 +112,10 @@ def main() -> int:
     except ImportError:
         print("\n5. torch is not installed: no side-by-side comparison.")
         return 0
+    except Exception as error:  # an install that fails to load (a library missing, say)
+        print(f"\n5. torch is installed but could not be imported ({type(error).__name__}: {error}):"
+              " no side-by-side comparison.")
+        return 0
     print(f"\n5. Against torch {torch.__version__}")
     cases: list[tuple[np.ndarray, int | list[int], np.ndarray]] = [
         (embedding, 4, y), (ramp, 6, y6), (image, [3, 5, 5], whole), (x, 768, ours),

@@ -624,7 +624,7 @@ def _probe_params(normalized_shape: Tuple[int, ...]) -> Tuple[np.ndarray, np.nda
 def _torch_or_none() -> Any:
     try:
         import torch
-    except ImportError:
+    except Exception:  # not installed, or an install that fails to load: no tensors to write
         return None
     return torch
 

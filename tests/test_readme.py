@@ -154,3 +154,14 @@ def test_demo_piped_into_a_reader_that_leaves_early_prints_no_traceback():
     stderr = proc.stderr.read()
     proc.wait(timeout=120)
     assert "Traceback" not in stderr and proc.returncode in (0, 1)
+
+
+def test_demo_with_a_torch_that_fails_to_load_says_so(tmp_path):
+    # A torch install whose import raises something other than ImportError (a shared library
+    # missing: OSError) leaves the demo without its comparison, not with a traceback.
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text('raise OSError("libtorch_cpu.so: cannot open shared object file")\n')
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-m", "layernorm"], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "torch is installed but could not be imported (OSError: libtorch_cpu.so" in proc.stdout
