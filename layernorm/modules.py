@@ -169,13 +169,21 @@ def _check_device(device: Any) -> None:
 
 def _checkpoint_array(value: Any) -> np.ndarray:
     """Return a state_dict value as an ndarray; a bfloat16 tensor as ml_dtypes' bfloat16, or,
-    without ml_dtypes, widened to float32 (exact too)."""
-    if str(getattr(value, "dtype", "")) == "torch.bfloat16":
+    without ml_dtypes, widened to float32 (exact too); the 8-bit floats (torch's float8
+    tensors, ml_dtypes' float8 arrays), which torch loads into a parameter by converting them
+    and which NumPy has no arithmetic of its own for, widened to float32 (exact)."""
+    dtype_name = str(getattr(value, "dtype", ""))
+    if dtype_name == "torch.bfloat16":
         try:
             _bfloat16_dtype()
         except TypeError:
             value = value.float()
-    return np.asarray(_as_numpy(value))
+    elif dtype_name.startswith("torch.float8"):
+        value = value.float()
+    array = np.asarray(_as_numpy(value))
+    if array.dtype.kind == "V" and array.dtype.name.startswith("float8"):
+        array = array.astype(np.float32)
+    return array
 
 
 def _rounded_as_torch(value: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray:

@@ -413,6 +413,45 @@ def test_load_state_dict_from_numpy_arrays(kind, case_id, ns, kwargs):
     np.testing.assert_allclose(ours(x), torch_out(theirs, x), rtol=ATOL[dtype], atol=ATOL[dtype])
 
 
+FLOAT8 = ["float8_e4m3fn", "float8_e5m2"]
+
+
+@requires_torch
+@pytest.mark.parametrize("module_dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("float8", FLOAT8)
+@BY_KIND
+def test_load_state_dict_takes_float8_tensors_as_torch(kind, float8, module_dtype):
+    # torch loads a float8 checkpoint by converting each value into the module's parameter
+    if module_dtype == "bfloat16" and BF16 is None:
+        pytest.skip("ml_dtypes is not installed")
+    theirs = kind.theirs(8, dtype=getattr(torch, module_dtype))
+    randomize_torch(theirs, seed=9)
+    checkpoint = {name: value.to(getattr(torch, float8)) for name, value in theirs.state_dict().items()}
+    theirs.load_state_dict(checkpoint)
+    ours = kind.ours(8, dtype=module_dtype)
+    ours.load_state_dict(checkpoint)
+    for name, p in theirs.named_parameters():
+        assert getattr(ours, name).dtype.name == module_dtype
+        np.testing.assert_array_equal(getattr(ours, name).astype(np.float32), p.detach().float().numpy())
+    # assigned, they become float32 (torch keeps float8 parameters, which its forward refuses)
+    ours.load_state_dict(checkpoint, assign=True)
+    for name, p in theirs.named_parameters():
+        assert getattr(ours, name).dtype == np.float32
+        np.testing.assert_array_equal(getattr(ours, name), p.detach().float().numpy())
+
+
+@pytest.mark.parametrize("float8", FLOAT8)
+@BY_KIND
+def test_load_state_dict_takes_ml_dtypes_float8_arrays(kind, float8):
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    values = np.array([-3.0, -1.25, -0.4375, 0.0, 0.4375, 1.25, 2.0, 3.0])
+    ours = kind.ours(8)
+    ours.load_state_dict({name: values.astype(getattr(ml_dtypes, float8)) for name in kind.names})
+    for name in kind.names:
+        assert getattr(ours, name).dtype == np.float32
+        np.testing.assert_array_equal(getattr(ours, name), values.astype(np.float32))
+
+
 @BY_KIND
 def test_load_state_dict_keeps_module_dtype(kind):
     # torch copies into the existing parameter: a float64 checkpoint keeps a float32 module float32.
