@@ -180,7 +180,7 @@ NO_ROWS_BROADCAST_PARAMS = {
 def test_no_rows_convert_no_parameter(call):
     outcome = run_in_child(NO_ROWS_BROADCAST_PARAMS[call], NO_ROWS_BROADCAST_SETUP, memory=2**30, timeout=60)
     assert outcome.error is None, outcome.message
-    assert "2**30" not in outcome.message and "1073741824" in outcome.message
+    assert "1073741824" in outcome.message  # the empty result has the rows' length
 
 
 # Backward of two strided rows of 2**22 elements: scratch memory in proportion to the results (the
