@@ -950,33 +950,42 @@ arrays_overlap(PyArrayObject *a, PyArrayObject *b)
     return a_lo < a_hi && b_lo < b_hi && a_lo < b_hi && b_lo < a_hi;
 }
 
-/* The work np.shares_memory may do on one pair of arrays before it gives up. */
-#define SHARES_MEMORY_MAX_WORK 100000
+/* The work np.shares_memory may do on one pair of arrays before it gives up: this many
+   steps of its search per element of the arrays, so the test costs in proportion to the
+   results it guards (strides found to need more are contrived, not made by slicing). */
+#define SHARES_MEMORY_WORK_PER_ELEMENT 256
+#define SHARES_MEMORY_MIN_WORK 100000
 
-/* 1 when an element of a and one of b share memory, else 0, or -1 with an exception set:
-   where their extents overlap, NumPy's exact test decides (interleaved halves of one buffer
-   share nothing), and counts as sharing where it gives up.  It is given base-class views, so
-   that no subclass's __array_function__ (the caller's code) runs after the checks. */
+/* 1 when an element of a and one of b share memory, 0 when none does, 2 when NumPy's exact
+   test gave up within its budget, or -1 with an exception set.  Where their extents overlap,
+   the exact test decides (interleaved halves of one buffer share nothing).  It is given
+   base-class views, so that no subclass's __array_function__ (the caller's code) runs after
+   the checks. */
 static int
 arrays_share_memory(module_state *state, PyArrayObject *a, PyArrayObject *b)
 {
     if (!arrays_overlap(a, b)) {
         return 0;
     }
+    const npy_intp elements = PyArray_SIZE(a) > PyArray_SIZE(b) ? PyArray_SIZE(a) : PyArray_SIZE(b);
+    npy_intp max_work = SHARES_MEMORY_MIN_WORK;
+    if (elements > max_work / SHARES_MEMORY_WORK_PER_ELEMENT) {
+        max_work = elements > NPY_MAX_INTP / SHARES_MEMORY_WORK_PER_ELEMENT ? NPY_MAX_INTP
+                                                                          : elements * SHARES_MEMORY_WORK_PER_ELEMENT;
+    }
     int share = -1;
     PyObject *shares = NULL;
     PyObject *a_view = PyArray_View(a, NULL, &PyArray_Type);
     PyObject *b_view = a_view ? PyArray_View(b, NULL, &PyArray_Type) : NULL;
     if (b_view) {
-        shares = PyObject_CallFunction(state->shares_memory, "OOn", a_view, b_view,
-                                       (Py_ssize_t)SHARES_MEMORY_MAX_WORK);
+        shares = PyObject_CallFunction(state->shares_memory, "OOn", a_view, b_view, (Py_ssize_t)max_work);
     }
     if (shares) {
         share = PyObject_IsTrue(shares);
     }
     else if (b_view && PyErr_ExceptionMatches(state->too_hard_error)) {
         PyErr_Clear();
-        share = 1;
+        share = 2;
     }
     Py_XDECREF(a_view);
     Py_XDECREF(b_view);
@@ -1821,11 +1830,15 @@ forward(module_state *state, const norm_kind *kind, const char *what, const forw
             goto done;
         }
         const int share = arrays_share_memory(state, output, sum);
+        if (share == 1) {
+            PyErr_SetString(PyExc_ValueError, "out and residual_out overlap: the output would overwrite the sum");
+        }
+        else if (share == 2) {
+            PyErr_SetString(PyExc_ValueError,
+                            "cannot tell whether out and residual_out overlap: numpy.shares_memory gave up "
+                            "on their strides; pass arrays that do not share a buffer");
+        }
         if (share != 0) {
-            if (share > 0) {
-                PyErr_SetString(PyExc_ValueError,
-                                "out and residual_out overlap: the output would overwrite the sum");
-            }
             goto done;
         }
     }

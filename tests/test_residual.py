@@ -273,6 +273,27 @@ def test_out_and_residual_out_may_share_a_buffer(kind, layout):
     assert bits(buffer[out_part]) == bits(kind.forward(x + residual, (17,), w, b))
 
 
+# Two float32 views of one byte buffer, (byte offset, byte strides) each, shaped (12, 26, 19):
+# their extents overlap, no element of one shares a byte with the other or with itself, and
+# np.shares_memory gives up on them within its budget of 100000 steps (it needs 800000).
+HARD_TO_SEPARATE = ((0, (14318, 2882, 16827)), (2562, (10722, 5392, 15185)))
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=str)
+def test_out_and_residual_out_in_one_buffer_with_hard_strides(kind):
+    x, residual, w, b = case_data(np.float32, (12, 26, 19), (19,), kind.affines[0], seed=6)
+    raw = np.zeros(540_000, np.uint8)
+    out, sum_ = (
+        np.lib.stride_tricks.as_strided(raw[offset : offset + 4].view(np.float32), x.shape, strides)
+        for offset, strides in HARD_TO_SEPARATE
+    )
+    with pytest.raises(np.exceptions.TooHardError):
+        np.shares_memory(out, sum_, max_work=100_000)
+    kind.add(x, residual, (19,), w, b, out=out, residual_out=sum_)
+    assert bits(sum_) == bits(x + residual)
+    assert bits(out) == bits(kind.forward(x + residual, (19,), w, b))
+
+
 @pytest.mark.parametrize("kind", KINDS, ids=str)
 def test_out_overlapping_residual_out_is_refused(kind):
     x, residual, w, b = case_data(np.float32, (6, 17), (17,), kind.affines[0], seed=6)
