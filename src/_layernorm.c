@@ -1321,6 +1321,8 @@ typedef struct {
     int ndim;
     npy_intp dims[LN_MAX_DIMS];
     norm_axes axes;
+    int reference;          /* the array normalized (the input, or the sum of a fused add): its
+                               layout alone decides the kernel's route, and so the bits */
     ln_extent extent;
     ln_walk walks[MAX_CALL_ARRAYS];
 } kernel_call;
@@ -1362,10 +1364,14 @@ call_array_at(const kernel_call *call, int index)
     return array;
 }
 
-/* Plans the walks of the call's arrays as they are.  Returns 1 when the kernel can walk
-   them (with `unit_elements`: only rows whose elements are adjacent), else 0. */
+/* Plans the walks of the call's arrays as they are (or, with `alone` an array's index, checks
+   that one array could be walked by itself, and plans nothing).  Returns 1 when the kernel can
+   walk them (with `unit_elements`: only rows whose elements are adjacent), else 0.  The
+   kernels take their contiguous route, whose bits can differ from the strided route's, when
+   every array's elements are adjacent: where the reference's are, every array's must be, so
+   that the route follows the reference's layout, whatever the others' are. */
 static int
-call_plan(kernel_call *call, int unit_elements)
+call_plan(kernel_call *call, int unit_elements, int alone)
 {
     npy_intp strides[MAX_CALL_ARRAYS][LN_MAX_DIMS];
     const ptrdiff_t *stride_lists[MAX_CALL_ARRAYS] = {NULL};
@@ -1377,7 +1383,7 @@ call_plan(kernel_call *call, int unit_elements)
     }
     for (int a = 0; a < call->n; a++) {
         const call_array *slot = &call->arrays[a];
-        if (!slot->arr) {
+        if (!slot->arr || (alone >= 0 && a != alone)) {
             continue;
         }
         if (!PyArray_ISALIGNED(slot->arr) || !PyArray_ISNOTSWAPPED(slot->arr)) {
@@ -1395,12 +1401,20 @@ call_plan(kernel_call *call, int unit_elements)
                        &call->extent, walks) != LN_LAYOUT_OK) {
         return 0;
     }
+    int adjacent_needed = unit_elements;
+    for (int i = 0; i < k; i++) {
+        if (present[i] == call->reference && walks[i].elem_step == itemsizes[i]) {
+            adjacent_needed = 1;
+        }
+    }
     for (int i = 0; i < k; i++) {
         /* (an empty array has zero strides, and no element to walk) */
         const call_array *slot = &call->arrays[present[i]];
-        if (unit_elements && !slot->per_row && PyArray_SIZE(slot->arr) > 0 && walks[i].elem_step != itemsizes[i]) {
+        if (adjacent_needed && !slot->per_row && PyArray_SIZE(slot->arr) > 0 && walks[i].elem_step != itemsizes[i]) {
             return 0;
         }
+    }
+    for (int i = 0; i < k && alone < 0; i++) {
         call->walks[present[i]] = walks[i];
     }
     return 1;
@@ -1475,7 +1489,7 @@ call_use_copies(const char *fname, kernel_call *call)
     for (int i = 0; i < call->axes.naxes; i++) {
         call->axes.axes[i] = call->ndim - call->axes.naxes + i;
     }
-    if (!call_plan(call, 1)) {
+    if (!call_plan(call, 1, -1)) {
         PyErr_SetString(PyExc_SystemError, "layernorm: C-contiguous rows did not plan as rows");
         return -1;
     }
@@ -1517,32 +1531,43 @@ call_use_native(const char *fname, kernel_call *call)
     return 0;
 }
 
-/* Replaces each array the kernel reads (statistics aside) whose strides differ from those of
-   the first result it writes by a copy in that result's memory order.  The route, and the bits,
-   are then those of the results' layout alone: add_rms_norm's output stays rms_norm of its sum
-   whatever the input's layout.  Returns 0, or -1 with an exception set. */
+/* Gives every array of the call the reference's layout: an array whose strides differ from
+   the reference's is replaced, when read, by a copy in the reference's memory order, when
+   written, by a new array in that order whose values go to it once the kernel is done
+   (call_finish); statistics read in another order than C's become C-contiguous copies, which
+   walk in any plan the reference admits.  The route, and the bits, are then those of the
+   reference's layout alone: add_rms_norm's output stays rms_norm of its sum whatever the other
+   arrays' layouts.  Returns 0, or -1 with an exception set. */
 static int
-call_use_result_layout(const char *fname, kernel_call *call)
+call_use_reference_layout(const char *fname, kernel_call *call)
 {
-    PyArrayObject *result = NULL;
-    for (int a = 0; a < call->n && !result; a++) {
-        if (call->arrays[a].arr && call->arrays[a].writes && !call->arrays[a].per_row) {
-            result = call->arrays[a].arr;
-        }
-    }
-    for (int a = 0; result && a < call->n; a++) {
+    PyArrayObject *reference = call->arrays[call->reference].arr;
+    for (int a = 0; a < call->n; a++) {
         call_array *slot = &call->arrays[a];
-        if (!slot->arr || slot->writes || slot->per_row ||
-            PyArray_CompareLists(PyArray_STRIDES(slot->arr), PyArray_STRIDES(result), call->ndim)) {
+        if (!slot->arr || a == call->reference ||
+            (slot->per_row ? slot->writes || PyArray_IS_C_CONTIGUOUS(slot->arr)
+                           : PyArray_CompareLists(PyArray_STRIDES(slot->arr), PyArray_STRIDES(reference), call->ndim))) {
             continue;
         }
-        PyArrayObject *copy = (PyArrayObject *)PyArray_NewLikeArray(
-            result, NPY_KEEPORDER, PyArray_DescrFromType(PyArray_TYPE(slot->arr)), 0);
+        PyArray_Descr *native = PyArray_DescrFromType(PyArray_TYPE(slot->arr));
+        PyArrayObject *copy = (PyArrayObject *)(slot->per_row ? PyArray_NewLikeArray(slot->arr, NPY_CORDER, native, 0)
+                                                              : PyArray_NewLikeArray(reference, NPY_KEEPORDER, native, 0));
         if (!copy) {
             char what[80];
-            snprintf(what, sizeof what, "a copy of %s in the result's memory order", slot->name);
+            snprintf(what, sizeof what, "a copy of %s in the layout of %s", slot->name,
+                     call->arrays[call->reference].name);
             return allocation_failed(fname, what, PyArray_NDIM(slot->arr), PyArray_DIMS(slot->arr),
                                      PyArray_TYPE(slot->arr));
+        }
+        if (slot->writes) {
+            if (slot->result) {  /* a stand-in already: the new one's values go to the result */
+                Py_DECREF(slot->arr);
+            }
+            else {
+                slot->result = slot->arr;
+            }
+            slot->arr = copy;
+            continue;
         }
         if (PyArray_CopyInto(copy, slot->arr) < 0) {
             Py_DECREF(copy);
@@ -1553,28 +1578,36 @@ call_use_result_layout(const char *fname, kernel_call *call)
     return 0;
 }
 
-/* Plans the call: in place when the kernel can walk the arrays as they are, else with native
-   aligned stand-ins in the same layout (call_use_native), else with the inputs copied into the
-   results' layout (call_use_result_layout), else through call_use_copies.  Without axis= only
-   rows of adjacent elements are walked in place, so that the results (and their bits) are
-   torch's layout-independent ones.  Returns 0, or -1 with an exception set. */
+/* Plans the call, whose array `reference` is the one normalized: in place when the kernel can
+   walk the arrays as they are, else with native aligned stand-ins in the same layout
+   (call_use_native), else, when the reference can be walked by itself, with every array in
+   its layout (call_use_reference_layout), else through call_use_copies.  The route, and the
+   bits, follow from the reference's layout alone.  Without axis= only rows of adjacent
+   elements are walked in place, so that the results (and their bits) are torch's
+   layout-independent ones.  Returns 0, or -1 with an exception set. */
 static int
-call_prepare(const char *fname, kernel_call *call)
+call_prepare(const char *fname, kernel_call *call, int reference)
 {
     const int unit_elements = !call->axes.given;
-    if (call_plan(call, unit_elements)) {
+    call->reference = reference;
+    if (call_plan(call, unit_elements, -1)) {
         return 0;
     }
     if (call_use_native(fname, call) < 0) {
         return -1;
     }
-    if (call_plan(call, unit_elements)) {
+    if (call_plan(call, unit_elements, -1)) {
         return 0;
     }
-    if (call_use_result_layout(fname, call) < 0) {
-        return -1;
+    if (call_plan(call, unit_elements, reference)) {
+        if (call_use_reference_layout(fname, call) < 0) {
+            return -1;
+        }
+        if (call_plan(call, unit_elements, -1)) {
+            return 0;
+        }
     }
-    return call_plan(call, unit_elements) ? 0 : call_use_copies(fname, call);
+    return call_use_copies(fname, call);
 }
 
 /* Copies the values of stand-in arrays to their results.  Returns 0, or -1 with an exception
@@ -1939,7 +1972,7 @@ forward(module_state *state, const norm_kind *kind, const char *what, const forw
     const int produces = PyArray_SIZE(output) > 0 || (returns != RETURN_OUTPUT && batch > 0);
     int status = 0;
     if (produces) {
-        if (call_prepare(what, &call) < 0) {
+        if (call_prepare(what, &call, sum ? SUM : INPUT) < 0) {
             goto done;
         }
         const ln_forward_args args = {
@@ -2239,7 +2272,7 @@ backward(module_state *state, const norm_kind *kind, const char *what, const bac
         call_add(&call, stats[0], "the mean", 0, 1);
         call_add(&call, stats[1], "the rstd", 0, 1);
         call_add(&call, grad_input, "grad_input", 1, 0);
-        if (call_prepare(what, &call) < 0) {
+        if (call_prepare(what, &call, INPUT) < 0) {
             goto done;
         }
         const ln_backward_args args = {
@@ -2676,7 +2709,7 @@ part_moments(module_state *state, const norm_kind *kind, const char *what, const
     call_add(&call, mean, "the mean", 1, 1);
     call_add(&call, m2, "m2", 1, 1);
     call_add(&call, scale, "the scale", 1, 1);
-    if (call_prepare(what, &call) < 0) {
+    if (call_prepare(what, &call, INPUT) < 0) {
         goto done;
     }
     const ln_part_moments_args args = {
@@ -2808,7 +2841,7 @@ part_normalize(module_state *state, const norm_kind *kind, const char *what, con
     call_add(&call, stats[0], "the mean", 0, 1);
     call_add(&call, stats[1], "the rstd", 0, 1);
     call_add(&call, scale, "the scale", 0, 1);
-    if (call_prepare(what, &call) < 0) {
+    if (call_prepare(what, &call, INPUT) < 0) {
         goto done;
     }
     const ln_part_normalize_args args = {
@@ -3059,7 +3092,7 @@ part_backward(module_state *state, const norm_kind *kind, const char *what, cons
         call_add(&call, rows_g[s], row_value_texts[s], !objs->row_means, 1);
     }
     call_add(&call, grad_input, "grad_input", 1, 0);
-    if (call_prepare(what, &call) < 0) {
+    if (call_prepare(what, &call, INPUT) < 0) {
         goto done;
     }
     ln_part_backward_args args = {

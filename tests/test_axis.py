@@ -254,6 +254,56 @@ def test_out_any_writable_array(kind, out_layout):
     assert_close(out, expected, 1e-6)
 
 
+# The kernels walk rows of adjacent elements by one route and rows of strided elements by
+# another, whose bits can differ.  The route follows the layout of the array normalized (the
+# input, or a fused add's sum) alone: the layouts of out=, grad_output and residual_out leave the
+# bits alone.  A long float64 row of adjacent elements shows a difference of routes in many of
+# its elements; the channels-first input takes the strided route whatever the others' layouts.
+ROUTE_CASES = [("rows-adjacent", (6, 1000), -1, (1000,)), ("nchw-axis1", (2, 8, 3, 5), 1, (8,))]
+ROUTE_IDS = [c[0] for c in ROUTE_CASES]
+
+
+@pytest.mark.parametrize("other_layout", OUT_LAYOUTS)
+@pytest.mark.parametrize("case_id, shape, axis, ns", ROUTE_CASES, ids=ROUTE_IDS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=dtype_id)
+@pytest.mark.parametrize("kind", KINDS, ids=str)
+def test_out_layout_leaves_the_bits(kind, dtype, case_id, shape, axis, ns, other_layout):
+    x = make_input(shape, dtype, seed=8)
+    w, b = make_params(ns, dtype, kind.affines[0])
+    out = layout(other_layout, np.full(shape, np.nan, dtype))
+    assert kind.forward(x, ns, w, b, axis=axis, out=out) is out
+    assert same_bits(out, kind.forward(x, ns, w, b, axis=axis))
+
+
+@pytest.mark.parametrize("other_layout", OUT_LAYOUTS)
+@pytest.mark.parametrize("case_id, shape, axis, ns", ROUTE_CASES, ids=ROUTE_IDS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=dtype_id)
+@pytest.mark.parametrize("kind", KINDS, ids=str)
+def test_grad_output_layout_leaves_the_bits(kind, dtype, case_id, shape, axis, ns, other_layout):
+    x, dy = make_input(shape, dtype, seed=8), make_input(shape, dtype, seed=9)
+    w, b = make_params(ns, dtype, kind.affines[0])
+    stats = kind.native(x, ns, w, b, axis=axis)[1:]
+    expected = kind.backward(dy, x, ns, stats, w, b, axis=axis)
+    got = kind.backward(layout(other_layout, dy), x, ns, stats, w, b, axis=axis)
+    assert all(e is g is None or same_bits(g, e) for e, g in zip(expected, got))
+
+
+@pytest.mark.parametrize("result", ["out", "residual_out"])
+@pytest.mark.parametrize("other_layout", OUT_LAYOUTS)
+@pytest.mark.parametrize("case_id, shape, axis, ns", ROUTE_CASES, ids=ROUTE_IDS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=dtype_id)
+@pytest.mark.parametrize("kind", KINDS, ids=str)
+def test_fused_add_output_is_the_norm_of_its_sum_in_any_layout(kind, dtype, case_id, shape, axis, ns,
+                                                               other_layout, result):
+    x, residual = make_input(shape, dtype, seed=8), make_input(shape, dtype, seed=9)
+    w, b = make_params(ns, dtype, kind.affines[0])
+    given = layout(other_layout, np.full(shape, np.nan, dtype))
+    output, total = kind.add(x, residual, ns, w, b, axis=axis, **{result: given})
+    assert same_bits(total, x + residual)
+    assert same_bits(output, kind.forward(total, ns, w, b, axis=axis))
+    assert same_bits(output, kind.forward(total, ns, w, b, axis=axis, out=np.empty_like(given)))
+
+
 @pytest.mark.parametrize("x_layout", ["C", "fortran", "transposed"])
 @pytest.mark.parametrize("kind", KINDS, ids=str)
 def test_out_is_input_in_place(kind, x_layout):

@@ -156,7 +156,7 @@ CASES = {
     "native_layer_norm-input-copy-too-big": Case(
         "native_layer_norm(broadcast(1, (2**22, 16)), 16)",  # a zero inner stride: rows to copy
         MemoryError,
-        "native_layer_norm: could not allocate a copy of the input in the result's memory order, a float32 array of "
+        "native_layer_norm: could not allocate a copy of the input in rows the kernel can walk, a float32 array of "
         "shape [4194304, 16]: 268435456 bytes",
         isolated=True, memory=384 * MiB),
     "LayerNorm-training-saved-values-too-big": Case(
