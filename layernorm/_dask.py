@@ -118,8 +118,10 @@ def call(function: Callable[..., _Result], **arguments: Any) -> _Result:
     }
 
     chunks = input.chunks
-    if math.prod(input.shape[a] for a in axes) == 0:
-        # empty rows: the kernel's answer (mean 0, rstd NaN) needs no merging
+    empty_rows = math.prod(input.shape[a] for a in axes) == 0
+    if empty_rows:
+        # the kernel's answer (mean 0, rstd NaN) needs no merging: rows taken whole, and the
+        # results (with no element to move) given the input's chunks back below
         chunks = tuple((n,) if a in axes else c for a, (n, c) in enumerate(zip(input.shape, chunks)))
     stats_chunks = tuple((1,) if a in axes else c for a, c in enumerate(chunks))
     param_chunks = tuple(chunks[a] for a in axes)
@@ -137,6 +139,11 @@ def call(function: Callable[..., _Result], **arguments: Any) -> _Result:
         outputs = graph.split_backward(aligned)
     else:
         outputs = graph.split_norm(aligned)
+    if empty_rows:
+        for key in family.outputs:
+            if outputs[key] is not None and key not in _STATISTICS:
+                along = axes if key in _PARAMETER_GRADIENTS else range(input.ndim)
+                outputs[key] = outputs[key].rechunk(tuple(input.chunks[a] for a in along))
     result = tuple(outputs[key] for key in family.outputs)
     return cast(_Result, result[0] if len(result) == 1 else result)
 
@@ -211,7 +218,8 @@ def _one_per_row(stats: Any, shape: Tuple[float, ...]) -> Any:
     row in any shape."""
     if _same_shape(stats.shape, shape) or any(math.isnan(n) for n in stats.shape + shape):
         return stats
-    return stats.reshape(shape) if stats.size == math.prod(shape) else stats
+    # (through one dimension: dask reshapes only by merging or splitting dimensions evenly)
+    return stats.ravel().reshape(shape) if stats.size == math.prod(shape) else stats
 
 
 def _same_shape(shape: Tuple[float, ...], other: Tuple[float, ...]) -> bool:

@@ -602,6 +602,34 @@ def test_empty_rows_split_across_chunks_give_the_kernels_answer():
         np.testing.assert_array_equal(g, e)
 
 
+@pytest.mark.parametrize("name", ["layer_norm", "add_layer_norm", "layer_norm_backward", "rms_norm_backward"])
+def test_empty_rows_keep_the_inputs_chunks(name):
+    x = da.zeros((4, 0, 3), np.float32, chunks=(2, 1, 1))
+    stats = da.zeros((4, 1, 1), np.float32, chunks=(2, 1, 1))
+    results = {
+        "layer_norm": lambda: (layernorm.layer_norm(x, (0, 3)),),
+        "add_layer_norm": lambda: layernorm.add_layer_norm(x, x, (0, 3)),
+        "layer_norm_backward": lambda: layernorm.layer_norm_backward(x, x, (0, 3), stats, stats, np.ones((0, 3), np.float32),
+                                                                     np.ones((0, 3), np.float32)),
+        "rms_norm_backward": lambda: layernorm.rms_norm_backward(x, x, (0, 3), stats, np.ones((0, 3), np.float32)),
+    }[name]()
+    for result in results:
+        expected = x.chunks if result.ndim == x.ndim else x.chunks[1:]
+        assert result.chunks == expected
+
+
+def test_statistics_given_in_another_shape_of_one_value_per_row():
+    x = make_input((2, 12, 8), np.float64, seed=3)
+    dy = make_input((2, 12, 8), np.float64, seed=4)
+    _, mean, rstd = layernorm.native_layer_norm(x, 8)
+    expected = layernorm.layer_norm_backward(dy, x, 8, mean.reshape(24), rstd.reshape(4, 6))
+    lazy_x, lazy_dy = da.from_array(x, chunks=(1, 5, 8)), da.from_array(dy, chunks=(1, 5, 8))
+    got = computed(layernorm.layer_norm_backward(lazy_dy, lazy_x, 8, da.from_array(mean.reshape(24), chunks=5),
+                                                 da.from_array(rstd.reshape(4, 6), chunks=(3, 4))))
+    for g, e in zip(got, expected):
+        np.testing.assert_array_equal(g, e)
+
+
 def test_chunks_of_size_zero_along_a_normalized_axis_count_for_nothing():
     layout = Layout((4, 10), (10,), None, ((2, 2), (0, 0, 0, 4, 0, 6, 0)))
     args = make_args(layout, np.float64)
