@@ -78,6 +78,10 @@ def _as_shape(normalized_shape: Any) -> tuple[int, ...]:
         raise TypeError("normalized_shape must be an int or a sequence of ints, not bool")
     sizes: Iterable[Any]
     try:
+        # torch's rule: an integer is one size, anything else is iterated (a 0-d array or
+        # tensor, which would pass as an index, cannot be)
+        if isinstance(normalized_shape, np.ndarray) or type(normalized_shape).__name__ == "Tensor":
+            raise TypeError
         sizes = (operator.index(normalized_shape),)
     except TypeError:
         try:
@@ -119,7 +123,10 @@ def _as_axis(axis: Any, shape: tuple[int, ...]) -> Optional[int | tuple[int, ...
         raise TypeError(f"axis must be an int or a tuple of ints, got {axis!r}")
     if any(isinstance(item, (bool, np.bool_)) or not hasattr(item, "__index__") for item in items):
         raise TypeError(f"axis must be an int or a tuple of ints, got {axis!r}")
-    axes = tuple(map(operator.index, items))
+    try:
+        axes = tuple(map(operator.index, items))
+    except TypeError:  # an array of several elements, say, which has __index__ but refuses
+        raise TypeError(f"axis must be an int or a tuple of ints, got {axis!r}") from None
     if len(axes) != len(shape):
         shown = axes if isinstance(axis, tuple) else axes[0]
         raise ValueError(f"normalized_shape={list(shape)} and axis={shown!r} differ in length")
@@ -194,6 +201,19 @@ def _rounded_as_torch(value: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray:
     if dtype.itemsize == 2 and value.dtype.itemsize >= 4 and value.dtype != np.float32:
         return value.astype(np.float32)
     return value
+
+
+def _as_gradient(grad_output: Any, output_dtype: np.dtype[Any]) -> Any:
+    """grad_output as autograd takes it: a list or a number as the array NumPy makes of it, and
+    integers or booleans in the output's dtype (autograd converts a gradient to its tensor's
+    dtype).  Anything else (text, objects) is left to the kernel's dtype check."""
+    if type(grad_output) is not _ndarray:
+        grad_output = _as_numpy(grad_output)
+        if isinstance(grad_output, (list, tuple, int, float, bool, np.generic)):
+            grad_output = np.asarray(grad_output)
+    if isinstance(grad_output, np.ndarray) and grad_output.dtype.kind in "biu":
+        return grad_output.astype(output_dtype)
+    return grad_output
 
 
 def _check_grad_output_shape(grad_output: Any, output_shape: Tuple[float, ...]) -> None:
@@ -422,8 +442,7 @@ class NormModule:
             _check_grad_output_shape(grad_output, kernel_saved.input.shape)
             grads = self._lazy_gradients(grad_output, kernel_saved, normalized_shape, axis)
         else:
-            if type(grad_output) is not _ndarray:
-                grad_output = _as_numpy(grad_output)
+            grad_output = _as_gradient(grad_output, kernel_saved[0].dtype)
             _check_grad_output_shape(grad_output, kernel_saved[0].shape)
             try:
                 grads = self._gradients(grad_output, kernel_saved, normalized_shape, axis)
@@ -446,7 +465,9 @@ class NormModule:
             if total is None:
                 setattr(self, grad_name, grad)
             else:
-                total += grad  # in place, as torch accumulates into .grad
+                # in place, as torch accumulates into .grad, and as torch rounds: the step's
+                # gradient to the parameter's dtype first, then their sum
+                total += grad.astype(total.dtype, copy=False)
         self._saved = ()
         return cast(_FloatArray, grads[0])  # never masked off
 
@@ -639,18 +660,27 @@ class NormModule:
         as the constructor takes it) converts the parameters and their gradients to it, as new
         arrays; a device must be the CPU.  Returns self."""
         unknown = set(kwargs) - {"device", "dtype", "non_blocking", "memory_format"}
-        if unknown or len(args) > 3:
-            raise TypeError(f"to() got unexpected arguments: {sorted(unknown) or args}")
+        if unknown:
+            raise TypeError(f"to() got unexpected arguments: {sorted(unknown)}")
         device, dtype = kwargs.get("device"), kwargs.get("dtype")
-        for arg in args:
-            if isinstance(arg, bool):
-                continue  # non_blocking, given positionally
-            if not isinstance(arg, (type, np.dtype)) and hasattr(arg, "dtype") and hasattr(arg, "shape"):
-                dtype = arg.dtype  # an array's or a tensor's
-            elif str(arg).partition(":")[0] in ("cpu", "cuda", "mps", "xpu", "meta") or type(arg).__name__ == "device":
-                device = arg
+        # torch's three forms: to(device, dtype, non_blocking), to(dtype, non_blocking),
+        # to(tensor, non_blocking); a string first is a device, as torch parses it
+        rest = list(args)
+        if rest and not isinstance(rest[0], bool):
+            first = rest.pop(0)
+            if isinstance(first, (type, np.dtype)) or type(first).__name__ == "dtype":
+                dtype = first
+            elif hasattr(first, "dtype") and hasattr(first, "shape"):
+                dtype = first.dtype  # an array's or a tensor's
             else:
-                dtype = arg
+                device = first
+                if rest and not isinstance(rest[0], bool):
+                    dtype = rest.pop(0)
+        if len(rest) > 1 or not all(isinstance(arg, bool) for arg in rest):
+            raise TypeError(
+                "to() takes (device, dtype, non_blocking), (dtype, non_blocking) or (array_or_tensor, "
+                f"non_blocking), got {args!r}"
+            )
         _check_device(device)
         if dtype is not None:
             target = _as_param_dtype(dtype, self._KIND)
@@ -674,8 +704,8 @@ class NormModule:
         return self.to(np.float16)
 
     def bfloat16(self: _Module) -> _Module:
-        """``to("bfloat16")`` (needs ml_dtypes)."""
-        return self.to("bfloat16")
+        """``to(dtype="bfloat16")`` (needs ml_dtypes)."""
+        return self.to(dtype="bfloat16")
 
     def cpu(self: _Module) -> _Module:
         """Return self: everything is on the CPU already."""

@@ -476,6 +476,22 @@ CASES = {
     "LayerNorm-size-float": Case(
         "LayerNorm(4.0)", TypeError, "normalized_shape must be an int or a sequence of ints, got float 4.0",
         torch="torch.nn.LayerNorm(4.0)"),
+    "LayerNorm-size-0d-array": Case(  # torch iterates what is not an int: "iteration over a 0-d array"
+        "LayerNorm(np.array(4))", TypeError, "normalized_shape must be an int or a sequence of ints, got ndarray array(4)",
+        torch="torch.nn.LayerNorm(torch.tensor(4))"),
+    "LayerNorm-axis-array": Case(
+        "LayerNorm(3, axis=np.array([1]))", TypeError, "axis must be an int or a tuple of ints, got array([1])"),
+    "LayerNorm-to-two-dtypes": Case(
+        "module.to(np.float64, np.float64)", TypeError,
+        "to() takes (device, dtype, non_blocking), (dtype, non_blocking) or (array_or_tensor, non_blocking), got "
+        "(<class 'numpy.float64'>, <class 'numpy.float64'>)",
+        torch="torch.nn.LayerNorm(4).to(torch.float64, torch.float64)"),
+    "LayerNorm-to-two-devices": Case(
+        "module.to('cpu', 'cpu')", TypeError, "dtype must be a float dtype (float16, bfloat16, float32, float64), got 'cpu'",
+        torch="torch.nn.LayerNorm(4).to('cpu', 'cpu')"),
+    "LayerNorm-to-dtype-name-as-device": Case(  # torch: "Invalid device string: 'float64'"
+        "module.to('float64')", ValueError,
+        "layernorm runs on the CPU only: device must be None or 'cpu', got 'float64'"),
     "LayerNorm-size-str": Case(
         "LayerNorm('4')", TypeError, "normalized_shape must contain ints, got str '4'"),
     "LayerNorm-size-None": Case(
@@ -531,9 +547,12 @@ CASES = {
     "RMSNorm-backward-grad-shape": Case(
         "(lambda m: (m(x), m.backward(x[0])))(layernorm.RMSNorm(4))", ValueError,
         "Mismatch in shape: grad_output[0] has a shape of (4,) and output[0] has a shape of (2, 4)."),
-    "LayerNorm-backward-grad-int": Case(
-        "(lambda m: (m(x), m.backward(x.astype(np.int64))))(LayerNorm(4))", TypeError,
-        "grad_output must have a floating-point dtype, got dtype int64"),
+    "LayerNorm-backward-grad-list-shape": Case(
+        "(lambda m: (m(x), m.backward([[1.0] * 4])))(LayerNorm(4))", ValueError,
+        "Mismatch in shape: grad_output[0] has a shape of (1, 4) and output[0] has a shape of (2, 4)."),
+    "LayerNorm-backward-grad-number": Case(
+        "(lambda m: (m(x), m.backward(1.0)))(LayerNorm(4))", ValueError,
+        "Mismatch in shape: grad_output[0] has a shape of () and output[0] has a shape of (2, 4)."),
     "LayerNorm-backward-grad-str": Case(
         "(lambda m: (m(x), m.backward('abcd')))(LayerNorm(4))", TypeError,
         "grad_output must have a floating-point dtype, got dtype <U4"),

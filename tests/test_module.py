@@ -1513,6 +1513,50 @@ def test_module_two_steps_accumulate_like_torch_grad(kind):
     assert not np.allclose(ours.weight_grad, single, rtol=1e-3, atol=1e-3)
 
 
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+@BY_KIND
+def test_16_bit_gradients_accumulate_rounded_step_by_step_as_torchs(kind, dtype_name):
+    # torch rounds each step's parameter gradient to the parameter's dtype, then rounds their
+    # sum: two roundings, where one of the float32 sum differs in the last bit here and there
+    if dtype_name == "bfloat16":
+        pytest.importorskip("ml_dtypes")
+    dtype = np.dtype(np.float16) if dtype_name == "float16" else BF16
+    ours = randomize(kind.ours(64, dtype=dtype), seed=22)
+    rng = np.random.default_rng(23)
+    steps = []
+    for _ in range(2):
+        x = rng.standard_normal((8, 64)).astype(dtype)
+        dy = rng.standard_normal((8, 64)).astype(dtype)
+        ours(x)
+        ours.backward(dy)
+        values = param_values(kind, ours)
+        stats = kind.functional.native(x, 64, *values)[1:]
+        steps.append(kind.functional.backward(dy, x, 64, stats, *values)[1:])
+    for name, first, second in zip(kind.names, *steps):
+        expected = (first.astype(dtype) + second.astype(dtype)).astype(dtype)
+        np.testing.assert_array_equal(getattr(ours, name + "_grad").view(np.uint16), expected.view(np.uint16))
+        assert not np.array_equal(expected.view(np.uint16), (first + second).astype(dtype).view(np.uint16))
+
+
+@pytest.mark.parametrize("given", ["int64", "bool", "list"])
+@BY_KIND
+def test_backward_takes_integer_and_list_gradients_as_autograd(kind, given):
+    # autograd converts a gradient to its tensor's dtype
+    x = np.random.default_rng(24).standard_normal((3, 4)).astype(np.float32)
+    dy = np.random.default_rng(25).integers(-3, 4, (3, 4))
+    grads = {"int64": dy, "bool": dy > 0, "list": (dy > 0).tolist()}
+    ours, twin = randomize(kind.ours(4), seed=26), randomize(kind.ours(4), seed=26)
+    ours(x)
+    twin(x)
+    got = ours.backward(grads[given])
+    expected = twin.backward(np.asarray(grads[given]).astype(np.float32))
+    np.testing.assert_array_equal(got, expected)
+    for name in kind.names:
+        np.testing.assert_array_equal(getattr(ours, name + "_grad"), getattr(twin, name + "_grad"))
+    if torch is not None:  # which torch takes too
+        kind.theirs(4)(torch.from_numpy(x)).backward(torch.from_numpy(np.asarray(grads[given])))
+
+
 @BY_KIND
 def test_module_zero_grad_sets_none(kind):
     ours = randomize(kind.ours(6), seed=18)
