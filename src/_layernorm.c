@@ -1323,6 +1323,8 @@ typedef struct {
     norm_axes axes;
     int reference;          /* the array normalized (the input, or the sum of a fused add): its
                                layout alone decides the kernel's route, and so the bits */
+    int reference_planned;  /* reference_extent holds the reference's own plan */
+    ln_extent reference_extent;
     ln_extent extent;
     ln_walk walks[MAX_CALL_ARRAYS];
 } kernel_call;
@@ -1364,12 +1366,14 @@ call_array_at(const kernel_call *call, int index)
     return array;
 }
 
-/* Plans the walks of the call's arrays as they are (or, with `alone` an array's index, checks
-   that one array could be walked by itself, and plans nothing).  Returns 1 when the kernel can
-   walk them (with `unit_elements`: only rows whose elements are adjacent), else 0.  The
-   kernels take their contiguous route, whose bits can differ from the strided route's, when
-   every array's elements are adjacent: where the reference's are, every array's must be, so
-   that the route follows the reference's layout, whatever the others' are. */
+/* Plans the walks of the call's arrays as they are (or, with `alone` an array's index, plans
+   that one array by itself, its extent in call->extent, its walk nowhere).  Returns 1 when the
+   kernel can walk them (with `unit_elements`: only rows whose elements are adjacent), else 0.
+   The bits follow the route and the extent: the kernels take their contiguous route, whose
+   bits can differ from the strided route's, when every array's elements are adjacent, and the
+   strided route sums parameter gradients block by block.  So where the reference's elements
+   are adjacent every array's must be, and the extent must be the reference's own: the route
+   and the sums follow the reference's layout, whatever the others' are. */
 static int
 call_plan(kernel_call *call, int unit_elements, int alone)
 {
@@ -1413,6 +1417,10 @@ call_plan(kernel_call *call, int unit_elements, int alone)
         if (adjacent_needed && !slot->per_row && PyArray_SIZE(slot->arr) > 0 && walks[i].elem_step != itemsizes[i]) {
             return 0;
         }
+    }
+    if (alone < 0 && call->reference_planned &&
+        (call->extent.blocks != call->reference_extent.blocks || call->extent.rows != call->reference_extent.rows)) {
+        return 0;
     }
     for (int i = 0; i < k && alone < 0; i++) {
         call->walks[present[i]] = walks[i];
@@ -1489,6 +1497,7 @@ call_use_copies(const char *fname, kernel_call *call)
     for (int i = 0; i < call->axes.naxes; i++) {
         call->axes.axes[i] = call->ndim - call->axes.naxes + i;
     }
+    call->reference_planned = 0;  /* (every array in one order: the extent is the reference's) */
     if (!call_plan(call, 1, -1)) {
         PyErr_SetString(PyExc_SystemError, "layernorm: C-contiguous rows did not plan as rows");
         return -1;
@@ -1498,8 +1507,9 @@ call_use_copies(const char *fname, kernel_call *call)
 
 /* Replaces each array that is unaligned or byte-swapped by a native, aligned one in the same
    memory order: when read, a copy; when written, a new array whose values go to it once the
-   kernel is done (call_finish).  The layout stays, so the kernel takes the route, and gives the
-   bits, it takes for an aligned array of that layout.  Returns 0, or -1 with an exception set. */
+   kernel is done (call_finish).  The copy is packed: a contiguous array keeps its strides, and
+   the route and bits of an aligned array of its layout; a strided one's elements may become
+   adjacent, and take the contiguous route.  Returns 0, or -1 with an exception set. */
 static int
 call_use_native(const char *fname, kernel_call *call)
 {
@@ -1590,6 +1600,11 @@ call_prepare(const char *fname, kernel_call *call, int reference)
 {
     const int unit_elements = !call->axes.given;
     call->reference = reference;
+    call->reference_planned = 0;
+    if (call_plan(call, unit_elements, reference)) {
+        call->reference_extent = call->extent;
+        call->reference_planned = 1;
+    }
     if (call_plan(call, unit_elements, -1)) {
         return 0;
     }
@@ -1600,6 +1615,8 @@ call_prepare(const char *fname, kernel_call *call, int reference)
         return 0;
     }
     if (call_plan(call, unit_elements, reference)) {
+        call->reference_extent = call->extent;
+        call->reference_planned = 1;
         if (call_use_reference_layout(fname, call) < 0) {
             return -1;
         }

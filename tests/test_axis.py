@@ -255,11 +255,18 @@ def test_out_any_writable_array(kind, out_layout):
 
 
 # The kernels walk rows of adjacent elements by one route and rows of strided elements by
-# another, whose bits can differ.  The route follows the layout of the array normalized (the
-# input, or a fused add's sum) alone: the layouts of out=, grad_output and residual_out leave the
-# bits alone.  A long float64 row of adjacent elements shows a difference of routes in many of
-# its elements; the channels-first input takes the strided route whatever the others' layouts.
-ROUTE_CASES = [("rows-adjacent", (6, 1000), -1, (1000,)), ("nchw-axis1", (2, 8, 3, 5), 1, (8,))]
+# another, whose bits can differ, and the strided route sums parameter gradients block by block.
+# Route and blocks follow the layout of the array normalized (the input, or a fused add's sum)
+# alone: the layouts of out=, grad_output and the statistics leave the bits alone.  A long
+# float64 row of adjacent elements shows a difference of routes in many of its elements; the
+# channels-first input takes the strided route whatever the others' layouts, and one image of
+# it (or rows along the first axis) is one block of rows, which other layouts would split.
+ROUTE_CASES = [
+    ("rows-adjacent", (6, 1000), -1, (1000,)),
+    ("nchw-axis1", (2, 8, 3, 5), 1, (8,)),
+    ("nchw-one-image", (1, 16, 7, 9), 1, (16,)),
+    ("first-axis", (5, 3, 300), 0, (5,)),
+]
 ROUTE_IDS = [c[0] for c in ROUTE_CASES]
 
 
@@ -285,6 +292,18 @@ def test_grad_output_layout_leaves_the_bits(kind, dtype, case_id, shape, axis, n
     stats = kind.native(x, ns, w, b, axis=axis)[1:]
     expected = kind.backward(dy, x, ns, stats, w, b, axis=axis)
     got = kind.backward(layout(other_layout, dy), x, ns, stats, w, b, axis=axis)
+    assert all(e is g is None or same_bits(g, e) for e, g in zip(expected, got))
+
+
+@pytest.mark.parametrize("stats_layout", ["fortran", "transposed"])
+@pytest.mark.parametrize("case_id, shape, axis, ns", ROUTE_CASES, ids=ROUTE_IDS)
+@pytest.mark.parametrize("kind", KINDS, ids=str)
+def test_statistics_layout_leaves_the_bits(kind, case_id, shape, axis, ns, stats_layout):
+    x, dy = make_input(shape, np.float64, seed=8), make_input(shape, np.float64, seed=9)
+    w, b = make_params(ns, np.float64, kind.affines[0])
+    stats = kind.native(x, ns, w, b, axis=axis)[1:]
+    expected = kind.backward(dy, x, ns, stats, w, b, axis=axis)
+    got = kind.backward(dy, x, ns, [layout(stats_layout, s) for s in stats], w, b, axis=axis)
     assert all(e is g is None or same_bits(g, e) for e, g in zip(expected, got))
 
 
