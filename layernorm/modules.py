@@ -80,7 +80,7 @@ def _as_shape(normalized_shape: Any) -> tuple[int, ...]:
     try:
         # torch's rule: an integer is one size, anything else is iterated (a 0-d array or
         # tensor, which would pass as an index, cannot be)
-        if isinstance(normalized_shape, np.ndarray) or type(normalized_shape).__name__ == "Tensor":
+        if isinstance(normalized_shape, np.ndarray) or type(normalized_shape).__module__.startswith("torch"):
             raise TypeError
         sizes = (operator.index(normalized_shape),)
     except TypeError:
@@ -659,28 +659,26 @@ class NormModule:
         ``non_blocking`` (ignored).  A float dtype (float16, bfloat16, float32, float64, named
         as the constructor takes it) converts the parameters and their gradients to it, as new
         arrays; a device must be the CPU.  Returns self."""
-        unknown = set(kwargs) - {"device", "dtype", "non_blocking", "memory_format"}
-        if unknown:
-            raise TypeError(f"to() got unexpected arguments: {sorted(unknown)}")
-        device, dtype = kwargs.get("device"), kwargs.get("dtype")
-        # torch's three forms: to(device, dtype, non_blocking), to(dtype, non_blocking),
-        # to(tensor, non_blocking); a string first is a device, as torch parses it
-        rest = list(args)
-        if rest and not isinstance(rest[0], bool):
-            first = rest.pop(0)
-            if isinstance(first, (type, np.dtype)) or type(first).__name__ == "dtype":
-                dtype = first
-            elif hasattr(first, "dtype") and hasattr(first, "shape"):
-                dtype = first.dtype  # an array's or a tensor's
-            else:
-                device = first
-                if rest and not isinstance(rest[0], bool):
-                    dtype = rest.pop(0)
-        if len(rest) > 1 or not all(isinstance(arg, bool) for arg in rest):
+        # torch's three forms, told apart by the first argument: to(device, dtype, non_blocking),
+        # to(dtype, non_blocking), to(tensor, non_blocking); a string first is a device
+        first = args[0] if args else None
+        if isinstance(first, (type, np.dtype)) or type(first).__name__ == "dtype":
+            names: Tuple[str, ...] = ("dtype", "non_blocking")
+        elif hasattr(first, "dtype") and hasattr(first, "shape"):
+            names = ("tensor", "non_blocking")
+        else:
+            names = ("device", "dtype", "non_blocking")
+        given = dict(zip(names, args))
+        arguments = {**given, **kwargs}
+        if (len(args) > len(names) or set(given) & set(kwargs) or set(kwargs) - set(names) - {"memory_format"}
+                or isinstance(arguments.get("device"), bool) or not isinstance(arguments.get("non_blocking", False), bool)):
             raise TypeError(
-                "to() takes (device, dtype, non_blocking), (dtype, non_blocking) or (array_or_tensor, "
-                f"non_blocking), got {args!r}"
+                f"to() got an unexpected combination of arguments, {args!r} and keywords {sorted(kwargs)}: it takes "
+                "(device, dtype, non_blocking), (dtype, non_blocking) or (array_or_tensor, non_blocking)"
             )
+        device, dtype = arguments.get("device"), arguments.get("dtype")
+        if "tensor" in arguments:
+            dtype = arguments["tensor"].dtype  # an array's or a tensor's
         _check_device(device)
         if dtype is not None:
             target = _as_param_dtype(dtype, self._KIND)

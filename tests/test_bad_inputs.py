@@ -483,12 +483,27 @@ CASES = {
         "LayerNorm(3, axis=np.array([1]))", TypeError, "axis must be an int or a tuple of ints, got array([1])"),
     "LayerNorm-to-two-dtypes": Case(
         "module.to(np.float64, np.float64)", TypeError,
-        "to() takes (device, dtype, non_blocking), (dtype, non_blocking) or (array_or_tensor, non_blocking), got "
-        "(<class 'numpy.float64'>, <class 'numpy.float64'>)",
+        "to() got an unexpected combination of arguments, (<class 'numpy.float64'>, <class 'numpy.float64'>) and "
+        "keywords []: it takes (device, dtype, non_blocking), (dtype, non_blocking) or (array_or_tensor, non_blocking)",
         torch="torch.nn.LayerNorm(4).to(torch.float64, torch.float64)"),
     "LayerNorm-to-two-devices": Case(
         "module.to('cpu', 'cpu')", TypeError, "dtype must be a float dtype (float16, bfloat16, float32, float64), got 'cpu'",
         torch="torch.nn.LayerNorm(4).to('cpu', 'cpu')"),
+    "LayerNorm-to-dtype-and-device-keyword": Case(
+        "module.to(np.float64, device='cpu')", TypeError,
+        "to() got an unexpected combination of arguments, (<class 'numpy.float64'>,) and keywords ['device']: it "
+        "takes (device, dtype, non_blocking), (dtype, non_blocking) or (array_or_tensor, non_blocking)",
+        torch="torch.nn.LayerNorm(4).to(torch.float64, device='cpu')"),
+    "LayerNorm-to-dtype-twice": Case(
+        "module.to(np.float64, dtype=np.float32)", TypeError,
+        "to() got an unexpected combination of arguments, (<class 'numpy.float64'>,) and keywords ['dtype']: it "
+        "takes (device, dtype, non_blocking), (dtype, non_blocking) or (array_or_tensor, non_blocking)",
+        torch="torch.nn.LayerNorm(4).to(torch.float64, dtype=torch.float32)"),
+    "LayerNorm-to-bool": Case(
+        "module.to(True)", TypeError,
+        "to() got an unexpected combination of arguments, (True,) and keywords []: it "
+        "takes (device, dtype, non_blocking), (dtype, non_blocking) or (array_or_tensor, non_blocking)",
+        torch="torch.nn.LayerNorm(4).to(True)"),
     "LayerNorm-to-dtype-name-as-device": Case(  # torch: "Invalid device string: 'float64'"
         "module.to('float64')", ValueError,
         "layernorm runs on the CPU only: device must be None or 'cpu', got 'float64'"),

@@ -1538,6 +1538,17 @@ def test_16_bit_gradients_accumulate_rounded_step_by_step_as_torchs(kind, dtype_
         assert not np.array_equal(expected.view(np.uint16), (first + second).astype(dtype).view(np.uint16))
 
 
+@requires_torch
+@pytest.mark.parametrize("size", ["tensor", "parameter"])
+@BY_KIND
+def test_zero_dimensional_tensor_is_no_normalized_shape(kind, size):
+    made = {"tensor": lambda: torch.tensor(4), "parameter": lambda: torch.nn.Parameter(torch.tensor(4.0))}[size]
+    with pytest.raises(TypeError, match="iteration over a 0-d tensor"):
+        kind.theirs(made())
+    with pytest.raises(TypeError, match="^normalized_shape must be an int or a sequence of ints, got "):
+        kind.ours(made())
+
+
 @pytest.mark.parametrize("given", ["int64", "bool", "list"])
 @BY_KIND
 def test_backward_takes_integer_and_list_gradients_as_autograd(kind, given):
