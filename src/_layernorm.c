@@ -1428,6 +1428,16 @@ call_plan(kernel_call *call, int unit_elements, int alone)
     return 1;
 }
 
+/* Plans the reference by itself, for call_plan to hold the call to its extent; returns 1 when
+   the kernel can walk it (an unaligned or byte-swapped one it cannot), else 0. */
+static int
+call_plan_reference(kernel_call *call, int unit_elements)
+{
+    call->reference_planned = call_plan(call, unit_elements, call->reference);
+    call->reference_extent = call->extent;
+    return call->reference_planned;
+}
+
 /* Makes the call walkable whatever its arrays' layouts.  Every array becomes a view with the
    other axes first and the normalized axes last, in normalized_shape's order; a view that is
    not native C-contiguous is replaced, when read by such a copy of it, when written by a new
@@ -1600,11 +1610,7 @@ call_prepare(const char *fname, kernel_call *call, int reference)
 {
     const int unit_elements = !call->axes.given;
     call->reference = reference;
-    call->reference_planned = 0;
-    if (call_plan(call, unit_elements, reference)) {
-        call->reference_extent = call->extent;
-        call->reference_planned = 1;
-    }
+    call_plan_reference(call, unit_elements);
     if (call_plan(call, unit_elements, -1)) {
         return 0;
     }
@@ -1614,9 +1620,7 @@ call_prepare(const char *fname, kernel_call *call, int reference)
     if (call_plan(call, unit_elements, -1)) {
         return 0;
     }
-    if (call_plan(call, unit_elements, reference)) {
-        call->reference_extent = call->extent;
-        call->reference_planned = 1;
+    if (call_plan_reference(call, unit_elements)) {
         if (call_use_reference_layout(fname, call) < 0) {
             return -1;
         }
