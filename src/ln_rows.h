@@ -245,9 +245,9 @@ static LN_ALWAYS_INLINE void read_ahead_of_group(ln_dtype dtype, const void *gro
         return;
     }
     const uintptr_t ahead = (uintptr_t)group + (uintptr_t)read_ahead;
-    __builtin_prefetch((const void *)ahead, 0, 3);
+    __builtin_prefetch((const void *)ahead, 0, LN_READ_AHEAD_LOCALITY);
     if (dtype == LN_F64) {
-        __builtin_prefetch((const void *)(ahead + 64), 0, 3);
+        __builtin_prefetch((const void *)(ahead + 64), 0, LN_READ_AHEAD_LOCALITY);
     }
 }
 
