@@ -38,7 +38,7 @@
 
 #define LN_BUFFER_HEADER 64
 #define LN_HUGE_PAGE ((size_t)2 << 20)
-#define LN_PAGE ((size_t)4096)  /* the aliasing period: the low 12 bits, whatever the page size */
+#define LN_PAGE ((size_t)LN_ALIAS_PERIOD)
 
 /* The offset into its first page at which the data of the next block this thread takes
    starts (ln_buffers_place). */

@@ -52,6 +52,11 @@
 /* Rows per tile of the strided route: one a vector lane. */
 #define LN_TILE_ROWS 16
 
+/* A load waits on an earlier store to an address with the same low 12 bits, whatever the
+   page size, until it knows the two differ ("4 KiB aliasing"): the period of addresses that
+   the kernels and the result memory keep their loads and stores apart in. */
+#define LN_ALIAS_PERIOD ((uintptr_t)4096)
+
 /* ------------------------------------------------------------------------ */
 /* The kernel table                                                          */
 /* ------------------------------------------------------------------------ */

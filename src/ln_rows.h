@@ -853,53 +853,80 @@ static LN_ALWAYS_INLINE void add_row(ln_dtype dtype, const char *x, ptrdiff_t x_
     }
 }
 
-/* sum[i .. i + 16) = x + residual (add_group), the group also left in `lanes` for the
-   caller; by 16-byte non-temporal stores when `streaming` (float32/float64, sum + i 16-byte
-   aligned). */
-static LN_ALWAYS_INLINE void sum_group(ln_dtype dtype, const char *x, const char *residual, char *sum, ptrdiff_t i,
-                                       void *lanes, int streaming)
+/* sum's group at element i from the 16 elements at `from`: by 16-byte non-temporal stores
+   when `streaming` (float32/float64, sum + i 16-byte aligned). */
+static LN_ALWAYS_INLINE void sum_store_group(ln_dtype dtype, char *sum, ptrdiff_t i, const void *from, int streaming)
 {
     const ptrdiff_t offset = i * (ptrdiff_t)ln_dtype_size(dtype);
-    add_group(dtype, x + offset, residual + offset, lanes, 0);
     if (streaming && dtype == LN_F64) {
-        gd_stream16((double *)(sum + offset), gd_load(lanes));
+        gd_stream16((double *)(sum + offset), gd_load(from));
     }
     else if (streaming) {
-        gf_stream16((float *)(sum + offset), gf_load(lanes));
+        gf_stream16((float *)(sum + offset), gf_load(from));
     }
     else {
-        memcpy(sum + offset, lanes, (size_t)group_bytes_of(dtype));
+        memcpy(sum + offset, from, (size_t)group_bytes_of(dtype));
     }
 }
 
-/* chunk_moments of sum[0 .. n) = x + residual, summed as it is written (sum_group), so that
-   the statistics come from the values in registers instead of from memory; the same
-   operations in the same order, so the same bits.  sum may be x's or residual's own memory:
-   each element is read before it is written.  read_ahead: ln_read_ahead's, for x and
-   residual both. */
-static LN_ALWAYS_INLINE ln_moments sum_chunk_moments(ln_norm_kind kind, ln_dtype dtype, const char *x,
-                                                     const char *residual, char *sum, ptrdiff_t n, int streaming,
-                                                     ptrdiff_t read_ahead)
+/* Group i of a chunk's sum, x + residual (add_group), into lanes, and to sum and buffer as
+   sum_chunk_moments says. */
+static LN_ALWAYS_INLINE void sum_chunk_group(ln_dtype dtype, const char *x, const char *residual, char *sum,
+                                             char *buffer, ptrdiff_t delay, ptrdiff_t i, double lanes[16],
+                                             int streaming, ptrdiff_t read_ahead)
 {
-    assert(x && residual && sum && 1 <= n && n <= LN_CHUNK);
+    const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(dtype), offset = i * elsize, behind = 16 * delay;
+    read_ahead_of_group(dtype, x + offset, i, read_ahead);
+    read_ahead_of_group(dtype, residual + offset, i, read_ahead);
+    add_group(dtype, x + offset, residual + offset, lanes, 0);
+    if (buffer) {
+        memcpy(buffer + offset, lanes, (size_t)group_bytes_of(dtype));
+    }
+    if (!delay) {
+        sum_store_group(dtype, sum, i, lanes, streaming);
+    }
+    else if (i >= behind) {
+        sum_store_group(dtype, sum, i - behind, buffer + (i - behind) * elsize, streaming);
+    }
+}
+
+/* chunk_moments of sum[0 .. n) = x + residual, summed as it is formed (sum_chunk_group), so
+   that the statistics come from the values in registers instead of from memory; the same
+   operations in the same order, so the same bits.  sum may be x's or residual's own memory:
+   each element is read before it is written.  buffer: NULL, or memory that gets the chunk's
+   sum too (forward_sum_rows); with `delay`, sum's stores are made from it that many groups
+   behind the loads of x and residual, and so land below them (see stores_alias_loads).
+   read_ahead: ln_read_ahead's, for x and residual both. */
+static LN_ALWAYS_INLINE ln_moments sum_chunk_moments(ln_norm_kind kind, ln_dtype dtype, const char *x,
+                                                     const char *residual, char *sum, char *buffer, ptrdiff_t delay,
+                                                     ptrdiff_t n, int streaming, ptrdiff_t read_ahead)
+{
+    assert(x && residual && sum && 1 <= n && n <= LN_CHUNK && (buffer || !delay));
+    const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(dtype), behind = 16 * delay;
     if (n < 16) {
-        add_row(dtype, x, (ptrdiff_t)ln_dtype_size(dtype), residual, (ptrdiff_t)ln_dtype_size(dtype), sum, n);
+        add_row(dtype, x, elsize, residual, elsize, sum, n);
+        if (buffer) {
+            memcpy(buffer, sum, (size_t)(n * elsize));
+        }
         return chunk_moments(kind, dtype, sum, n, 0);
     }
     double lanes[16];
     moments_acc acc;
-    sum_group(dtype, x, residual, sum, 0, lanes, streaming);
+    sum_chunk_group(dtype, x, residual, sum, buffer, delay, 0, lanes, streaming, 0);
     moments_start(&acc, kind, dtype, lanes, 0);
     moments_add_group(&acc, kind, dtype, lanes, 0, 0);
     ptrdiff_t i = 16;
     for (; i + 16 <= n; i += 16) {
-        const ptrdiff_t offset = i * (ptrdiff_t)ln_dtype_size(dtype);
-        read_ahead_of_group(dtype, x + offset, i, read_ahead);
-        read_ahead_of_group(dtype, residual + offset, i, read_ahead);
-        sum_group(dtype, x, residual, sum, i, lanes, streaming);
+        sum_chunk_group(dtype, x, residual, sum, buffer, delay, i, lanes, streaming, read_ahead);
         moments_add_group(&acc, kind, dtype, lanes, i, (int)(i / 16) % 2);
     }
+    for (ptrdiff_t j = i > behind ? i - behind : 0; delay && j < i; j += 16) {  /* the stores still behind */
+        sum_store_group(dtype, sum, j, buffer + j * elsize, streaming);
+    }
     for (ptrdiff_t j = i; j < n; j++) {
+        if (buffer) {  /* first: sum may be x's or residual's memory */
+            add_one(dtype, x, residual, buffer, j);
+        }
         add_one(dtype, x, residual, sum, j);
     }
     return moments_of_sums(kind, moments_sums(&acc, kind, dtype, sum, i, n), n);
@@ -1498,15 +1525,57 @@ static LN_ALWAYS_INLINE void forward_rows(ln_norm_kind kind, ln_dtype dtype, con
     }
 }
 
+/* Whether stores to `stored` followed by loads walking forward from `loaded` or `loaded_too`
+   wait on each other: where the stores lie a little above the loads in the aliasing period
+   (see LN_ALIAS_WINDOW). */
+static LN_ALWAYS_INLINE int stores_alias_loads(const void *stored, const void *loaded, const void *loaded_too)
+{
+    const uintptr_t apart = ((uintptr_t)stored - (uintptr_t)loaded) % LN_ALIAS_PERIOD;
+    const uintptr_t apart_too = ((uintptr_t)stored - (uintptr_t)loaded_too) % LN_ALIAS_PERIOD;
+    return (apart != 0 && apart <= LN_ALIAS_WINDOW) || (apart_too != 0 && apart_too <= LN_ALIAS_WINDOW);
+}
+
+/* Where in `memory` (LN_SUM_BUFFER_BYTES + LN_ALIAS_PERIOD + 64 bytes) forward_sum_rows puts
+   a row's sum: of 16 line-aligned starts 256 bytes apart, the one farthest above x and
+   residual, whose loads follow its stores, and farthest below sum and y, whose stores follow
+   its loads, in the aliasing period. */
+static LN_ALWAYS_INLINE char *sum_buffer_in(char *memory, const char *x, const char *residual, const char *sum,
+                                            const char *y)
+{
+    char *const first = memory + (-(uintptr_t)memory & 63);
+    char *best = first;
+    uintptr_t best_margin = 0;
+    for (uintptr_t start = 0; start < LN_ALIAS_PERIOD; start += LN_ALIAS_PERIOD / 16) {
+        const uintptr_t at = (uintptr_t)first + start;
+        const uintptr_t above[4] = {at - (uintptr_t)x, at - (uintptr_t)residual, (uintptr_t)sum - at,
+                                    (uintptr_t)y - at};
+        uintptr_t margin = LN_ALIAS_PERIOD;
+        for (int k = 0; k < 4; k++) {
+            const uintptr_t apart = above[k] % LN_ALIAS_PERIOD;
+            margin = apart != 0 && apart < margin ? apart : margin;
+        }
+        if (margin > best_margin) {
+            best_margin = margin;
+            best = (char *)at;
+        }
+    }
+    return best;
+}
+
 /* Rows [begin, end) of a call with a residual whose rows of x, residual, sum and output all
    have adjacent elements, n >= 16: the fused pass.  Per row, sum = x + residual is formed in
    registers, its statistics taken from those values and it is written once
    (sum_chunk_moments); the output then comes from the row while it is in L1/L2: from sum,
    or, where sum went past the caches by non-temporal stores, from x + residual formed again.
    Two arrays are read and two written, the floor: the staged route wrote sum through the
-   cache (a read for ownership) and read it back to normalize it. */
-static LN_ALWAYS_INLINE void forward_sum_rows(ln_norm_kind kind, ln_dtype dtype, const ln_forward_args *args,
-                                              const ln_rstd_bounds *bounds, ptrdiff_t begin, ptrdiff_t end)
+   cache (a read for ownership) and read it back to normalize it.  Where the row's sum or
+   output lies a little above its x or residual in the aliasing period (stores_alias_loads),
+   and may_buffer (the row's bytes between LN_SUM_BUFFER_MIN_BYTES and LN_SUM_BUFFER_BYTES),
+   the sum also goes to a buffer placed clear of all four (sum_buffer_in), sum's own stores
+   trail the loads by that window (sum_chunk_moments' delay), and the output comes from the
+   buffer: the same values, so the same bits. */
+static LN_ALWAYS_INLINE void sum_rows(ln_norm_kind kind, ln_dtype dtype, const ln_forward_args *args,
+                                      const ln_rstd_bounds *bounds, ptrdiff_t begin, ptrdiff_t end, int may_buffer)
 {
     const ln_forward_args copy = *args, *a = &copy;  /* see forward_rows */
     assert(a->residual.data && a->sum.data && a->extent.row_len >= 16);
@@ -1515,7 +1584,7 @@ static LN_ALWAYS_INLINE void forward_sum_rows(ln_norm_kind kind, ln_dtype dtype,
     const void *weight = a->weight, *bias = kind == LN_NORM_RMS ? NULL : a->bias;
     const ptrdiff_t n = a->extent.row_len, elsize = (ptrdiff_t)ln_dtype_size(dtype);
     const int streaming = ln_sum_streams(a);
-    /* 16-byte non-temporal stores (sum_group): float32/float64 rows 16-byte aligned */
+    /* 16-byte non-temporal stores (sum_store_group): float32/float64 rows 16-byte aligned */
     const int sum_streams = streaming && !ln_dtype_is_16bit(dtype) && ln_rows_aligned(&a->sum, &a->extent, 16);
     const ln_row_kernels *kernels = &LN_LEVEL_KERNELS.by_dtype[dtype].by_kind[kind];
     const ln_normalize_fn normalize_span = streaming ? kernels->normalize_row_streaming : kernels->normalize_row;
@@ -1523,17 +1592,28 @@ static LN_ALWAYS_INLINE void forward_sum_rows(ln_norm_kind kind, ln_dtype dtype,
        (1448 -> 1659 us) */
     const int reads_ahead = ln_read_ahead(a, &a->input, 0) && ln_read_ahead(a, &a->residual, 0);
     const ptrdiff_t read_ahead = reads_ahead ? LN_READ_AHEAD_BYTES : 0;
+    const ptrdiff_t buffered_delay = (ptrdiff_t)LN_ALIAS_WINDOW / group_bytes_of(dtype) + 1;
+    char buffer_memory[LN_SUM_BUFFER_BYTES + LN_ALIAS_PERIOD + 64];
     for (ptrdiff_t r = begin; r < end; r++) {
         const char *x = ln_row_address(&a->input, &a->extent, r);
         const char *residual = ln_row_address(&a->residual, &a->extent, r);
         char *sum = ln_row_address(&a->sum, &a->extent, r), *y = ln_row_address(&a->output, &a->extent, r);
         /* a sum written over x or residual is in cache already, and is read back from there */
         const int stream_sum = sum_streams && sum != x && sum != residual;
+        const int sum_aliases = may_buffer && stores_alias_loads(sum, x, residual);
+        char *const buffer = may_buffer && (sum_aliases || stores_alias_loads(y, x, residual))
+                                 ? sum_buffer_in(buffer_memory, x, residual, sum, y)
+                                 : NULL;
+        const ptrdiff_t delay = buffer && sum_aliases ? buffered_delay : 0;
         ln_moments m = {0.0, 0.0, 0.0};
         for (ptrdiff_t start = 0; start < n; start += LN_CHUNK) {  /* one loop: one inlined copy */
             const ptrdiff_t len = n - start < LN_CHUNK ? n - start : LN_CHUNK, offset = start * elsize;
-            const ln_moments chunk = sum_chunk_moments(kind, dtype, x + offset, residual + offset, sum + offset, len,
-                                                       stream_sum, read_ahead);
+            /* two instances: the loop without a buffer keeps none of its tests */
+            const ln_moments chunk =
+                buffer ? sum_chunk_moments(kind, dtype, x + offset, residual + offset, sum + offset, buffer + offset,
+                                           delay, len, stream_sum, read_ahead)
+                       : sum_chunk_moments(kind, dtype, x + offset, residual + offset, sum + offset, NULL, 0, len,
+                                           stream_sum, read_ahead);
             m = start == 0 ? chunk : ln_merge(m, chunk);
         }
         const double rstd = ln_rstd_of(m, a->eps);
@@ -1542,6 +1622,10 @@ static LN_ALWAYS_INLINE void forward_sum_rows(ln_norm_kind kind, ln_dtype dtype,
             continue;
         }
         ln_store_stats(a, r, m.mean, rstd);
+        if (buffer) {
+            normalize_span(buffer, y, n, m.mean, rstd, weight, bias);
+            continue;
+        }
         /* spans from the end back, as ln_normalize_spans_backwards goes */
         for (ptrdiff_t stop = n; stop > 0;) {
             const ptrdiff_t start = stop > LN_NORMALIZE_SPAN ? stop - LN_NORMALIZE_SPAN : 0, offset = start * elsize;
@@ -1559,6 +1643,21 @@ static LN_ALWAYS_INLINE void forward_sum_rows(ln_norm_kind kind, ln_dtype dtype,
     }
     if (streaming) {
         stream_fence();
+    }
+}
+
+/* sum_rows, in an instance of its own for rows that may be buffered (LN_SUM_BUFFER_MIN_BYTES
+   to LN_SUM_BUFFER_BYTES): the others' loop keeps none of the buffer's tests (rows of 64
+   float32 elements took 5-9% longer with them). */
+static LN_ALWAYS_INLINE void forward_sum_rows(ln_norm_kind kind, ln_dtype dtype, const ln_forward_args *a,
+                                              const ln_rstd_bounds *bounds, ptrdiff_t begin, ptrdiff_t end)
+{
+    const ptrdiff_t row_bytes = a->extent.row_len * (ptrdiff_t)ln_dtype_size(dtype);
+    if (LN_SUM_BUFFER_MIN_BYTES <= row_bytes && row_bytes <= LN_SUM_BUFFER_BYTES) {
+        sum_rows(kind, dtype, a, bounds, begin, end, 1);
+    }
+    else {
+        sum_rows(kind, dtype, a, bounds, begin, end, 0);
     }
 }
 
@@ -2958,8 +3057,8 @@ static LN_ALWAYS_INLINE int tiles_output_staged(ln_dtype dtype, const ln_forward
     int aliased = 0;
     for (ptrdiff_t k = 1; k <= 8; k++) {
         const uintptr_t offset = ((uintptr_t)a->input.data + (uintptr_t)k * (uintptr_t)x->elem_step -
-                                  (uintptr_t)a->output.data) % 4096;
-        aliased += offset < (uintptr_t)group_bytes || offset > 4096 - (uintptr_t)group_bytes;
+                                  (uintptr_t)a->output.data) % LN_ALIAS_PERIOD;
+        aliased += offset < (uintptr_t)group_bytes || offset > LN_ALIAS_PERIOD - (uintptr_t)group_bytes;
     }
     return aliased >= 4;
 }

@@ -242,6 +242,53 @@ def test_large_results_into_arrays_off_a_line(kind, dtype, row_len, offset):
     assert same_bits(out, expected_out)
 
 
+# Page offsets of (input, residual, sum, output), the sum "input" for residual_out=input: sum or
+# output 16 to 256 bytes above input or residual in a 4 KiB page, where a store would hold up
+# the loads of input and residual that follow it, so that the fused pass forms a row's sum in
+# a buffer of its own and writes sum and output from there (rows of 1 to 16 KiB).
+ABOVE_THE_INPUTS = {
+    "sum-48-above": (16, 16, 64, 2064),
+    "output-48-above": (16, 16, 2064, 64),
+    "both-above-the-residual": (16, 1040, 1056, 1280),
+    "sum-in-place-output-32-above": (16, 2064, "input", 48),
+}
+# (size, row length): rows of 300 elements (float16: 600 bytes, not buffered), 1000, 2088 (a last
+# chunk of 40, fewer than the groups that sum's stores trail by) and 4100 (16-bit: a last chunk
+# of 4; float32: over 16 KiB, not buffered), in 5 rows, every SIMD level; 1000 and 2088 in
+# results over 32 MiB, streamed, at the default level.
+ABOVE_SIZES = [("cached", 300), ("cached", 1000), ("cached", 2088), ("cached", 4100),
+               ("streamed", 1000), ("streamed", 2088)]
+
+
+@pytest.mark.parametrize("placement", list(ABOVE_THE_INPUTS))
+@pytest.mark.parametrize("size, row_len", ABOVE_SIZES, ids=[f"{s}-{n}" for s, n in ABOVE_SIZES])
+@pytest.mark.parametrize("dtype_name", ["float16", "float32", "float64",
+                                        pytest.param("bfloat16", marks=requires_ml_dtypes)])
+@pytest.mark.parametrize("kind", KINDS, ids=str)
+def test_sum_and_output_just_above_the_inputs(kind, dtype_name, size, row_len, placement, restore_runtime):
+    dtype = dtype_named(dtype_name)
+    if size == "streamed":
+        x_made, residual_made, w, b, expected_sum, expected_out = large_case(kind, dtype, row_len)
+        levels = [layernorm.simd_level()]
+    else:
+        x_made, residual_made, w, b = case_data(dtype, (5, row_len), (row_len,), kind.affines[0], seed=13)
+        x_made[1, 7] = np.inf  # a row of the float64 reference's (ln_forward_exact_row), from sum
+        expected_sum = x_made + residual_made
+        expected_out = kind.forward(expected_sum, (row_len,), w, b)
+        levels = layernorm.available_simd_levels()
+    x_offset, residual_offset, sum_offset, out_offset = ABOVE_THE_INPUTS[placement]
+    x, residual = empty_at(x_made.shape, dtype, x_offset, 4096), empty_at(x_made.shape, dtype, residual_offset, 4096)
+    out = empty_at(x.shape, dtype, out_offset, 4096)
+    total = x if sum_offset == "input" else empty_at(x.shape, dtype, sum_offset, 4096)
+    for level in levels:
+        layernorm.set_simd_level(level)
+        x[...], residual[...] = x_made, residual_made
+        kind.add(x, residual, (row_len,), w, b, out=out, residual_out=total)
+        assert same_bits(total, expected_sum), level
+        assert same_bits(out, expected_out), level
+        assert same_bits(residual, residual_made), level
+
+
 @pytest.mark.parametrize("kind", KINDS, ids=str)
 def test_residual_out_strided(kind):
     # a sum written into a view (every other row of a larger buffer)
