@@ -1,11 +1,12 @@
 """Placement benchmark: how backward's time depends on where x and dy start within a page.
 
 Usage, from the repository root:
-    python -m benchmarks.placement [--threads N[,M]] [--quick] [--markdown PATH]
+    python -m benchmarks.placement [--threads N[,M]] [--quick] [--markdown PATH] [--fused-add]
 
     --threads N[,M]  thread counts for layernorm and torch (default: 1 and all usable cores)
     --quick          a few placements, one round (smoke test, < 1 min)
     --markdown PATH  also write the report to PATH
+    --fused-add      sweep add_layer_norm instead (below)
 
 Case: layer_norm_backward on 512 x 4096 float32 with weight and bias, all three gradients, x and
 dy reused call after call.  A program does not choose where its arrays start: NumPy puts a new
@@ -16,6 +17,12 @@ offsets 0, 16, ..., 240 bytes (256 placements), and x at 256, 512, ..., 3840 wit
 more).  dx is allocated by each call, where the allocator puts it; its page offsets are reported.
 torch.ops.aten.native_layer_norm_backward runs the same sweep on the same arrays when torch is
 installed (it allocates its own gradients).
+
+With --fused-add the case is add_layer_norm on 2048 x 4096 float32 into out= and residual_out=,
+input and residual 16 bytes into a page (where NumPy puts arrays this large), and the sweep
+places residual_out and out at every pair of page offsets 0, 16, ..., 240 (and residual_out at
+256, 512, ..., 3840 with out at 0); the peer, "unfused", is np.add into residual_out followed by
+layer_norm into out, at the same placements.  No target: the report shows the spread.
 
 Method: a round times every placement once (a loop of calls lasting about LOOP_SECONDS), in
 order; the time of a placement is its best over ROUNDS rounds, so a neighbour's burst of memory
@@ -45,6 +52,8 @@ from .report import cpu_model_name, load_average_text, run_sweep_script, table_l
 from .timing import TURN_GAP_SECONDS, garbage_collector_paused, threads_text
 
 ROWS, COLS = 512, 4096
+ADD_ROWS = 2048
+ADD_INPUTS_OFFSET = 16
 PAGE = 4096
 GRID_OFFSETS = tuple(range(0, 256, 16))
 FAR_OFFSETS = tuple(range(256, PAGE, 256))
@@ -75,6 +84,15 @@ def placed_copy(values, offset):
 
 def page_offset(array):
     return array.ctypes.data % PAGE
+
+
+def placed_views(shape, dtype, offsets):
+    """{offset: an uninitialised array of shape and dtype starting offset bytes past a page
+    boundary}, all views of one buffer: placements are timed one at a time."""
+    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    buffer = np.empty(nbytes + 2 * PAGE, np.uint8)
+    base = -buffer.ctypes.data % PAGE
+    return {offset: buffer[base + offset:base + offset + nbytes].view(dtype).reshape(shape) for offset in offsets}
 
 
 class Sweep:
@@ -163,14 +181,44 @@ def set_threads(name, threads):
         torch.set_num_threads(threads)
 
 
-def measure(thread_counts, quick):
+def fused_add_arrays_and_makers(pairs, rng):
+    """measure's arrays and call makers for --fused-add: (residual_out, out) placements."""
+    shape = (ADD_ROWS, COLS)
+    x = placed_copy(rng.standard_normal(shape).astype(np.float32), ADD_INPUTS_OFFSET)
+    residual = placed_copy(rng.standard_normal(shape).astype(np.float32), ADD_INPUTS_OFFSET)
+    weight = rng.standard_normal(COLS).astype(np.float32)
+    bias = rng.standard_normal(COLS).astype(np.float32)
+    sum_at = placed_views(shape, np.float32, {total for total, _ in pairs})
+    out_at = placed_views(shape, np.float32, {out for _, out in pairs})
+    arrays = {(total, out): (sum_at[total], out_at[out]) for total, out in pairs}
+
+    def fused(total, out):
+        def call():
+            layernorm.add_layer_norm(x, residual, (COLS,), weight, bias, out=out, residual_out=total)
+            return page_offset(out)
+        return call
+
+    def unfused(total, out):
+        def call():
+            np.add(x, residual, out=total)
+            layernorm.layer_norm(total, (COLS,), weight, bias, out=out)
+            return page_offset(out)
+        return call
+
+    return arrays, {"layernorm": fused, "unfused": unfused}
+
+
+def measure(thread_counts, quick, fused_add=False):
     rng = np.random.default_rng(0)
+    pairs = placements(quick)
+    if fused_add:
+        arrays, makers = fused_add_arrays_and_makers(pairs, rng)
+        return run_sweeps(thread_counts, quick, pairs, arrays, makers)
     x_values = rng.standard_normal((ROWS, COLS)).astype(np.float32)
     dy_values = rng.standard_normal((ROWS, COLS)).astype(np.float32)
     weight = rng.standard_normal(COLS).astype(np.float32)
     bias = rng.standard_normal(COLS).astype(np.float32)
     _, mean, rstd = layernorm.native_layer_norm(x_values, (COLS,), weight, bias)
-    pairs = placements(quick)
     x_at = {offset: placed_copy(x_values, offset) for offset in {x for x, _ in pairs}}
     dy_at = {offset: placed_copy(dy_values, offset) for offset in {dy for _, dy in pairs}}
     arrays = {(x, dy): (x_at[x], dy_at[dy]) for x, dy in pairs}
@@ -179,6 +227,11 @@ def measure(thread_counts, quick):
         makers["torch"] = torch_call_maker(mean, rstd, weight, bias)
     except ImportError:
         pass
+    return run_sweeps(thread_counts, quick, pairs, arrays, makers)
+
+
+def run_sweeps(thread_counts, quick, pairs, arrays, makers):
+    """{threads: [Sweep of each maker's calls]}, the makers taking turns round by round."""
     results = {}
     for threads in thread_counts:
         sweeps = [Sweep(name, make, pairs, arrays) for name, make in makers.items()]
@@ -205,8 +258,13 @@ def sweep_row(sweep):
             f"{slowest / fastest:.2f}", f"{checked:.2f}", dx], checked
 
 
-def report(results, quick, loads):
+def report(results, quick, loads, fused_add=False):
+    placed = "residual_out and out" if fused_add else "x and dy"
+    case = (f"add_layer_norm, {ADD_ROWS} x {COLS} float32 into out= and residual_out=, input and residual"
+            f" {ADD_INPUTS_OFFSET} bytes into a page, weight and bias" if fused_add else
+            f"layer_norm_backward, {ROWS} x {COLS} float32, weight and bias, all gradients")
     lines = [
+        "# add_layer_norm against the placement of its results" if fused_add else
         "# Backward against the placement of its arrays",
         "",
         f"- machine: {cpu_model_name()}, {os.cpu_count()} logical CPUs; layernorm {layernorm.__version__},"
@@ -214,39 +272,42 @@ def report(results, quick, loads):
         f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}",
         f"- load average (1, 5, 15 min): {load_average_text(loads[0])} before, {load_average_text(loads[1])}"
         " after (above ~0.5 the timings are noisy)",
-        f"- case: layer_norm_backward, {ROWS} x {COLS} float32, weight and bias, all gradients;"
-        f" {len(next(iter(results.values()))[0].best)} placements of x and dy; each the best of"
+        f"- case: {case};"
+        f" {len(next(iter(results.values()))[0].best)} placements of {placed}; each the best of"
         f" {1 if quick else ROUNDS} rounds; the {2 if quick else CHECKED} slowest then checked against the"
         f" fastest in {1 if quick else PAIRS} pairs of timings each",
         "",
     ]
+    first, second = ("residual_out", "out") if fused_add else ("x", "dy")
     checklist = []
     for threads, sweeps in results.items():
         rows = []
         for sweep in sweeps:
             row, ratio = sweep_row(sweep)
-            rows.append(row)
-            if sweep.name == "layernorm":
+            rows.append(row[:-1] if fused_add else row)  # the fused add's results are all placed
+            if sweep.name == "layernorm" and not fused_add:
                 met = ratio <= TARGET
                 checklist.append(f"- [{'x' if met else ' '}] {threads_text(threads)}: slowest / fastest,"
                                  f" checked, {ratio:.2f} ≤ {TARGET} ({'met' if met else 'NOT met'})")
-        lines += table_lines(f"## {threads_text(threads)}",
-                             ["library", "fastest ms", "median ms", "slowest ms", "slowest / fastest",
-                              "checked slowest / fastest", "dx page offsets"], rows)
+        columns = ["library", "fastest ms", "median ms", "slowest ms", "slowest / fastest",
+                   "checked slowest / fastest"] + ([] if fused_add else ["dx page offsets"])
+        lines += table_lines(f"## {threads_text(threads)}", columns, rows)
         for sweep in sweeps:
-            fastest_x, fastest_dy = sweep.fastest()
+            fastest_a, fastest_b = sweep.fastest()
             checked = sorted(sweep.checked.items(), key=lambda item: -item[1])[:SLOWEST_SHOWN]
-            shown = ", ".join(f"x {x} dy {dy}: {ratio:.2f}" for (x, dy), ratio in checked)
-            lines += ["", f"{sweep.name}'s fastest placement: x {fastest_x} dy {fastest_dy}; the largest checked"
-                          f" ratios (bytes past a page boundary): {shown}"]
+            shown = ", ".join(f"{first} {a} {second} {b}: {ratio:.2f}" for (a, b), ratio in checked)
+            lines += ["", f"{sweep.name}'s fastest placement: {first} {fastest_a} {second} {fastest_b}; the largest"
+                          f" checked ratios (bytes past a page boundary): {shown}"]
         lines.append("")
-    lines += ["## Target", "", *checklist, ""]
+    if checklist:
+        lines += ["## Target", "", *checklist, ""]
     return "\n".join(lines)
 
 
 def main(argv=None):
     sys.stderr.write("placement sweep...\n")
-    run_sweep_script(__doc__, measure, report, argv)
+    run_sweep_script(__doc__, measure, report, argv,
+                     add_options=lambda parser: parser.add_argument("--fused-add", action="store_true"))
 
 
 if __name__ == "__main__":

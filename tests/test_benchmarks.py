@@ -87,6 +87,22 @@ def test_quick_run_reports_each_thread_count_and_the_target():
     assert "slowest / fastest" in proc.stdout.split("## Target")[1]
 
 
+def test_fused_add_quick_run_reports_both_libraries_without_a_target():
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.placement", "--quick", "--threads", "1", "--fused-add"],
+                          cwd=REPOSITORY, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "# add_layer_norm against the placement of its results" in proc.stdout
+    assert "| layernorm |" in proc.stdout and "| unfused |" in proc.stdout
+    assert "## Target" not in proc.stdout
+
+
+@pytest.mark.parametrize("offsets", [(0, 16), (240, 2048, 4080)])
+def test_placed_views_start_at_the_page_offsets_asked(placement, offsets):
+    views = placement.placed_views((3, 5), np.float32, offsets)
+    assert {offset: view.ctypes.data % placement.PAGE for offset, view in views.items()} == {o: o for o in offsets}
+    assert all(view.shape == (3, 5) and view.dtype == np.float32 for view in views.values())
+
+
 def test_pool_wake_quick_run_reports_both_columns():
     proc = subprocess.run([sys.executable, "-m", "benchmarks.pool_wake", "--quick", "--threads", "2"],
                           cwd=REPOSITORY, capture_output=True, text=True, timeout=300)
