@@ -174,11 +174,13 @@ def torch_call_maker(mean, rstd, weight, bias):
 
 
 def set_threads(name, threads):
-    if name == "layernorm":
-        layernorm.set_num_threads(threads)
-    else:
+    """The thread count of the library a sweep times: torch's for torch, else layernorm's (the
+    unfused peer's layer_norm; its np.add has one thread)."""
+    if name == "torch":
         import torch
         torch.set_num_threads(threads)
+    else:
+        layernorm.set_num_threads(threads)
 
 
 def fused_add_arrays_and_makers(pairs, rng):
