@@ -895,7 +895,8 @@ static LN_ALWAYS_INLINE void sum_chunk_group(ln_dtype dtype, const char *x, cons
    operations in the same order, so the same bits.  sum may be x's or residual's own memory:
    each element is read before it is written.  buffer: NULL, or memory that gets the chunk's
    sum too (forward_sum_rows); with `delay`, sum's stores are made from it that many groups
-   behind the loads of x and residual, and so land below them (see stores_alias_loads).
+   behind the loads of x and residual (sum_delay_of), the last `delay` groups' at the chunk's
+   end.
    read_ahead: ln_read_ahead's, for x and residual both. */
 static LN_ALWAYS_INLINE ln_moments sum_chunk_moments(ln_norm_kind kind, ln_dtype dtype, const char *x,
                                                      const char *residual, char *sum, char *buffer, ptrdiff_t delay,
@@ -1525,14 +1526,27 @@ static LN_ALWAYS_INLINE void forward_rows(ln_norm_kind kind, ln_dtype dtype, con
     }
 }
 
-/* Whether stores to `stored` followed by loads walking forward from `loaded` or `loaded_too`
-   wait on each other: where the stores lie a little above the loads in the aliasing period
-   (see LN_ALIAS_WINDOW). */
-static LN_ALWAYS_INLINE int stores_alias_loads(const void *stored, const void *loaded, const void *loaded_too)
+/* Whether stores to address `stored` followed by loads walking forward from `loaded` or
+   `loaded_too` wait on each other: where the stores lie 1 to LN_ALIAS_WINDOW bytes above the
+   loads in the aliasing period. */
+static LN_ALWAYS_INLINE int stores_alias_loads(uintptr_t stored, const void *loaded, const void *loaded_too)
 {
-    const uintptr_t apart = ((uintptr_t)stored - (uintptr_t)loaded) % LN_ALIAS_PERIOD;
-    const uintptr_t apart_too = ((uintptr_t)stored - (uintptr_t)loaded_too) % LN_ALIAS_PERIOD;
+    const uintptr_t apart = (stored - (uintptr_t)loaded) % LN_ALIAS_PERIOD;
+    const uintptr_t apart_too = (stored - (uintptr_t)loaded_too) % LN_ALIAS_PERIOD;
     return (apart != 0 && apart <= LN_ALIAS_WINDOW) || (apart_too != 0 && apart_too <= LN_ALIAS_WINDOW);
+}
+
+/* The groups by which a row's stores to sum trail its loads of x and residual where sum lies
+   just above one of them (sum_chunk_moments' delay): the fewest past the window that leave
+   the trailing stores clear of both. */
+static LN_ALWAYS_INLINE ptrdiff_t sum_delay_of(ln_dtype dtype, const char *x, const char *residual, const char *sum)
+{
+    const ptrdiff_t group_bytes = group_bytes_of(dtype), step = (ptrdiff_t)LN_ALIAS_WINDOW / group_bytes;
+    ptrdiff_t delay = step + 1;
+    while (delay < 4 * step && stores_alias_loads((uintptr_t)sum - (uintptr_t)(delay * group_bytes), x, residual)) {
+        delay += step;
+    }
+    return delay;
 }
 
 /* Where in `memory` (LN_SUM_BUFFER_BYTES + LN_ALIAS_PERIOD + 64 bytes) forward_sum_rows puts
@@ -1571,9 +1585,9 @@ static LN_ALWAYS_INLINE char *sum_buffer_in(char *memory, const char *x, const c
    cache (a read for ownership) and read it back to normalize it.  Where the row's sum or
    output lies a little above its x or residual in the aliasing period (stores_alias_loads),
    and may_buffer (the row's bytes between LN_SUM_BUFFER_MIN_BYTES and LN_SUM_BUFFER_BYTES),
-   the sum also goes to a buffer placed clear of all four (sum_buffer_in), sum's own stores
-   trail the loads by that window (sum_chunk_moments' delay), and the output comes from the
-   buffer: the same values, so the same bits. */
+   the sum also goes to a buffer placed clear of all four (sum_buffer_in) and the output comes
+   from the buffer; where sum is the one so placed, its stores are made from the buffer, past
+   the window behind the loads (sum_delay_of).  The same values, so the same bits. */
 static LN_ALWAYS_INLINE void sum_rows(ln_norm_kind kind, ln_dtype dtype, const ln_forward_args *args,
                                       const ln_rstd_bounds *bounds, ptrdiff_t begin, ptrdiff_t end, int may_buffer)
 {
@@ -1592,7 +1606,6 @@ static LN_ALWAYS_INLINE void sum_rows(ln_norm_kind kind, ln_dtype dtype, const l
        (1448 -> 1659 us) */
     const int reads_ahead = ln_read_ahead(a, &a->input, 0) && ln_read_ahead(a, &a->residual, 0);
     const ptrdiff_t read_ahead = reads_ahead ? LN_READ_AHEAD_BYTES : 0;
-    const ptrdiff_t buffered_delay = (ptrdiff_t)LN_ALIAS_WINDOW / group_bytes_of(dtype) + 1;
     char buffer_memory[LN_SUM_BUFFER_BYTES + LN_ALIAS_PERIOD + 64];
     for (ptrdiff_t r = begin; r < end; r++) {
         const char *x = ln_row_address(&a->input, &a->extent, r);
@@ -1600,11 +1613,11 @@ static LN_ALWAYS_INLINE void sum_rows(ln_norm_kind kind, ln_dtype dtype, const l
         char *sum = ln_row_address(&a->sum, &a->extent, r), *y = ln_row_address(&a->output, &a->extent, r);
         /* a sum written over x or residual is in cache already, and is read back from there */
         const int stream_sum = sum_streams && sum != x && sum != residual;
-        const int sum_aliases = may_buffer && stores_alias_loads(sum, x, residual);
-        char *const buffer = may_buffer && (sum_aliases || stores_alias_loads(y, x, residual))
+        const int sum_aliases = may_buffer && stores_alias_loads((uintptr_t)sum, x, residual);
+        char *const buffer = may_buffer && (sum_aliases || stores_alias_loads((uintptr_t)y, x, residual))
                                  ? sum_buffer_in(buffer_memory, x, residual, sum, y)
                                  : NULL;
-        const ptrdiff_t delay = buffer && sum_aliases ? buffered_delay : 0;
+        const ptrdiff_t delay = buffer && sum_aliases ? sum_delay_of(dtype, x, residual, sum) : 0;
         ln_moments m = {0.0, 0.0, 0.0};
         for (ptrdiff_t start = 0; start < n; start += LN_CHUNK) {  /* one loop: one inlined copy */
             const ptrdiff_t len = n - start < LN_CHUNK ? n - start : LN_CHUNK, offset = start * elsize;

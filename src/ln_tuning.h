@@ -219,8 +219,8 @@
    length, from this many bytes of either (ln_sum_streams). */
 #define LN_SUM_STREAM_MIN_BYTES ((ptrdiff_t)32 << 20)
 
-/* The fused residual pass's stores wait less for its loads where they land at least this many
-   bytes below the loads in the aliasing period (LN_ALIAS_PERIOD), or at the loads' own offset:
+/* The fused residual pass's stores hold up the loads after them where they land 1 to this many
+   bytes above the loads in the aliasing period (LN_ALIAS_PERIOD; stores_alias_loads):
    2048x4096 float32 add_layer_norm into out= and residual_out=, one thread, Zen 4, input and
    residual 16 bytes into a page, sum at 32, 64, 128, 192, 256 bytes above them: 5.2-6.8,
    6.8-7.6, 5.1-5.6, 4.4-5.2, 4.2-4.7 ms, and 4.1-4.6 ms with it as far as the page allows;
@@ -228,8 +228,9 @@
 #define LN_ALIAS_WINDOW ((uintptr_t)256)
 
 /* ... so a row whose sum or output lies that close above its input or residual is summed into
-   a buffer of this many bytes at most (in L1 or L2; longer rows go as before), the sum stored
-   from there some groups behind the loads, and the output made from it (forward_sum_rows):
+   a buffer of this many bytes at most as well (in L1 or L2; longer rows go as before), and the
+   output made from it; a sum so placed is stored from it, past the window behind the loads
+   (forward_sum_rows):
    the same case, sum or output 32 to 256 bytes above, 4.1-5.3 ms; sum 48 bytes above, output
    32 above, both 48 above: 7.2-7.5, 6.9-7.6, 8.7 -> 4.5-4.6, 4.6-4.8, 4.5-4.8 ms (two
    threads: 4.9-5.6 -> 3.2-3.3 ms), where nothing aliases 4.1-4.7 ms, as before.  Rows shorter than
