@@ -3526,6 +3526,99 @@ static LN_ALWAYS_INLINE void backward_tile_f32_pass2(ln_norm_kind kind, ln_dtype
     }
 }
 
+/* What pass 1 of a float32 tile sums (see backward_tile_f32): in float64, the blocks' sums of
+   g and g * (x - mean), and the running maxima. */
+typedef struct {
+    gd g_sum, gc_sum;
+    grad_tops tops;
+} tile_grad_sums;
+
+static LN_ALWAYS_INLINE tile_grad_sums tile_grad_sums_start(void)
+{
+    const gf zero_f = gf_splat(0.0f);
+    return (tile_grad_sums){gd_splat(0.0), gd_splat(0.0), {zero_f, zero_f, zero_f}};
+}
+
+/* A block of pass 1's float32 sums, even and odd elements apart, into the float64 sums. */
+static LN_ALWAYS_INLINE void tile_grad_sums_block(tile_grad_sums *sums, gf even_g, gf odd_g, gf even_gc, gf odd_gc)
+{
+    sums->g_sum = gd_add(sums->g_sum, gf_widen(gf_add(even_g, odd_g)));
+    sums->gc_sum = gd_add(sums->gc_sum, gf_widen(gf_add(even_gc, odd_gc)));
+}
+
+/* The means as float32 lanes, as pass 1 and 2 take them. */
+static LN_ALWAYS_INLINE gf tile_f32_lanes(const double values[16])
+{
+    float lanes[16];
+    for (int k = 0; k < 16; k++) {
+        lanes[k] = (float)values[k];
+    }
+    return gf_load(lanes);
+}
+
+/* The end of a float32 tile's pass 1: the lanes that need float64 (returned) and, unless all
+   of them do, every lane's pass 2 factors in *factors. */
+static LN_ALWAYS_INLINE unsigned tile_f32_factors_of(ln_norm_kind kind, ln_dtype dtype, int count, ptrdiff_t n,
+                                                     const double means[16], const double rstds[16],
+                                                     const tile_grad_sums *sums, tile_f32_factors *factors)
+{
+    const gd n_v = gd_splat((double)n), rstd = gd_load(rstds), neg_rstd = gd_sub(gd_splat(0.0), rstd);
+    const gd g_mean = gd_div(sums->g_sum, n_v), gx_mean = gd_div(gd_mul(sums->gc_sum, rstd), n_v);
+    const gd xc_scale = gd_mul(gd_mul(neg_rstd, rstd), gx_mean), offset = gd_mul(neg_rstd, g_mean);
+    const gd widened[LN_LARGEST_COUNT] = {[LN_LARGEST_G] = gf_widen(sums->tops.g),
+                                           [LN_LARGEST_DY] = gf_widen(sums->tops.dy),
+                                           [LN_LARGEST_XC] = gf_widen(sums->tops.xc)};
+    unsigned exact = 0;
+    if (!grad_lanes_common(kind, dtype, count, rstd, xc_scale, offset, widened)) {
+        exact = tile_lanes_need_exact(dtype, count, rstd, g_mean, gx_mean, widened);
+        if (exact == (1u << count) - 1) {
+            return exact;
+        }
+    }
+    double factors_d[2][16];
+    gd_store(factors_d[0], xc_scale);
+    gd_store(factors_d[1], offset);
+    *factors = (tile_f32_factors){tile_f32_lanes(means), tile_f32_lanes(rstds), tile_f32_lanes(factors_d[0]),
+                                  tile_f32_lanes(factors_d[1])};
+    return exact;
+}
+
+/* Pass 1 of a float32 tile (see backward_tile_f32), where `wanted` (dx or dweight is: else
+   there is nothing to test, and the factors are the means and rstds with zeros), and its
+   end (tile_f32_factors_of). */
+static LN_ALWAYS_INLINE unsigned tile_f32_statistics(ln_norm_kind kind, ln_dtype dtype, const ln_backward_args *a,
+                                                     const tile_view *dy, const tile_view *x, int count,
+                                                     const double means[16], const double rstds[16], int adjacent,
+                                                     int wanted, tile_backward_lanes *buffers,
+                                                     tile_f32_factors *factors)
+{
+    const ptrdiff_t n = a->extent.row_len;
+    const float *weight = a->weight;
+    const gf mean_v = tile_f32_lanes(means), zero_f = gf_splat(0.0f);
+    if (!wanted) {
+        *factors = (tile_f32_factors){mean_v, tile_f32_lanes(rstds), zero_f, zero_f};
+        return 0;
+    }
+    tile_grad_sums sums = tile_grad_sums_start();
+    for (ptrdiff_t block = 0; block < n; block += 16) {
+        const ptrdiff_t block_end = n - block < 16 ? n : block + 16;
+        gf even_g = zero_f, even_gc = zero_f, odd_g = zero_f, odd_gc = zero_f;
+        ptrdiff_t j = block;
+        for (; j + 2 <= block_end; j += 2) {
+            tile_grad_sums_term(kind, dtype, dy, x, count, j, weight, buffers, adjacent, mean_v, &even_g, &even_gc,
+                                &sums.tops);
+            tile_grad_sums_term(kind, dtype, dy, x, count, j + 1, weight, buffers, adjacent, mean_v, &odd_g, &odd_gc,
+                                &sums.tops);
+        }
+        if (j < block_end) {
+            tile_grad_sums_term(kind, dtype, dy, x, count, j, weight, buffers, adjacent, mean_v, &even_g, &even_gc,
+                                &sums.tops);
+        }
+        tile_grad_sums_block(&sums, even_g, odd_g, even_gc, odd_gc);
+    }
+    return tile_f32_factors_of(kind, dtype, count, n, means, rstds, &sums, factors);
+}
+
 /* Tile backward in float32, for float16/bfloat16/float32 data: per lane, the contiguous
    route's arithmetic (pass 1 and grad_apply_columns' dx), with the lane's row in place of
    a vector over it:
@@ -3551,59 +3644,10 @@ static LN_ALWAYS_INLINE unsigned backward_tile_f32(ln_norm_kind kind, ln_dtype d
                                                    int adjacent, double *dweight_lanes, double *dbias_lanes,
                                                    int one_tile, tile_f32_factors *factors)
 {
-    const ptrdiff_t n = a->extent.row_len;
-    const int want_dx = dx->first != NULL;
-    const float *weight = a->weight;
     tile_backward_lanes buffers;
-    tile_backward_lanes_init(&buffers, dtype, count, n, adjacent);
-    float mean_f[16], rstd_f[16], xc_scale_f[16] = {0}, offset_f[16] = {0};
-    for (int k = 0; k < 16; k++) {
-        mean_f[k] = (float)means[k];
-        rstd_f[k] = (float)rstds[k];
-    }
-    const gf mean_v = gf_load(mean_f), rstd_v = gf_load(rstd_f), zero_f = gf_splat(0.0f);
-    unsigned exact = 0;
-    if (want_dx || dweight_lanes) {
-        gd g_sum = gd_splat(0.0), gc_sum = g_sum;
-        grad_tops tops = {zero_f, zero_f, zero_f};
-        for (ptrdiff_t block = 0; block < n; block += 16) {
-            const ptrdiff_t block_end = n - block < 16 ? n : block + 16;
-            gf even_g = zero_f, even_gc = zero_f, odd_g = zero_f, odd_gc = zero_f;
-            ptrdiff_t j = block;
-            for (; j + 2 <= block_end; j += 2) {
-                tile_grad_sums_term(kind, dtype, dy, x, count, j, weight, &buffers, adjacent, mean_v,
-                                    &even_g, &even_gc, &tops);
-                tile_grad_sums_term(kind, dtype, dy, x, count, j + 1, weight, &buffers, adjacent, mean_v,
-                                    &odd_g, &odd_gc, &tops);
-            }
-            if (j < block_end) {
-                tile_grad_sums_term(kind, dtype, dy, x, count, j, weight, &buffers, adjacent, mean_v,
-                                    &even_g, &even_gc, &tops);
-            }
-            g_sum = gd_add(g_sum, gf_widen(gf_add(even_g, odd_g)));
-            gc_sum = gd_add(gc_sum, gf_widen(gf_add(even_gc, odd_gc)));
-        }
-        const gd n_v = gd_splat((double)n), rstd = gd_load(rstds), neg_rstd = gd_sub(gd_splat(0.0), rstd);
-        const gd g_mean = gd_div(g_sum, n_v), gx_mean = gd_div(gd_mul(gc_sum, rstd), n_v);
-        const gd xc_scale = gd_mul(gd_mul(neg_rstd, rstd), gx_mean), offset = gd_mul(neg_rstd, g_mean);
-        const gd widened[LN_LARGEST_COUNT] = {[LN_LARGEST_G] = gf_widen(tops.g),
-                                               [LN_LARGEST_DY] = gf_widen(tops.dy),
-                                               [LN_LARGEST_XC] = gf_widen(tops.xc)};
-        if (!grad_lanes_common(kind, dtype, count, rstd, xc_scale, offset, widened)) {
-            exact = tile_lanes_need_exact(dtype, count, rstd, g_mean, gx_mean, widened);
-            if (exact == (1u << count) - 1) {
-                return exact;
-            }
-        }
-        double factors[2][16];
-        gd_store(factors[0], xc_scale);
-        gd_store(factors[1], offset);
-        for (int k = 0; k < 16; k++) {
-            xc_scale_f[k] = (float)factors[0][k];
-            offset_f[k] = (float)factors[1][k];
-        }
-    }
-    *factors = (tile_f32_factors){mean_v, rstd_v, gf_load(xc_scale_f), gf_load(offset_f)};
+    tile_backward_lanes_init(&buffers, dtype, count, a->extent.row_len, adjacent);
+    const unsigned exact = tile_f32_statistics(kind, dtype, a, dy, x, count, means, rstds, adjacent,
+                                               dx->first || dweight_lanes, &buffers, factors);
     if (!exact) {
         backward_tile_f32_pass2(kind, dtype, a, dy, x, dx, count, *factors, adjacent, dweight_lanes, dbias_lanes,
                                 one_tile, &buffers, LN_ALL_LANES);
@@ -3706,6 +3750,21 @@ static LN_ALWAYS_INLINE void backward_tile_of_views(ln_norm_kind kind, ln_dtype 
     }
 }
 
+/* The means (0.0 for RMSNorm) and rstds of rows row .. row + count of block `block`, lanes
+   from count on 0.0. */
+static LN_ALWAYS_INLINE void tile_means_rstds(ln_norm_kind kind, ln_dtype dtype, const ln_backward_args *a,
+                                              ptrdiff_t block, ptrdiff_t row, int count, double means[16],
+                                              double rstds[16])
+{
+    const tile_view mean_in = tile_view_of(dtype, &a->mean, &a->extent, block, row, count);
+    const tile_view rstd_in = tile_view_of(dtype, &a->rstd, &a->extent, block, row, count);
+    for (int k = 0; k < 16; k++) {
+        means[k] = k < count && kind == LN_NORM_LAYER
+                       ? ln_load1_param_as_f64(dtype, mean_in.first + k * mean_in.row_step, 0) : 0.0;
+        rstds[k] = k < count ? ln_load1_param_as_f64(dtype, rstd_in.first + k * rstd_in.row_step, 0) : 0.0;
+    }
+}
+
 /* Tile `tile` backward, in float32 (backward_tile_f32), and for float64 data or the lanes
    that float32 cannot take, in float64: pass 1 the lanes'
    sums of g and g * xhat (float32: when dx or dweight is wanted; float64: when dx is), pass
@@ -3718,20 +3777,14 @@ static LN_ALWAYS_INLINE void backward_tile_of_views(ln_norm_kind kind, ln_dtype 
 static LN_ALWAYS_INLINE void backward_tile(ln_norm_kind kind, ln_dtype dtype, const ln_backward_args *a,
                                            ptrdiff_t tile, double *dweight_lanes, double *dbias_lanes, int one_tile)
 {
-    const int has_mean = kind == LN_NORM_LAYER;
     ptrdiff_t block, row;
     int count;
     ln_tile_of(&a->extent, tile, &block, &row, &count);
     const tile_view dy = tile_view_of(dtype, &a->grad_output, &a->extent, block, row, count);
     const tile_view x = tile_view_of(dtype, &a->input, &a->extent, block, row, count);
     const tile_view dx = tile_view_of(dtype, &a->grad_input, &a->extent, block, row, count);
-    const tile_view mean_in = tile_view_of(dtype, &a->mean, &a->extent, block, row, count);
-    const tile_view rstd_in = tile_view_of(dtype, &a->rstd, &a->extent, block, row, count);
-    double means[16] = {0}, rstds[16] = {0};
-    for (int k = 0; k < count; k++) {
-        means[k] = has_mean ? ln_load1_param_as_f64(dtype, mean_in.first + k * mean_in.row_step, 0) : 0.0;
-        rstds[k] = ln_load1_param_as_f64(dtype, rstd_in.first + k * rstd_in.row_step, 0);
-    }
+    double means[16], rstds[16];
+    tile_means_rstds(kind, dtype, a, block, row, count, means, rstds);
     if (dy.adjacent && x.adjacent && (!dx.first || dx.adjacent)) {
         if (one_tile) {
             backward_tile_of_views(kind, dtype, a, &dy, &x, &dx, count, means, rstds, 1, dweight_lanes,
@@ -3759,6 +3812,126 @@ static LN_ALWAYS_INLINE void backward_tiles(ln_norm_kind kind, ln_dtype dtype, c
     const int one_tile = end - begin == 1;
     for (ptrdiff_t tile = begin; tile < end; tile++) {
         backward_tile(kind, dtype, a, tile, dweight_lanes, dbias_lanes, one_tile);
+    }
+}
+
+/* A run of a block's tiles whose lanes all go in float32, for pass 2 column by column
+   (backward_tiles_columns): each tile's dy, x and dx at element 0 (dx NULL: not wanted) and
+   its pass 2 factors. */
+typedef struct {
+    int tiles;
+    const char *dy[LN_TILE_RUN], *x[LN_TILE_RUN];
+    char *dx[LN_TILE_RUN];
+    int ahead[LN_TILE_RUN];  /* the tile LN_TILE_RUN on is in the same block: its dx is asked for */
+    ptrdiff_t dy_step, x_step, dx_step;  /* bytes from one element of a row to the next */
+    tile_f32_factors factors[LN_TILE_RUN];
+} tile_run;
+
+/* Pass 2 of a run of tiles, one column at a time: element j of every tile's rows, the tiles
+   in order, their terms of dweight and dbias added in registers to the column's lane sums,
+   which are loaded and stored once a run.  Lane k of a column adds the tiles' terms in the
+   order tile by tile pass 2 adds them, so the bits are the same; what is saved is the load
+   and store of those sums (16 float64 lanes each of dweight and dbias: four 64-byte loads
+   and four stores) at every tile and element.  8x64x56x56 float32 over axis=1, dx, dweight
+   and dbias, one thread, Zen 4, A/B in alternating processes: 0.94-1.07 -> 0.87-0.96 ms. */
+static LN_ALWAYS_INLINE void tile_run_pass2(ln_norm_kind kind, ln_dtype dtype, const ln_backward_args *a,
+                                            const tile_run *run_in, double *dweight_lanes, double *dbias_lanes)
+{
+    const tile_run run = *run_in;  /* a copy the stores through dx cannot change (see forward_rows) */
+    const ptrdiff_t n = a->extent.row_len, ahead = LN_TILE_RUN * group_bytes_of(dtype);
+    const float *weight = a->weight;
+    const int want_dx = run.dx[0] != NULL;
+    const gd zero_d = gd_splat(0.0);
+    for (ptrdiff_t j = 0; j < n; j++) {
+        gd dweight_sum = dweight_lanes ? gd_load(dweight_lanes + 16 * j) : zero_d;
+        gd dbias_sum = dbias_lanes ? gd_load(dbias_lanes + 16 * j) : zero_d;
+        const gf w = gf_splat(weight ? weight[j] : 1.0f);
+        for (int i = 0; i < run.tiles; i++) {
+            const tile_f32_factors *f = &run.factors[i];
+            const gf dy_v = load_as_f32(dtype, run.dy[i] + j * run.dy_step, 0);
+            const gf value_x = load_as_f32(dtype, run.x[i] + j * run.x_step, 0);
+            const gf xc = kind == LN_NORM_LAYER ? gf_sub(value_x, f->mean) : value_x;
+            if (want_dx) {
+                char *target = run.dx[i] + j * run.dx_step;
+                if (run.ahead[i]) {
+                    __builtin_prefetch(target + ahead, 1, LN_TILE_PREFETCH_LOCALITY);
+                }
+                const gf g = weight ? gf_mul(dy_v, w) : dy_v;
+                store_from_f32(dtype, target, 0, grad_dx(kind, g, xc, f->rstd, f->xc_scale, f->offset), 1);
+            }
+            if (dweight_lanes) {
+                dweight_sum = gd_add(dweight_sum, gf_widen(gf_mul(gf_mul(dy_v, xc), f->rstd)));
+            }
+            if (dbias_lanes) {
+                dbias_sum = gd_add(dbias_sum, gf_widen(dy_v));
+            }
+        }
+        if (dweight_lanes) {
+            gd_store(dweight_lanes + 16 * j, dweight_sum);
+        }
+        if (dbias_lanes) {
+            gd_store(dbias_lanes + 16 * j, dbias_sum);
+        }
+    }
+}
+
+/* Whether a call's tiles go by runs (backward_tiles_columns): float16/bfloat16/float32 data,
+   dweight wanted, a block of more than one tile, dy's, x's and dx's rows adjacent.  Without
+   dweight, tile by tile was faster: its stores of dx, a tile's 64 lines at a time, each
+   asked for two tiles ahead, went faster than a run's columns of them (8x64x56x56 float32
+   over axis=1, dx alone, one thread, Zen 4: 0.68-0.73 ms tile by tile, 0.78-0.83 ms by runs). */
+static LN_ALWAYS_INLINE int backward_tiles_columns_fit(ln_dtype dtype, const ln_backward_args *a, ptrdiff_t begin,
+                                                       ptrdiff_t end, const double *dweight_lanes)
+{
+    const ptrdiff_t size = (ptrdiff_t)ln_dtype_size(dtype);
+    return dtype != LN_F64 && dweight_lanes && end - begin > 1 && a->grad_output.walk.row_step == size &&
+           a->input.walk.row_step == size && (!a->grad_input.data || a->grad_input.walk.row_step == size);
+}
+
+/* backward_tiles, LN_TILE_RUN tiles at a time: pass 1 of each tile of the run, then pass 2 of
+   the run column by column (tile_run_pass2).  A run with a tile of fewer rows (a block's
+   last) or with lanes that need float64 goes tile by tile, in order, as backward_tiles takes
+   it (its pass 1 again: such runs are rare). */
+static LN_ALWAYS_INLINE void backward_tiles_columns(ln_norm_kind kind, ln_dtype dtype, const ln_backward_args *args,
+                                                    ptrdiff_t begin, ptrdiff_t end, double *dweight_lanes,
+                                                    double *dbias_lanes)
+{
+    const ln_backward_args copy = *args, *a = &copy;  /* see forward_rows */
+    assert(backward_tiles_columns_fit(dtype, a, begin, end, dweight_lanes));
+    assert(0 <= begin && begin <= end && end <= ln_tiles_of(&a->extent));
+    dbias_lanes = kind == LN_NORM_LAYER ? dbias_lanes : NULL;
+    tile_run run = {.dy_step = a->grad_output.walk.elem_step, .x_step = a->input.walk.elem_step,
+                    .dx_step = a->grad_input.walk.elem_step};
+    for (ptrdiff_t first = begin; first < end; first += LN_TILE_RUN) {
+        run.tiles = end - first < LN_TILE_RUN ? (int)(end - first) : LN_TILE_RUN;
+        int by_columns = 1;
+        for (int i = 0; i < run.tiles && by_columns; i++) {
+            ptrdiff_t block, row;
+            int count;
+            ln_tile_of(&a->extent, first + i, &block, &row, &count);
+            if (count < LN_TILE_ROWS) {
+                by_columns = 0;
+                continue;
+            }
+            const tile_view dy = tile_view_of(dtype, &a->grad_output, &a->extent, block, row, count);
+            const tile_view x = tile_view_of(dtype, &a->input, &a->extent, block, row, count);
+            run.dy[i] = dy.first;
+            run.x[i] = x.first;
+            run.dx[i] = a->grad_input.data ? ln_block_row_address(&a->grad_input, block, row) : NULL;
+            run.ahead[i] = row + (LN_TILE_RUN + 1) * LN_TILE_ROWS <= a->extent.rows;
+            double means[16], rstds[16];
+            tile_means_rstds(kind, dtype, a, block, row, count, means, rstds);
+            tile_backward_lanes buffers;  /* unused: every view adjacent */
+            by_columns = !tile_f32_statistics(kind, dtype, a, &dy, &x, count, means, rstds, 1, 1, &buffers,
+                                              &run.factors[i]);
+        }
+        if (by_columns) {
+            tile_run_pass2(kind, dtype, a, &run, dweight_lanes, dbias_lanes);
+            continue;
+        }
+        for (int i = 0; i < run.tiles; i++) {
+            backward_tile(kind, dtype, a, first + i, dweight_lanes, dbias_lanes, 0);
+        }
     }
 }
 
@@ -3831,11 +4004,22 @@ static LN_ALWAYS_INLINE void backward_tiles(ln_norm_kind kind, ln_dtype dtype, c
     {                                                                                              \
         return backward_rows(KIND, DTYPE, a, begin, end, dweight, dbias, total_dweight, total_dbias); \
     }                                                                                              \
+    __attribute__((noinline)) static void backward_tiles_columns_##kind_suffix##_##suffix(         \
+        const ln_backward_args *a, ptrdiff_t begin, ptrdiff_t end, double *dweight_lanes,          \
+        double *dbias_lanes)                                                                       \
+    {                                                                                              \
+        backward_tiles_columns(KIND, DTYPE, a, begin, end, dweight_lanes, dbias_lanes);            \
+    }                                                                                              \
     static void backward_tiles_##kind_suffix##_##suffix(const ln_backward_args *a,                 \
                                                         ptrdiff_t begin, ptrdiff_t end,            \
                                                         double *dweight_lanes,                     \
                                                         double *dbias_lanes)                       \
     {                                                                                              \
+        if (backward_tiles_columns_fit(DTYPE, a, begin, end, dweight_lanes)) {                     \
+            backward_tiles_columns_##kind_suffix##_##suffix(a, begin, end, dweight_lanes,          \
+                                                            dbias_lanes);                          \
+            return;                                                                                \
+        }                                                                                          \
         backward_tiles(KIND, DTYPE, a, begin, end, dweight_lanes, dbias_lanes);                    \
     }                                                                                              \
     static void grad_sums_##kind_suffix##_##suffix(const void *dy, const void *x,                  \

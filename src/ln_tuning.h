@@ -265,6 +265,11 @@
    process: forward and backward 0.89-0.90x the time, bfloat16 forward 0.92-0.96x). */
 #define LN_TILE_PREFETCH_LOCALITY 2
 
+/* Tiles whose backward pass 2 goes column by column together (backward_tiles_columns): 64
+   KiB of float32 dy and x at 64 channels, read again from L2 (8x64x56x56 over axis=1, one
+   thread, Zen 4: 4 tiles 0.90-0.95 ms, 8 0.89-0.94, 16 0.89-0.94). */
+#define LN_TILE_RUN 8
+
 /* Elements of a tile's rows gathered at a time where they are not adjacent in memory (see
    tile_gathered).  (1000000, 2) float32 over axis=0, one thread, Zen 4: forward 13.7-13.8 ->
    4.1-4.2 ms and backward 30.3-32.1 -> 12.7-13.7 ms against one element at a time; 64 at a
