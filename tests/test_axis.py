@@ -67,6 +67,7 @@ AXIS_CASES = [
     ("empty-batch", (0, 4, 3), 1, (4,)),
     ("long-strided-rows", (2, 40, 3), 1, (40,)),  # rows longer than a tile of 16
     ("many-strided-rows", (2, 16, 9, 9), 1, (16,)),  # 162 rows: tiles of 16 and a remainder
+    ("nchw-tile-runs", (2, 8, 13, 11), 1, (8,)),  # 143 rows an image: a run of 8 whole tiles
 ]
 CASE_IDS = [c[0] for c in AXIS_CASES]
 FOUR_D = [c for c in AXIS_CASES if len(c[1]) == 4]
@@ -266,6 +267,7 @@ ROUTE_CASES = [
     ("nchw-axis1", (2, 8, 3, 5), 1, (8,)),
     ("nchw-one-image", (1, 16, 7, 9), 1, (16,)),
     ("first-axis", (5, 3, 300), 0, (5,)),
+    ("nchw-tile-runs", (2, 8, 13, 11), 1, (8,)),  # runs of 8 whole tiles, and runs with a partial one
 ]
 ROUTE_IDS = [c[0] for c in ROUTE_CASES]
 
