@@ -3533,20 +3533,7 @@ typedef struct {
     grad_tops tops;
 } tile_grad_sums;
 
-static LN_ALWAYS_INLINE tile_grad_sums tile_grad_sums_start(void)
-{
-    const gf zero_f = gf_splat(0.0f);
-    return (tile_grad_sums){gd_splat(0.0), gd_splat(0.0), {zero_f, zero_f, zero_f}};
-}
-
-/* A block of pass 1's float32 sums, even and odd elements apart, into the float64 sums. */
-static LN_ALWAYS_INLINE void tile_grad_sums_block(tile_grad_sums *sums, gf even_g, gf odd_g, gf even_gc, gf odd_gc)
-{
-    sums->g_sum = gd_add(sums->g_sum, gf_widen(gf_add(even_g, odd_g)));
-    sums->gc_sum = gd_add(sums->gc_sum, gf_widen(gf_add(even_gc, odd_gc)));
-}
-
-/* The means as float32 lanes, as pass 1 and 2 take them. */
+/* Sixteen float64 lanes as float32 lanes (a tile's means, rstds and pass 2 factors). */
 static LN_ALWAYS_INLINE gf tile_f32_lanes(const double values[16])
 {
     float lanes[16];
@@ -3599,7 +3586,7 @@ static LN_ALWAYS_INLINE unsigned tile_f32_statistics(ln_norm_kind kind, ln_dtype
         *factors = (tile_f32_factors){mean_v, tile_f32_lanes(rstds), zero_f, zero_f};
         return 0;
     }
-    tile_grad_sums sums = tile_grad_sums_start();
+    tile_grad_sums sums = {gd_splat(0.0), gd_splat(0.0), {zero_f, zero_f, zero_f}};
     for (ptrdiff_t block = 0; block < n; block += 16) {
         const ptrdiff_t block_end = n - block < 16 ? n : block + 16;
         gf even_g = zero_f, even_gc = zero_f, odd_g = zero_f, odd_gc = zero_f;
@@ -3614,7 +3601,8 @@ static LN_ALWAYS_INLINE unsigned tile_f32_statistics(ln_norm_kind kind, ln_dtype
             tile_grad_sums_term(kind, dtype, dy, x, count, j, weight, buffers, adjacent, mean_v, &even_g, &even_gc,
                                 &sums.tops);
         }
-        tile_grad_sums_block(&sums, even_g, odd_g, even_gc, odd_gc);
+        sums.g_sum = gd_add(sums.g_sum, gf_widen(gf_add(even_g, odd_g)));
+        sums.gc_sum = gd_add(sums.gc_sum, gf_widen(gf_add(even_gc, odd_gc)));
     }
     return tile_f32_factors_of(kind, dtype, count, n, means, rstds, &sums, factors);
 }
