@@ -933,12 +933,40 @@ static LN_ALWAYS_INLINE ln_moments sum_chunk_moments(ln_norm_kind kind, ln_dtype
     return moments_of_sums(kind, moments_sums(&acc, kind, dtype, sum, i, n), n);
 }
 
+/* Elements [begin, end) of sum = x + residual, n elements in all, normalized into y by
+   ordinary stores: as normalize_few, from a whole group of the sum formed in lanes.  The
+   group may take in elements before `begin` that an in-place output has written already;
+   their lanes are not stored. */
+static LN_ALWAYS_INLINE void normalize_sum_few(ln_norm_kind kind, ln_dtype dtype, const row_norm *k, const char *x,
+                                               const char *residual, char *y, ptrdiff_t begin, ptrdiff_t end,
+                                               ptrdiff_t n, const void *weight, const void *bias)
+{
+    const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(dtype), param_size = (ptrdiff_t)ln_param_size(dtype);
+    double lanes[16];
+    for (ptrdiff_t i = begin; i < end && n < 16; i++) {
+        add_one(dtype, x + i * elsize, residual + i * elsize, lanes, 0);
+        normalize_one(kind, dtype, k, lanes, y + i * elsize, 0, weight ? (const char *)weight + i * param_size : NULL,
+                      bias ? (const char *)bias + i * param_size : NULL);
+    }
+    for (ptrdiff_t i = begin; i < end && n >= 16;) {
+        const ptrdiff_t group = i + 16 <= n ? i : n - 16, stop = end < group + 16 ? end : group + 16;
+        add_group(dtype, x + group * elsize, residual + group * elsize, lanes, 0);
+        normalize_few(kind, dtype, k, lanes, y + group * elsize, i - group, stop - group, 16,
+                      weight ? (const char *)weight + group * param_size : NULL,
+                      bias ? (const char *)bias + group * param_size : NULL);
+        i = stop;
+    }
+}
+
 /* normalize() of sum[0 .. n) = x + residual with the sum formed again from x and residual
    (add_group's bits), which are still in cache, where sum went to memory by non-temporal
-   stores: reading it back would fetch it from memory.  No prefetch of the next row here: the
-   hardware's prefetchers do better alone (2048x4096 float32 add_layer_norm, one thread, with
-   the next row's x and residual prefetched from this loop: 7.1 ms; without: 4.6 ms); the
-   statistics loop reads ahead instead (sum_chunk_moments). */
+   stores: reading it back would fetch it from memory.  Streaming, as normalize() does, by
+   ordinary stores up to y's first 64-byte boundary and whole lines after it: 16-byte pieces
+   from y's start took four stores and three extractions a group at AVX-512 (2048x4096
+   float32 add_layer_norm, one thread, arrays 16 bytes into a page: 4-6% of the call).  No
+   prefetch of the next row here: the hardware's prefetchers do better alone (the same call
+   with the next row's x and residual prefetched from this loop: 7.1 ms; without: 4.6 ms);
+   the statistics loop reads ahead instead (sum_chunk_moments). */
 static LN_ALWAYS_INLINE void normalize_sum(ln_norm_kind kind, ln_dtype dtype, int streaming, const char *x,
                                            const char *residual, char *y, ptrdiff_t n, double mean, double rstd,
                                            const void *weight, const void *bias)
@@ -946,28 +974,20 @@ static LN_ALWAYS_INLINE void normalize_sum(ln_norm_kind kind, ln_dtype dtype, in
     assert(x && residual && y && 1 <= n && n <= LN_NORMALIZE_SPAN);
     const row_norm k = row_norm_of(dtype, mean, rstd);
     const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(dtype), param_size = (ptrdiff_t)ln_param_size(dtype);
-    /* float32/float64 output not starting a line goes in 16-byte pieces from its start, not
-       element by element up to a line (rows of 768 float32 elements: 12 of every 768) */
-    const int pieces = !ln_dtype_is_16bit(dtype) && ((uintptr_t)y & 63) != 0 && ((uintptr_t)y & 15) == 0;
-    const ln_store store = !streaming ? LN_STORE_CACHED : pieces ? LN_STREAM_PIECES : LN_STREAM_LINES;
-    double lanes[16];
+    const ln_store store = streaming ? LN_STREAM_LINES : LN_STORE_CACHED;
     ptrdiff_t i = 0;
-    for (; store == LN_STREAM_LINES && i < n && ((uintptr_t)(y + i * elsize) & 63) != 0; i++) {
-        add_one(dtype, x + i * elsize, residual + i * elsize, lanes, 0);
-        normalize_one(kind, dtype, &k, lanes, y + i * elsize, 0, weight ? (const char *)weight + i * param_size : NULL,
-                      bias ? (const char *)bias + i * param_size : NULL);
+    while (streaming && i < n && ((uintptr_t)(y + i * elsize) & 63) != 0) {
+        i++;
     }
+    normalize_sum_few(kind, dtype, &k, x, residual, y, 0, i, n, weight, bias);
+    double lanes[16];
     for (; i + 16 <= n; i += 16) {
         add_group(dtype, x + i * elsize, residual + i * elsize, lanes, 0);
         normalize_group(kind, dtype, &k, lanes, y + i * elsize, 0,
                         weight ? (const char *)weight + i * param_size : NULL,
                         bias ? (const char *)bias + i * param_size : NULL, store);
     }
-    for (; i < n; i++) {
-        add_one(dtype, x + i * elsize, residual + i * elsize, lanes, 0);
-        normalize_one(kind, dtype, &k, lanes, y + i * elsize, 0, weight ? (const char *)weight + i * param_size : NULL,
-                      bias ? (const char *)bias + i * param_size : NULL);
-    }
+    normalize_sum_few(kind, dtype, &k, x, residual, y, i, n, n, weight, bias);
 }
 
 /* ------------------------------------------------------------------------ */

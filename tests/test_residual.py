@@ -233,8 +233,9 @@ def test_large_results_written_where_asked(kind, dtype, row_len, residual_out, o
 @pytest.mark.parametrize("kind", KINDS, ids=str)
 def test_large_results_into_arrays_off_a_line(kind, dtype, row_len, offset):
     # out= and residual_out= of 32 MiB and more whose rows start 16 bytes past a cache line (as
-    # NumPy's arrays do) are streamed in 16-byte pieces from their first element, 8 bytes past
-    # one element by element up to a line, at a line in whole lines: the same bits every way
+    # NumPy's arrays do) or 8 bytes past one: the output by ordinary stores up to a line and in
+    # whole lines after it, the sum in 16-byte pieces from its first element (8 bytes past a
+    # line, through the cache); at a line both in whole lines: the same bits every way
     x, residual, w, b, expected_sum, expected_out = large_case(kind, dtype, row_len)
     out, total = empty_at(x.shape, dtype, offset), empty_at(x.shape, dtype, offset)
     kind.add(x, residual, (row_len,), w, b, out=out, residual_out=total)
