@@ -934,49 +934,52 @@ static LN_ALWAYS_INLINE ln_moments sum_chunk_moments(ln_norm_kind kind, ln_dtype
 }
 
 /* Elements [begin, end) of sum = x + residual, n elements in all, normalized into y by
-   ordinary stores: as normalize_few, from a whole group of the sum formed in lanes.  The
+   ordinary stores, where they lie within one group's reach (the head before y's first line,
+   the tail after the last whole group, or a span shorter than a group): the sum formed in
+   lanes, a whole group of it where the span holds one, then normalize_few's arithmetic.  The
    group may take in elements before `begin` that an in-place output has written already;
    their lanes are not stored. */
 static LN_ALWAYS_INLINE void normalize_sum_few(ln_norm_kind kind, ln_dtype dtype, const row_norm *k, const char *x,
                                                const char *residual, char *y, ptrdiff_t begin, ptrdiff_t end,
                                                ptrdiff_t n, const void *weight, const void *bias)
 {
+    const ptrdiff_t first = n < 16 ? 0 : begin + 16 <= n ? begin : n - 16, count = n < 16 ? n : 16;
+    assert(first <= begin && end <= first + count);
+    if (begin == end) {
+        return;
+    }
     const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(dtype), param_size = (ptrdiff_t)ln_param_size(dtype);
+    const char *x_first = x + first * elsize, *residual_first = residual + first * elsize;
     double lanes[16];
-    for (ptrdiff_t i = begin; i < end && n < 16; i++) {
-        add_one(dtype, x + i * elsize, residual + i * elsize, lanes, 0);
-        normalize_one(kind, dtype, k, lanes, y + i * elsize, 0, weight ? (const char *)weight + i * param_size : NULL,
-                      bias ? (const char *)bias + i * param_size : NULL);
+    if (count == 16) {
+        add_group(dtype, x_first, residual_first, lanes, 0);
     }
-    for (ptrdiff_t i = begin; i < end && n >= 16;) {
-        const ptrdiff_t group = i + 16 <= n ? i : n - 16, stop = end < group + 16 ? end : group + 16;
-        add_group(dtype, x + group * elsize, residual + group * elsize, lanes, 0);
-        normalize_few(kind, dtype, k, lanes, y + group * elsize, i - group, stop - group, 16,
-                      weight ? (const char *)weight + group * param_size : NULL,
-                      bias ? (const char *)bias + group * param_size : NULL);
-        i = stop;
+    for (ptrdiff_t j = begin - first; j < end - first && count < 16; j++) {
+        add_one(dtype, x_first, residual_first, lanes, j);
     }
+    normalize_few(kind, dtype, k, lanes, y + first * elsize, begin - first, end - first, count,
+                  weight ? (const char *)weight + first * param_size : NULL,
+                  bias ? (const char *)bias + first * param_size : NULL);
 }
 
 /* normalize() of sum[0 .. n) = x + residual with the sum formed again from x and residual
    (add_group's bits), which are still in cache, where sum went to memory by non-temporal
-   stores: reading it back would fetch it from memory.  Streaming, as normalize() does, by
-   ordinary stores up to y's first 64-byte boundary and whole lines after it: 16-byte pieces
-   from y's start took four stores and three extractions a group at AVX-512 (2048x4096
-   float32 add_layer_norm, one thread, arrays 16 bytes into a page: 4-6% of the call).  No
-   prefetch of the next row here: the hardware's prefetchers do better alone (the same call
-   with the next row's x and residual prefetched from this loop: 7.1 ms; without: 4.6 ms);
-   the statistics loop reads ahead instead (sum_chunk_moments). */
-static LN_ALWAYS_INLINE void normalize_sum(ln_norm_kind kind, ln_dtype dtype, int streaming, const char *x,
-                                           const char *residual, char *y, ptrdiff_t n, double mean, double rstd,
-                                           const void *weight, const void *bias)
+   stores: reading it back would fetch it from memory.  The output streams too, as
+   normalize()'s does: by ordinary stores up to y's first 64-byte boundary and whole lines
+   after it (16-byte pieces from y's start took four stores and three extractions a group at
+   AVX-512: 2048x4096 float32 add_layer_norm, one thread, arrays 16 bytes into a page, 4-6%
+   of the call).  No prefetch of the next row here: the hardware's prefetchers do better
+   alone (the same call with the next row's x and residual prefetched from this loop: 7.1 ms;
+   without: 4.6 ms); the statistics loop reads ahead instead (sum_chunk_moments). */
+static LN_ALWAYS_INLINE void normalize_sum(ln_norm_kind kind, ln_dtype dtype, const char *x, const char *residual,
+                                           char *y, ptrdiff_t n, double mean, double rstd, const void *weight,
+                                           const void *bias)
 {
     assert(x && residual && y && 1 <= n && n <= LN_NORMALIZE_SPAN);
     const row_norm k = row_norm_of(dtype, mean, rstd);
     const ptrdiff_t elsize = (ptrdiff_t)ln_dtype_size(dtype), param_size = (ptrdiff_t)ln_param_size(dtype);
-    const ln_store store = streaming ? LN_STREAM_LINES : LN_STORE_CACHED;
     ptrdiff_t i = 0;
-    while (streaming && i < n && ((uintptr_t)(y + i * elsize) & 63) != 0) {
+    while (i < n && ((uintptr_t)(y + i * elsize) & 63) != 0) {
         i++;
     }
     normalize_sum_few(kind, dtype, &k, x, residual, y, 0, i, n, weight, bias);
@@ -985,7 +988,7 @@ static LN_ALWAYS_INLINE void normalize_sum(ln_norm_kind kind, ln_dtype dtype, in
         add_group(dtype, x + i * elsize, residual + i * elsize, lanes, 0);
         normalize_group(kind, dtype, &k, lanes, y + i * elsize, 0,
                         weight ? (const char *)weight + i * param_size : NULL,
-                        bias ? (const char *)bias + i * param_size : NULL, store);
+                        bias ? (const char *)bias + i * param_size : NULL, LN_STREAM_LINES);
     }
     normalize_sum_few(kind, dtype, &k, x, residual, y, i, n, n, weight, bias);
 }
@@ -1665,8 +1668,7 @@ static LN_ALWAYS_INLINE void sum_rows(ln_norm_kind kind, ln_dtype dtype, const l
             const void *w = weight ? (const char *)weight + start * (ptrdiff_t)ln_param_size(dtype) : NULL;
             const void *b = bias ? (const char *)bias + start * (ptrdiff_t)ln_param_size(dtype) : NULL;
             if (stream_sum) {
-                normalize_sum(kind, dtype, streaming, x + offset, residual + offset, y + offset, stop - start, m.mean,
-                              rstd, w, b);
+                normalize_sum(kind, dtype, x + offset, residual + offset, y + offset, stop - start, m.mean, rstd, w, b);
             }
             else {
                 normalize_span(sum + offset, y + offset, stop - start, m.mean, rstd, w, b);
@@ -3919,7 +3921,7 @@ static LN_ALWAYS_INLINE void backward_tiles_columns(ln_norm_kind kind, ln_dtype 
             ln_tile_of(&a->extent, first + i, &block, &row, &count);
             if (count < LN_TILE_ROWS) {
                 by_columns = 0;
-                continue;
+                break;
             }
             const tile_view dy = tile_view_of(dtype, &a->grad_output, &a->extent, block, row, count);
             const tile_view x = tile_view_of(dtype, &a->input, &a->extent, block, row, count);
