@@ -107,7 +107,7 @@ void ln_backward_exact_row(const ln_backward_args *a, ptrdiff_t r, double *dweig
 
     double g_sum = 0.0, gx_sum = 0.0;
     for (ptrdiff_t i = 0; i < n; i++) {
-        const double xhat = (ln_element(dtype, x, x_step, i) - mean) * rstd;
+        const double xhat = ln_xhat_of(ln_element(dtype, x, x_step, i), mean, rstd);
         const double w = a->weight ? ln_load1_param_as_f64(dtype, a->weight, i) : 1.0;
         const double g = ln_element(dtype, dy, dy_step, i) * w;
         g_sum += g;
@@ -123,7 +123,7 @@ void ln_backward_exact_row(const ln_backward_args *a, ptrdiff_t r, double *dweig
     const ptrdiff_t dx_step = a->grad_input.walk.elem_step;
     char *dx = ln_row_address(&a->grad_input, &a->extent, r);
     for (ptrdiff_t i = 0; i < n; i++) {
-        const double xhat = (ln_element(dtype, x, x_step, i) - mean) * rstd;
+        const double xhat = ln_xhat_of(ln_element(dtype, x, x_step, i), mean, rstd);
         const double w = a->weight ? ln_load1_param_as_f64(dtype, a->weight, i) : 1.0;
         const double g = ln_element(dtype, dy, dy_step, i) * w;
         const double value = ((g - g_mean) - xhat * gx_mean) * rstd;

@@ -291,6 +291,17 @@ static inline int ln_moments_finite(ln_moments m)
     return isfinite(m.mean) && isfinite(m.m2);
 }
 
+/* xhat = (x - mean) * rstd of a float64 element, the difference rounded as if float64 had
+   no largest value: where x - mean overflows (rows holding values near DBL_MAX of both signs,
+   whose rstd is below 1e-308 and whose forward ln_forward_exact_row scales), it is formed from
+   the halves, exact there, as (x / 2 - mean / 2) * rstd * 2, the same rounding of the same real
+   number (xhat is at least about 1/2 for such an element, far from float64's subnormals). */
+static inline double ln_xhat_of(double x, double mean, double rstd)
+{
+    const double xc = x - mean;
+    return isinf(xc) && isfinite(x) && isfinite(mean) ? (x * 0.5 - mean * 0.5) * rstd * 2.0 : xc * rstd;
+}
+
 static inline double ln_rstd_of(ln_moments m, double eps)
 {
     if (!ln_moments_finite(m)) {

@@ -2403,6 +2403,32 @@ static LN_ALWAYS_INLINE void grad_apply(ln_norm_kind kind, ln_dtype dtype, const
 /* Backward: rows                                                            */
 /* ------------------------------------------------------------------------ */
 
+/* ln_xhat_of, lane by lane: out of line, for the lanes whose x - mean left float64's range
+   (or holds NaN). */
+__attribute__((noinline, cold)) static gd xhat_lanes_wide(gd x, gd mean, gd rstd)
+{
+    double xs[16], means[16], rstds[16];
+    gd_store(xs, x);
+    gd_store(means, mean);
+    gd_store(rstds, rstd);
+    for (int k = 0; k < 16; k++) {
+        xs[k] = ln_xhat_of(xs[k], means[k], rstds[k]);
+    }
+    return gd_load(xs);
+}
+
+/* xhat = (x - mean) * rstd in float64 lanes (x * rstd for RMSNorm), as ln_xhat_of: where
+   float32, float16 or bfloat16 data is widened, x - mean cannot overflow. */
+static LN_ALWAYS_INLINE gd xhat_lanes(ln_norm_kind kind, ln_dtype dtype, gd x, gd mean, gd rstd)
+{
+    if (kind == LN_NORM_RMS) {
+        return gd_mul(x, rstd);
+    }
+    const gd xc = gd_sub(x, mean);
+    return dtype != LN_F64 || gd_all_within(xc, -DBL_MAX, DBL_MAX) ? gd_mul(xc, rstd) : xhat_lanes_wide(x, mean, rstd);
+}
+
+
 /* Rows shorter than one group (n < 16), where per-row overhead would dominate: 16 rows
    at a time, one row per lane, all in float64.  Lane k of the parameter accumulators
    takes rows block + k; the lanes are added by the fixed tree when the range is done. */
@@ -2433,7 +2459,7 @@ static LN_ALWAYS_INLINE void backward_short_rows(ln_norm_kind kind, ln_dtype dty
         gd g_sum = zero_v, gx_sum = zero_v;
         for (ptrdiff_t i = 0; i < n; i++) {
             const gd dy_v = short_rows_column(dtype, dy_columns, i), value_x = short_rows_column(dtype, x_columns, i);
-            const gd xhat = gd_mul(has_mean ? gd_sub(value_x, mean_v) : value_x, rstd_v);
+            const gd xhat = xhat_lanes(kind, dtype, value_x, mean_v, rstd_v);
             const gd g = a->weight ? gd_mul(dy_v, gd_splat(ln_load1_param_as_f64(dtype, a->weight, i))) : dy_v;
             g_sum = has_mean ? gd_add(g_sum, g) : g_sum;
             gx_sum = gd_add(gx_sum, gd_mul(g, xhat));
@@ -3437,7 +3463,7 @@ static LN_ALWAYS_INLINE void backward_tile_from_views(ln_norm_kind kind, ln_dtyp
         for (ptrdiff_t j = 0; j < n; j++) {
             const gd dy_v = load_as_f64(dtype, tile_load(dtype, dy, count, j, &buffers.dy, adjacent), 0);
             const gd value_x = load_as_f64(dtype, tile_load(dtype, x, count, j, &buffers.x, adjacent), 0);
-            const gd xhat = gd_mul(has_mean ? gd_sub(value_x, mean_v) : value_x, rstd_v);
+            const gd xhat = xhat_lanes(kind, dtype, value_x, mean_v, rstd_v);
             const gd g = weight ? gd_mul(dy_v, gd_splat(ln_load1_param_as_f64(dtype, weight, j))) : dy_v;
             g_sum = has_mean ? gd_add(g_sum, g) : g_sum;
             gx_sum = gd_add(gx_sum, gd_mul(g, xhat));
@@ -3449,7 +3475,7 @@ static LN_ALWAYS_INLINE void backward_tile_from_views(ln_norm_kind kind, ln_dtyp
     for (ptrdiff_t j = 0; j < n; j++) {
         const gd dy_v = load_as_f64(dtype, tile_load(dtype, dy, count, j, &buffers.dy, adjacent), 0);
         const gd value_x = load_as_f64(dtype, tile_load(dtype, x, count, j, &buffers.x, adjacent), 0);
-        const gd xhat = gd_mul(has_mean ? gd_sub(value_x, mean_v) : value_x, rstd_v);
+        const gd xhat = xhat_lanes(kind, dtype, value_x, mean_v, rstd_v);
         if (dx->first) {
             const gd g = weight ? gd_mul(dy_v, gd_splat(ln_load1_param_as_f64(dtype, weight, j))) : dy_v;
             const gd inner = gd_sub(has_mean ? gd_sub(g, g_mean) : g, gd_mul(xhat, gx_mean));

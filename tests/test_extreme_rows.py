@@ -254,6 +254,32 @@ def test_an_extreme_row_gets_the_reference_gradients(kind, row_len, route):
         assert_within(g, w, tol, name)
 
 
+@pytest.mark.parametrize("route", ["rows", "axis"])
+@pytest.mark.parametrize("row_len", ROW_LENGTHS)
+def test_a_float64_row_whose_centred_values_overflow_gets_the_reference_gradients(row_len, route):
+    """x - mean beyond float64 (1.5e308 - (-1.5e308 + 3e308 / row_len)), where the forward is
+    right: the gradients are the reference's of the row scaled by 1/4, whose x - mean is in
+    range, xhat the same and grad_input 4 times the answer (every route: rows shorter than a
+    group, the contiguous route's ln_backward_exact_row, a tile's float64 lanes)."""
+    x = np.zeros((2, row_len))
+    x[0] = -1.5e308
+    x[0, 0] = 1.5e308
+    x[1] = np.linspace(-1.0, 1.0, row_len)
+    dy = np.tile(np.linspace(1.0, -1.0, row_len), (2, 1))
+    weight, bias = np.full(row_len, 0.5), np.zeros(row_len)
+    _, mean, rstd = layernorm.native_layer_norm(x, (row_len,), weight, bias)
+    got = _layer_norm_backward_by(route, dy, x, mean, rstd, weight, bias)
+    scale = 0.25
+    want = _reference.layer_norm_backward_given_stats(dy, x * scale, (row_len,), mean * scale, rstd / scale, weight)
+    want = (want[0] * scale,) + want[1:]
+    # float64 sums of up to 70000 terms round by at most about n * 2**-53 of their magnitudes
+    terms = rstd * np.abs(dy * weight).max(axis=-1, keepdims=True)
+    tolerances = (1e-10 * terms, 1e-10 * np.abs(want[1]).max(), 1e-10 * np.abs(want[2]).max())
+    for name, g, w, tol in zip(("grad_input", "grad_weight", "grad_bias"), got, want, tolerances):
+        assert np.isfinite(g).all(), name
+        assert_within(g, w, tol, name)
+
+
 @pytest.mark.parametrize("row_len", [40, 5000, 70000])
 def test_float32_rows_of_std_3e19_keep_the_float32_path(row_len):
     """rstd**2 ~ 1e-39 lies below float32's normal range but is formed in float64, and the
