@@ -616,6 +616,11 @@ class NormModule:
                     f"size mismatch for {name}: copying a param with shape {value.shape} from "
                     f"checkpoint, the shape in current model is {_param_array(param).shape}."
                 )
+            elif assign and value.dtype.kind == "f" and value.dtype.itemsize not in (2, 4, 8):
+                errors.append(
+                    f'While copying the parameter named "{name}", {type(self).__name__} supports '
+                    f"float16, bfloat16, float32 and float64 parameters, got {value.dtype}"
+                )
             elif not assign and not _param_array(param).flags.writeable:
                 errors.append(
                     f'While copying the parameter named "{name}", the parameter is a read-only '
@@ -630,7 +635,9 @@ class NormModule:
         for name, value in new_values.items():
             if assign:
                 float_kind = value.dtype.kind == "f" or _is_bfloat16(value.dtype)
-                kept = value if float_kind else value.astype(_param_array(own[name]).dtype)
+                # a float dtype as it is, in native byte order; integers as the parameter's
+                kept = value.astype(value.dtype.newbyteorder("=") if float_kind else _param_array(own[name]).dtype,
+                                    copy=False)
                 setattr(self, name, kept if kept.flags.writeable else kept.copy())
                 setattr(self, grad_names[name], None)  # a new parameter, as torch's, has no gradient yet
             else:

@@ -528,6 +528,24 @@ def test_load_state_dict_assign_makes_the_values_the_parameters(kind):
 
 
 @BY_KIND
+def test_load_state_dict_assign_keeps_only_the_dtypes_a_module_can_have(kind):
+    # values in the other byte order become native float32; long doubles are refused as the
+    # constructor refuses them, the parameters left as they were
+    ours = kind.ours(4)
+    swapped = {name: np.full(4, 1.5 + i, ">f4") for i, name in enumerate(kind.names)}
+    ours.load_state_dict(swapped, assign=True)
+    for name in kind.names:
+        param = getattr(ours, name)
+        assert param.dtype == np.dtype(np.float32) and param.dtype.isnative
+        np.testing.assert_array_equal(param, swapped[name])
+    if np.dtype(np.longdouble).itemsize in (2, 4, 8):
+        pytest.skip("long double is float64 here")
+    with pytest.raises(RuntimeError, match="supports float16, bfloat16, float32 and float64 parameters, got float128"):
+        ours.load_state_dict({name: np.ones(4, np.longdouble) for name in kind.names}, assign=True)
+    assert all(getattr(ours, name).dtype == np.float32 for name in kind.names)
+
+
+@BY_KIND
 def test_load_state_dict_assign_starts_the_parameters_without_gradients(kind):
     # torch's assign=True makes new parameters, whose .grad is None: the next backward must not
     # add to the gradients of the parameters they replaced
