@@ -2421,8 +2421,7 @@ __attribute__((noinline, cold)) static gd xhat_lanes_wide(gd x, gd mean, gd rstd
    float16 and bfloat16 data widened, RMSNorm's mean of 0, and means below 2**970 in
    magnitude, for which |x - mean| < DBL_MAX + 2**970 rounds to DBL_MAX at most (ties at
    2**1024 - 2**970 go to Inf).  Tested once for the rows of a block or a tile, so that the
-   loops over rows in range test nothing more (a test of each column cost float64 1000000x8
-   backward 7%). */
+   loops over rows in range test nothing more. */
 static LN_ALWAYS_INLINE int centred_in_range(ln_norm_kind kind, ln_dtype dtype, gd means)
 {
     const double below = 0x1.fffffffffffffp969;  /* the largest double below 2**970 */
@@ -2480,8 +2479,8 @@ static LN_ALWAYS_INLINE void backward_short_rows(ln_norm_kind kind, ln_dtype dty
             rstds[k] = ln_load_stat(dtype, &a->rstd, &a->extent, block + k);
         }
         const gd mean_v = gd_load(means), rstd_v = gd_load(rstds);
-        /* rows whose x - mean may overflow: xhat from ln_xhat_of, before the loop (a call in it
-           took float64 1000000x8 backward 7-15% longer) */
+        /* rows whose x - mean may overflow: xhat from ln_xhat_of, before the loop (a test and
+           a call in it took float64 1000000x8 backward 7-15% longer) */
         const int in_range = centred_in_range(kind, dtype, mean_v);
         if (!in_range) {
             short_rows_xhat_wide(x_columns, means, rstds, n, xhat_columns);
