@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import operator
+import sys
 from collections import OrderedDict
 from collections.abc import Mapping, MutableMapping
 from typing import (Any, Callable, ClassVar, Iterable, NamedTuple, Optional, SupportsIndex, Tuple, TypeVar, cast,
@@ -248,6 +249,29 @@ def _describe(param: Any) -> str:
     return f"{array.dtype} array {list(array.shape)}"
 
 
+class _ParameterSlot:
+    """What may be assigned to a parameter (``ln.weight = value``): an ndarray, a torch tensor
+    (read and written through the NumPy view of its memory) or None, as torch takes only a
+    Parameter or None.  Anything else, a list say, would be converted afresh by every call, while
+    ``reset_parameters`` and ``load_state_dict`` wrote into throwaway conversions.
+
+    It has no ``__get__``: reading the attribute stays a lookup in the instance's dict."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __set__(self, module: Any, value: Any) -> None:
+        torch = sys.modules.get("torch")
+        if not (value is None or isinstance(value, np.ndarray) or (torch is not None and isinstance(value, torch.Tensor))):
+            kind = type(value)
+            kind_name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+            raise TypeError(
+                f"cannot assign '{kind_name}' as parameter '{self.name}' "
+                "(numpy.ndarray, torch.Tensor or None expected)"
+            )
+        module.__dict__[self.name] = value
+
+
 # torch's text when a tensor saved for backward was modified in place after the forward.
 _MODIFIED_IN_PLACE = (
     "one of the variables needed for gradient computation has been modified by an inplace operation"
@@ -347,9 +371,11 @@ class NormModule:
             ) from None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name, _, _ in cls.__dict__.get("_PARAMETERS", ()):
+            setattr(cls, name, _ParameterSlot(name))
         # __call__ is the fast path and forward its alias: a subclass overriding only
         # forward gets a __call__ that goes through it, as in torch.
-        super().__init_subclass__(**kwargs)
         if "forward" in cls.__dict__ and "__call__" not in cls.__dict__:
             def __call__(self: NormModule, *args: Any, **kwargs: Any) -> Any:
                 return self.forward(*args, **kwargs)

@@ -1902,6 +1902,44 @@ def test_torch_parameters_assigned_work_everywhere(kind, requires_grad):
         np.testing.assert_array_equal(getattr(theirs, name).detach().numpy(), state[name])
 
 
+# what torch refuses as a parameter (it takes a Parameter or None), named as the message names it
+NOT_PARAMETERS = [
+    pytest.param([1.0, 2.0, 3.0, 4.0], "list", id="list"),
+    pytest.param((1.0, 2.0, 3.0, 4.0), "tuple", id="tuple"),
+    pytest.param(2.0, "float", id="float"),
+    pytest.param(np.float32(2.0), "numpy.float32", id="numpy-scalar"),
+    pytest.param("ones", "str", id="str"),
+]
+
+
+@BY_KIND
+@pytest.mark.parametrize("value, type_name", NOT_PARAMETERS)
+def test_assigning_a_non_array_parameter_is_refused(kind, value, type_name):
+    # a list kept as the parameter would be converted afresh by every call, so that
+    # reset_parameters and load_state_dict wrote into throwaway copies and changed nothing
+    module = randomize(kind.ours(4), seed=44)
+    before = module.weight.copy()
+    message = f"cannot assign '{type_name}' as parameter 'weight' (numpy.ndarray, torch.Tensor or None expected)"
+    with pytest.raises(TypeError, match=re.escape(message)):
+        module.weight = value
+    np.testing.assert_array_equal(module.weight, before)
+    if torch is not None:
+        with pytest.raises(TypeError, match=re.escape(f"cannot assign '{type_name}' as parameter 'weight'")):
+            kind.theirs(4).weight = value
+
+
+@BY_KIND
+def test_assigning_a_parameter_takes_arrays_and_none(kind):
+    module = kind.ours(4)
+    x = np.random.default_rng(45).standard_normal((3, 4)).astype(np.float32)
+    module.weight = np.full(4, 2.0, np.float32)
+    module.reset_parameters()
+    np.testing.assert_array_equal(module.weight, np.ones(4, np.float32))
+    module.weight = None
+    np.testing.assert_array_equal(module(x), kind.ours(4, elementwise_affine=False)(x))
+    assert "weight" not in module.state_dict()
+
+
 # ---------------------------------------------------------------------------------------------
 # axis=: ConvNeXt's channels-first LayerNorm (and RMSNorm) on NCHW
 # ---------------------------------------------------------------------------------------------
