@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, Op
 import numpy as np
 
 from . import _reference as ref
-from .functional import _is_bfloat16
+from .functional import _bfloat16_dtype, _is_bfloat16
 from .modules import NormModule, _as_shape
 
 __all__ = ["Diagnosis", "assert_layer_norm_close", "assert_rms_norm_close", "diagnose"]
@@ -708,6 +708,36 @@ def _parameters(fn: Any, kind: str, normalized_shape: Tuple[int, ...], weight: A
             _write(param, original)
 
 
+def _probe_dtype(dtype: Any, fn: Any, normalized_shape: Tuple[int, ...], weight: Any) -> np.dtype[Any]:
+    """The probes' dtype: `dtype` (NumPy's, ml_dtypes' or torch's, or its name), or for None the
+    dtype of fn's weight when that is float16 or bfloat16 (a torch module with such parameters
+    refuses float32 input), else float32.  bfloat16 probes need ml_dtypes."""
+    if dtype is None:
+        param = None if weight is not None else _module_parameter(fn, "weight", normalized_shape)[1]
+        name = "float32" if param is None else _as_array(param)[1]
+        dtype = name if name in ("float16", "bfloat16") else "float32"
+    name = str(dtype)
+    if name.startswith("torch."):  # a torch dtype, named without importing torch
+        dtype = name = name[len("torch."):]
+    if name == "bfloat16":
+        return _bfloat16_dtype()
+    found: Optional[np.dtype[Any]]
+    try:
+        found = np.dtype(dtype)
+    except (TypeError, ValueError):
+        found = None
+    if found is None or not (found.kind == "f" or _is_bfloat16(found)) or found.itemsize not in (2, 4, 8):
+        raise TypeError(f"dtype must be float16, bfloat16, float32 or float64, got {dtype}")
+    return found
+
+
+def _as_tensor(torch: Any, x: np.ndarray) -> Any:
+    """x as a torch tensor sharing its memory; ml_dtypes' bfloat16 as torch's (the same bits)."""
+    if _is_bfloat16(x.dtype):
+        return torch.from_numpy(x.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(x)
+
+
 def _call(fn: Callable[[Any], Any], x: np.ndarray) -> Any:
     """fn(x); if fn refuses a NumPy array as a torch function does (TypeError, AttributeError)
     and torch is installed, fn on the tensor instead; any other error of fn's is its own.  A
@@ -720,7 +750,7 @@ def _call(fn: Callable[[Any], Any], x: np.ndarray) -> Any:
         torch = _torch_or_none()
         if torch is None:
             raise
-        return fn(torch.from_numpy(x.copy()))
+        return fn(_as_tensor(torch, x.copy()))
     finally:
         if module is not None:
             module._saved = saved
@@ -741,7 +771,7 @@ class Diagnosis(NamedTuple):
 
 
 def diagnose(fn: Callable[[Any], Any], normalized_shape: Any, *, kind: str = "layer_norm", weight: Any = None,
-             bias: Any = None, eps: Optional[float] = None, axis: Axis = None, dtype: Any = np.float32) -> Diagnosis:
+             bias: Any = None, eps: Optional[float] = None, axis: Axis = None, dtype: Any = None) -> Diagnosis:
     """Call ``fn`` on probe inputs that tell the classic mistakes apart, and say which it makes.
 
     Parameters
@@ -763,8 +793,10 @@ def diagnose(fn: Callable[[Any], Any], normalized_shape: Any, *, kind: str = "la
         for RMSNorm).
     axis : int or tuple of int, optional
         The normalized axes, NumPy's convention (``axis=1``: channels-first probes of 4 dims).
-    dtype : float16, float32 or float64
-        The probes' dtype.
+    dtype : float16, bfloat16, float32 or float64, optional
+        The probes' dtype, as a NumPy, ml_dtypes or torch dtype or its name (bfloat16 probes need
+        ml_dtypes).  None: the dtype of fn's own weight when that is float16 or bfloat16 (a torch
+        module with such parameters refuses float32 input), else float32.
     """
     if not callable(fn):
         raise TypeError(f"fn must be a function or a module to call, got {type(fn).__name__}")
@@ -772,10 +804,8 @@ def diagnose(fn: Callable[[Any], Any], normalized_shape: Any, *, kind: str = "la
         raise ValueError(f"kind must be 'layer_norm' or 'rms_norm', got {kind!r}")
     if kind == "rms_norm" and bias is not None:
         raise ValueError("RMSNorm has no bias")
-    dtype = np.dtype(dtype)
-    if dtype.kind != "f":
-        raise TypeError(f"dtype must be float16, float32 or float64, got {dtype}")
     shape = _normalized_shape(normalized_shape)
+    dtype = _probe_dtype(dtype, fn, shape, weight)
     eps = (1e-5 if kind == "layer_norm" else ref.rms_norm_default_eps(dtype)) if eps is None else _eps(eps)
     x = _probe_input(shape, axis, eps, dtype)
     with _parameters(fn, kind, shape, weight, bias) as (probe_weight, probe_bias, how):

@@ -19,6 +19,8 @@ import layernorm
 from layernorm import _reference
 from layernorm.testing import assert_layer_norm_close, assert_rms_norm_close, diagnose
 
+from helpers import BF16, requires_ml_dtypes
+
 try:
     import torch
 except ImportError:
@@ -613,6 +615,17 @@ def correct_implementation(name, kind, dtype):
     return lambda x: torch.nn.functional.rms_norm(x, (ROW_LEN,))
 
 
+# the probes' dtypes: each of NumPy's floats, and ml_dtypes' bfloat16
+PROBE_DTYPES = [pytest.param(dtype, id=np.dtype(dtype).name) for dtype in FLOAT_DTYPES] + [
+    pytest.param(BF16, id="bfloat16", marks=requires_ml_dtypes)]
+
+
+def by_hand_in_half_precision(name, dtype):
+    """Whether `name` is a by-hand norm on float16 or bfloat16 probes: it computes its statistics in
+    that dtype and returns float32 (its weight is float32), rightly not ok."""
+    return name.endswith("by-hand") and np.dtype(dtype).itemsize == 2
+
+
 LAYER_NORM_IMPLEMENTATIONS = ["numpy-by-hand", "reference", "layernorm.LayerNorm", "layernorm.layer_norm",
                               pytest.param("torch-by-hand", marks=needs_torch),
                               pytest.param("nn.Module", marks=needs_torch),
@@ -621,21 +634,21 @@ RMS_NORM_IMPLEMENTATIONS = ["numpy-by-hand", "reference", pytest.param("torch-by
                             pytest.param("nn.Module", marks=needs_torch), pytest.param("functional", marks=needs_torch)]
 
 
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype", PROBE_DTYPES)
 @pytest.mark.parametrize("name", LAYER_NORM_IMPLEMENTATIONS)
 def test_diagnose_finds_correct_layer_norms_ok(name, dtype):
-    if name.endswith("by-hand") and dtype == np.float16:
-        pytest.skip("by hand, float16 input gets float16 statistics and a float32 output (float32 weight): rightly not ok")
+    if by_hand_in_half_precision(name, dtype):
+        pytest.skip("by hand, half-precision input gets half-precision statistics and a float32 output: rightly not ok")
     diagnosis = diagnose(correct_implementation(name, "layer_norm", dtype), ROW_LEN, dtype=dtype)
     assert diagnosis.ok, str(diagnosis)
     assert diagnosis.findings == ()
 
 
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype", PROBE_DTYPES)
 @pytest.mark.parametrize("name", RMS_NORM_IMPLEMENTATIONS)
 def test_diagnose_finds_correct_rms_norms_ok(name, dtype):
-    if name.endswith("by-hand") and dtype == np.float16:
-        pytest.skip("by hand, float16 input gets float16 statistics and a float32 output (float32 weight): rightly not ok")
+    if by_hand_in_half_precision(name, dtype):
+        pytest.skip("by hand, half-precision input gets half-precision statistics and a float32 output: rightly not ok")
     diagnosis = diagnose(correct_implementation(name, "rms_norm", dtype), ROW_LEN, kind="rms_norm", dtype=dtype)
     assert diagnosis.ok, str(diagnosis)
 
@@ -825,6 +838,26 @@ def test_diagnose_axis_1_on_torch_with_two_permutes():
     module = torch.nn.LayerNorm(3)
     assert diagnose(lambda x: module(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2), 3, axis=1).ok
     assert diagnose(lambda x: module(x.permute(0, 3, 2, 1)).permute(0, 3, 2, 1), 3, axis=1).findings == ()
+
+
+@needs_torch
+@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
+@pytest.mark.parametrize("dtype", [pytest.param("float16", id="float16"),
+                                   pytest.param("bfloat16", id="bfloat16", marks=requires_ml_dtypes)])
+def test_diagnose_probes_a_half_precision_module_in_its_dtype(kind, dtype):
+    # torch refuses float32 input to a module with float16 or bfloat16 parameters
+    module_class = torch.nn.LayerNorm if kind == "layer_norm" else torch.nn.RMSNorm
+    diagnosis = diagnose(module_class(ROW_LEN, dtype=getattr(torch, dtype)), ROW_LEN, kind=kind)
+    assert diagnosis.ok, str(diagnosis)
+    assert f"probe: {dtype} input" in str(diagnosis)
+
+
+@pytest.mark.parametrize("dtype", ["int32", np.longdouble, "float8"])
+def test_diagnose_refuses_a_probe_dtype_it_cannot_make(dtype):
+    if np.dtype(np.longdouble).itemsize == 8 and dtype is np.longdouble:
+        pytest.skip("long double is float64 here")
+    with pytest.raises(TypeError, match="^dtype must be float16, bfloat16, float32 or float64, got "):
+        diagnose(layernorm.LayerNorm(4), 4, dtype=dtype)
 
 
 def test_diagnose_checks_its_arguments():
