@@ -727,7 +727,7 @@ def _probe_dtype(dtype: Any, fn: Any, normalized_shape: Tuple[int, ...], weight:
     except (TypeError, ValueError):
         found = None
     if found is None or not (found.kind == "f" or _is_bfloat16(found)) or found.itemsize not in (2, 4, 8):
-        raise TypeError(f"dtype must be float16, bfloat16, float32 or float64, got {dtype}")
+        raise TypeError(f"dtype must be float16, bfloat16, float32 or float64, got {dtype if found is None else found}")
     return found
 
 

@@ -676,7 +676,7 @@ CASES = {
     "diagnose-rms-norm-with-bias": Case(
         "diagnose(module, 4, kind='rms_norm', bias=np.zeros(4))", ValueError, "RMSNorm has no bias"),
     "diagnose-int-dtype": Case(
-        "diagnose(module, 4, dtype=np.int32)", TypeError, "dtype must be float16, float32 or float64, got int32"),
+        "diagnose(module, 4, dtype=np.int32)", TypeError, "dtype must be float16, bfloat16, float32 or float64, got int32"),
     "diagnose-negative-size": Case(
         "diagnose(module, -4)", ValueError,
         "Trying to create tensor with negative dimension -4: [-4] (normalized_shape sizes must be >= 0)"),
