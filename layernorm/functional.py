@@ -76,21 +76,27 @@ def _bfloat16_dtype() -> np.dtype[Any]:
     return bfloat16
 
 
+def _is_torch_tensor(value: Any) -> bool:
+    """Whether value is a torch tensor; torch is looked up, never imported: without it there
+    are no tensors."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
 def _as_numpy(value: Any) -> Any:
     """Return `value` with an array of another library replaced by a NumPy array.
 
     Anything else comes back unchanged, for the core to convert as ``np.asarray`` does.
     """
-    # The one place where array types other than NumPy's are recognised (dask arrays, which
-    # stay lazy, are recognised next door, in _holds_dask_array).  torch is looked up, never
-    # imported: without it there are no tensors.
+    # The one place where array types other than NumPy's are converted (dask arrays, which
+    # stay lazy, are recognised next door, in _holds_dask_array; tensors by _is_torch_tensor).
     masked = sys.modules.get("numpy.ma")
     if masked is not None and isinstance(value, masked.MaskedArray) and masked.getmask(value) is not masked.nomask \
             and value.mask.any():
         raise ValueError("masked arrays with masked elements are not supported (the kernels would read the "
                          "values under the mask): pass a.filled(fill_value), or the rows without masked elements")
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(value, torch.Tensor):
+    if _is_torch_tensor(value):
+        torch = sys.modules["torch"]
         # detached: a tensor that requires grad refuses .numpy(); on the CPU, where we compute
         # resolved: a tensor with the conjugate or negative bit set (a lazy view) refuses .numpy()
         value = value.detach().cpu().resolve_conj().resolve_neg()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import operator
-import sys
 from collections import OrderedDict
 from collections.abc import Mapping, MutableMapping
 from typing import (Any, Callable, ClassVar, Iterable, NamedTuple, Optional, SupportsIndex, Tuple, TypeVar, cast,
@@ -28,6 +27,7 @@ from .functional import (
     _FloatArray,
     _holds_dask_array,
     _is_bfloat16,
+    _is_torch_tensor,
     _torch_worded,
     layer_norm,
     layer_norm_backward,
@@ -261,8 +261,7 @@ class _ParameterSlot:
         self.name = name
 
     def __set__(self, module: Any, value: Any) -> None:
-        torch = sys.modules.get("torch")
-        if not (value is None or isinstance(value, np.ndarray) or (torch is not None and isinstance(value, torch.Tensor))):
+        if not (value is None or isinstance(value, np.ndarray) or _is_torch_tensor(value)):
             kind = type(value)
             kind_name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
             raise TypeError(
